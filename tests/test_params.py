@@ -1,0 +1,51 @@
+import subprocess
+import sys
+
+import pytest
+
+from voxpipe.errors import StepError
+from voxpipe.params import Params, load_params
+
+
+def test_repo_params_yaml_matches_schema_defaults():
+    # params.yaml is the documented source of truth; it must validate and equal the schema defaults
+    assert load_params("params.yaml") == Params()
+
+
+def test_set_override_and_flag_precedence(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("ingest:\n  min_seconds: 0.5\n")
+    p = load_params(f, ["ingest.min_seconds=0.7", "manifest.seed=3"])
+    assert p.ingest.min_seconds == 0.7 and p.manifest.seed == 3
+    p = load_params(f, ["ingest.min_seconds=0.7"], {"ingest.min_seconds": 1.5, "ingest.out": None})
+    assert p.ingest.min_seconds == 1.5 and p.ingest.out == "work/ingest"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("ingest.bogus=1", "ingest.bogus: unknown key"),
+        ("nosuch.key=1", "nosuch: unknown key"),
+        ("ingest.min_seconds=abc", "ingest.min_seconds"),
+        ("ingest.workers=1.5", "ingest.workers"),
+        ("ingest.min_seconds", "expected section.key=value"),
+        ("ingest=3", "must be section.key"),
+    ],
+)
+def test_bad_overrides_name_the_key(tmp_path, override, message):
+    with pytest.raises(StepError, match=message.replace(".", r"\.")):
+        load_params(None, [override])
+
+
+def test_missing_params_file_is_an_error(tmp_path):
+    with pytest.raises(StepError, match="does not exist"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_cli_reports_param_errors_and_exits_nonzero():
+    r = subprocess.run(
+        [sys.executable, "-m", "voxpipe.cli", "ingest", "--set", "ingest.max_seconds=-1"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 1
+    assert "ingest.max_seconds" in r.stderr

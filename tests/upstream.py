@@ -1,0 +1,26 @@
+"""Import upstream voxcpm 2.0.3 (the parity reference) inside tests only.
+
+Its package imports torchaudio, whose wheel does not load against our torch; upstream's model
+code never calls it on the paths we compare, so a stand-in module with a real __spec__ is enough.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+
+def import_upstream():
+    """Return the `voxcpm` package; `make install` puts it in the venv with --no-deps."""
+    if "torchaudio" not in sys.modules:
+        stub = types.ModuleType("torchaudio")
+        stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+        sys.modules["torchaudio"] = stub
+    try:
+        return importlib.import_module("voxcpm")
+    except ImportError as e:  # pragma: no cover - only when `make install` was bypassed
+        pytest.fail(f"upstream voxcpm==2.0.3 is required for parity tests: {e}")

@@ -1,0 +1,1 @@
+"""Data steps: ingest, manifest, validate, encode, batching."""

@@ -1,0 +1,44 @@
+"""Decode, downmix and resample audio the same way in every step.
+
+libsndfile (through soundfile) reads WAV of any subtype, FLAC, OGG/Vorbis and MP3; soxr is a
+proper band-limited resampler. Everything downstream sees float32 mono at the target rate.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+
+class AudioDecodeError(ValueError):
+    """The bytes or file could not be decoded as audio."""
+
+
+def to_mono_resampled(samples: np.ndarray, sr: int, target_sr: int) -> np.ndarray:
+    """[frames] or [frames, channels] at `sr` → float32 mono [frames'] at `target_sr`."""
+    x = np.asarray(samples, dtype=np.float32)
+    if x.ndim == 2:
+        x = x.mean(axis=1)
+    if sr != target_sr and x.size:
+        x = soxr.resample(x, sr, target_sr, quality="HQ").astype(np.float32, copy=False)
+    return x
+
+
+def decode(source: bytes | str | Path, target_sr: int) -> np.ndarray:
+    """Decode encoded bytes or a file path to float32 mono at `target_sr`."""
+    try:
+        handle = io.BytesIO(source) if isinstance(source, bytes) else source
+        samples, sr = sf.read(handle, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise AudioDecodeError(str(e).strip() or type(e).__name__) from e
+    return to_mono_resampled(samples, sr, target_sr)
+
+
+def write_flac16(path: Path, samples: np.ndarray, sr: int) -> None:
+    """16-bit FLAC, clipped to [-1, 1] so resampler overshoot cannot wrap around."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, np.clip(samples, -1.0, 1.0), sr, format="FLAC", subtype="PCM_16")

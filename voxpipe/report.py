@@ -1,0 +1,46 @@
+"""Step reports and small atomic file writes shared by every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from voxpipe import __version__
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file + rename so readers never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def versions() -> dict[str, str]:
+    out = {"voxpipe": __version__, "python": platform.python_version()}
+    for name in ("torch", "numpy", "pyarrow", "soundfile", "soxr"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out[name] = getattr(mod, "__version__", "?")
+    return out
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> Path:
+    """`out_dir/report.json` with the step's figures plus the versions that produced them."""
+    path = Path(out_dir) / "report.json"
+    write_json(path, {**report, "versions": versions()})
+    return path
