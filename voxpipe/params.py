@@ -8,7 +8,7 @@ rejected with a message that names the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,7 +27,9 @@ class IngestParams(Section):
     out: str = "work/ingest"
     text_column: str = "text"
     audio_column: str = "audio"
-    speaker_column: str = "speaker"
+    speaker_column: str = Field(
+        "speaker", description='speaker id column; "" = single-speaker set (every row gets speaker "default")'
+    )
     sample_rate: int = Field(16000, gt=0)
     min_seconds: float = Field(0.3, ge=0)
     max_seconds: float = Field(30.0, gt=0)
@@ -53,10 +55,204 @@ class ValidateParams(Section):
     max_seconds: float = Field(30.0, gt=0)
 
 
+class ModelParams(Section):
+    """`init-model`: the random-init base checkpoint (the embedded default model; no download)."""
+
+    preset: Literal["tiny", "small"] = "tiny"
+    out: str = "work/base_model"
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the saved weights (upstream ships bfloat16)"
+    )
+
+
+class EncodeParams(Section):
+    """`encode`: AudioVAE latents + token ids of every manifest row, computed once, offline."""
+
+    manifest: list[str] = Field(
+        default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"]
+    )
+    model: str = Field("work/base_model", description="base checkpoint dir (config, AudioVAE, tokenizer)")
+    out: str = "work/encoded"
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    batch_seconds: float = Field(
+        0.0, ge=0, description="padded audio seconds per AudioVAE batch; 0 = auto: 60 on accelerators, "
+        "one clip per call on CPU (memory-bound there, batching is slower: benchmarks/encode.py)"
+    )
+    shard_mb: float = Field(256.0, gt=0, description="latent megabytes per safetensors shard")
+
+
+class LoraParams(Section):
+    """LoRA adapters for `train` (embedded as `train.lora`); names mirror upstream's LoRAConfig."""
+
+    enabled: bool = False
+    r: int = Field(32, gt=0, description="adapter rank")
+    alpha: int = Field(16, gt=0, description="scaling = alpha / r (an int, as upstream's LoRAConfig)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
+    target_lm: bool = Field(True, description="q/k/v/o projections of base_lm and residual_lm")
+    target_dit: bool = Field(True, description="q/k/v/o projections of the local DiT")
+    target_proj: bool = Field(False, description="enc_to_lm/lm_to_dit/res_to_dit/fusion_concat projections")
+
+
+class TrainParams(Section):
+    """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
+
+    data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)")
+    model: str = Field("work/base_model", description="base checkpoint folder (upstream layout)")
+    out: str = "work/train"
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="compute dtype of the parameters (FSDP2 mixed precision; fp32 masters and "
+        "fp32 gradient reduction). auto = bfloat16 on accelerators, float32 on CPU"
+    )
+    max_steps: int = Field(1000, gt=0, description="optimizer steps")
+    lr: float = Field(1e-5, gt=0, description="peak learning rate (upstream advice: 1e-5 full, 1e-4 LoRA)")
+    min_lr: float = Field(1e-6, ge=0, description="cosine decay floor, reached at max_steps")
+    warmup_steps: int = Field(100, ge=0)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decay on matrices (not norms/biases)")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
+    clip_norm: float = Field(1.0, gt=0)
+    max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
+    val_every: int = Field(100, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
+    val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)")
+    checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: bool = Field(True, description="continue from the newest complete checkpoint in out/checkpoints")
+    activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward")
+    export_dtype: Literal["float32", "bfloat16"] = Field(
+        "bfloat16", description="dtype of the exported model.safetensors (upstream ships bfloat16)"
+    )
+    peak_tflops: float = Field(
+        0.0, ge=0, description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)"
+    )
+    seed: int = 0
+    lora: LoraParams = Field(default_factory=LoraParams)
+
+
+class EvaluateParams(Section):
+    """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
+
+    model: str = Field("work/train/export", description="fine-tuned checkpoint folder (upstream layout)")
+    baseline: str = Field("work/base_model", description="checkpoint to compare against (the base model)")
+    data: str = Field("work/encoded", description="`encode` output folder (val.jsonl, train.jsonl, shards)")
+    out: str = "work/eval"
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    seeds: list[int] = Field(
+        default_factory=lambda: [0, 1, 2], min_length=1,
+        description="fixed-seed loss seeds (flow-matching t and noise); mean and spread over them",
+    )
+    max_tokens: int = Field(
+        4096, gt=0, description="padded LM positions per val batch (train.max_tokens: the trainer's batches)"
+    )
+    texts_per_speaker: int = Field(
+        2, ge=1, description="val texts generated per speaker (train texts fill in where val has fewer)"
+    )
+    max_len: int = Field(
+        0, ge=0, description="generation limit in patches (160 ms each); 0 = twice the real clip + 2 s. "
+        "Reaching it is a stop failure"
+    )
+    cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
+    inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
+    generation_seed: int = 0
+    asr: bool = Field(True, description="WER/CER with pocketsphinx's English model (README: its limits)")
+    require_improvement: bool = Field(
+        False, description="fail unless the fixed-seed loss beats the baseline's by more than the seed spread"
+    )
+
+
+class MfuParams(Section):
+    """`mfu`: model FLOPs utilisation of a training run, from its report.json and metrics.jsonl."""
+
+    model: str = Field("work/base_model", description="checkpoint folder whose config.json gives the shapes")
+    train_report: str = Field("work/train/report.json", description="the train step's report.json")
+    metrics: str | None = Field(None, description="metrics.jsonl (None: next to train_report)")
+    out: str = "work/mfu"
+    peak_tflops: float | None = Field(
+        None, gt=0, description="peak dense TFLOP/s of one device (None: table by device name; CPU: measured)"
+    )
+    dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="training compute dtype (None: the train report's)"
+    )
+    warmup_steps: int = Field(1, ge=0, description="first optimizer steps left out (allocation, warm-up)")
+
+
+class LaunchParams(Section):
+    """`launch-train`: the `train` section run as a gang-scheduled Volcano Job, torchrun in every pod."""
+
+    namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
+    queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml)")
+    image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pods: int = Field(2, ge=1, description="pods (nodes): one master + pods-1 workers, scheduled all or none")
+    devices_per_pod: int = Field(8, ge=1, description="accelerators per pod = torchrun processes per pod")
+    accelerator: str = Field(
+        "huawei.com/Ascend910",
+        description='device resource: huawei.com/Ascend910 (adds the HCCL env), nvidia.com/gpu, "" = CPU',
+    )
+    cpu: str = Field("", description='CPU request per pod, e.g. "32" ("" = none)')
+    memory: str = Field("", description='memory request = limit per pod, e.g. "512Gi" ("" = none)')
+    shm_size: str = Field("64Gi", description="size limit of the memory-backed /dev/shm")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="as in a pod spec")
+    pvc: str = Field("voxpipe-workspace", description="ReadWriteMany PVC: data, checkpoints, exports")
+    mount_path: str = Field(
+        "/workspace", description="PVC mount and working directory: relative train paths land on the PVC"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI")
+    max_retry: int = Field(3, ge=0, description="whole-job restarts after an evicted or failed pod")
+    ttl_seconds: int = Field(86400, ge=0, description="a finished job (and its pods) is deleted after this")
+    grace_seconds: int = Field(600, ge=0, description="SIGTERM-to-SIGKILL grace: time for a last checkpoint")
+    timeout_seconds: int = Field(7 * 86400, gt=0, description="then the watcher deletes the job and fails")
+    poll_seconds: float = Field(15.0, gt=0, description="job status poll interval")
+    log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
+    hccl_connect_timeout: int = Field(1200, gt=0, description="HCCL_CONNECT_TIMEOUT seconds (Ascend)")
+    hccl_exec_timeout: int = Field(1800, gt=0, description="HCCL_EXEC_TIMEOUT seconds (Ascend)")
+    dry_run: bool = Field(False, description="print the Job YAML, submit nothing")
+
+
+class RegisterParams(Section):
+    """`register`: the pipeline run into MLflow, the export as a registered pyfunc model version."""
+
+    model: str = Field("work/train/export", description="exported checkpoint folder (upstream layout)")
+    eval: str = Field("work/eval/eval.json", description="the evaluate step's eval.json (samples/ next to it)")
+    mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json")
+    train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl")
+    ingest: str | None = Field("work/ingest", description="ingest folder = the data version (None: no lineage)")
+    out: str = "work/register"
+    work: str = Field("work", description="mlflow_run.json; with no tracking URI also mlflow.db and mlruns/")
+    tracking_uri: str | None = Field(
+        None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///<work>/mlflow.db. No credentials here: "
+        "they come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+    )
+    experiment: str = "voxpipe"
+    run_name: str | None = Field(None, description="None: MLflow picks a name")
+    model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
+
+
+class CompareParams(Section):
+    """`compare`: the runs of an experiment side by side, and their fixed-seed val curves overlaid."""
+
+    experiment: str = "voxpipe"
+    format: Literal["table", "markdown", "csv", "json"] = "table"
+    out: str = Field("work/compare", description="compare.<format> and val_curves.png")
+    work: str = Field("work", description="with no tracking URI: where mlflow.db lives")
+    tracking_uri: str | None = Field(None, description="as register.tracking_uri")
+    max_runs: int = Field(50, gt=0, description="newest runs compared")
+
+
 class Params(Section):
     ingest: IngestParams = Field(default_factory=IngestParams)
     manifest: ManifestParams = Field(default_factory=ManifestParams)
     validate_: ValidateParams = Field(default_factory=ValidateParams, alias="validate")
+    model: ModelParams = Field(default_factory=ModelParams)
+    encode: EncodeParams = Field(default_factory=EncodeParams)
+    train: TrainParams = Field(default_factory=TrainParams)
+    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    mfu: MfuParams = Field(default_factory=MfuParams)
+    launch: LaunchParams = Field(default_factory=LaunchParams)
+    register_: RegisterParams = Field(default_factory=RegisterParams, alias="register")
+    compare: CompareParams = Field(default_factory=CompareParams)
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -64,16 +260,22 @@ class Params(Section):
         return getattr(self, _attr(name))
 
     def flat(self) -> dict[str, Any]:
-        """`section.key` → value, for logging params as flat key/value pairs."""
+        """`section.key` (and `section.sub.key`) → value, for logging params as flat key/value pairs."""
         out: dict[str, Any] = {}
-        for name, sec in self.model_dump(by_alias=True).items():
-            for key, value in sec.items():
-                out[f"{name}.{key}"] = value
+
+        def walk(prefix: str, node: dict[str, Any]) -> None:
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    walk(f"{prefix}{key}.", value)
+                else:
+                    out[f"{prefix}{key}"] = value
+
+        walk("", self.model_dump(by_alias=True))
         return out
 
 
 def _attr(section: str) -> str:
-    return "validate_" if section == "validate" else section
+    return f"{section}_" if section in ("validate", "register") else section  # BaseModel names
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -81,8 +283,8 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise StepError(f"--set {item!r}: expected section.key=value")
     parts = key.strip().split(".")
-    if len(parts) != 2:
-        raise StepError(f"--set {item!r}: the key must be section.key, got {key!r}")
+    if len(parts) < 2:
+        raise StepError(f"--set {item!r}: the key must be section.key (or section.sub.key), got {key!r}")
     return parts, yaml.safe_load(raw) if raw.strip() else ""
 
 
@@ -120,11 +322,13 @@ def load_params(
         raise StepError(f"params file {path} does not exist")
     updates = [_parse_override(o) for o in overrides or []]
     updates += [(k.split("."), v) for k, v in (flags or {}).items() if v is not None]
-    for (section, key), value in updates:
-        sec = data.setdefault(section, {})
-        if not isinstance(sec, dict):
-            raise StepError(f"{path}: section {section!r} must be a mapping")
-        sec[key] = value
+    for keys, value in updates:
+        node = data
+        for depth, name in enumerate(keys[:-1]):
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise StepError(f"{path}: {'.'.join(keys[: depth + 1])!r} must be a mapping")
+        node[keys[-1]] = value
     try:
         return Params.model_validate(data)
     except ValidationError as e:

@@ -1,0 +1,205 @@
+"""`voxpipe ingest`: parquet rows → 16 kHz mono FLAC files + raw.jsonl, bad rows quarantined.
+
+The parquet files are streamed in small batches; a process pool decodes, checks, resamples and
+writes each row's audio, and the parent writes results strictly in input order. At most
+`2 × workers` batches are in flight, so memory stays flat however large the data set is. Audio
+files are named by a hash of the decoded 16 kHz samples: a rerun finds them already written and
+produces byte-identical raw.jsonl. Every input row ends up either in raw.jsonl or, with a
+machine-readable reason, in quarantine.jsonl — never dropped silently. Files left in `out/audio/`
+by earlier runs on other inputs are kept (they are simply not referenced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from voxpipe.data.ingest_row import REASONS, Batch, Kept, Rejected, RowChecks, process_batch
+from voxpipe.data.parquet_source import Columns, SourceFile, find_parquet_files, iter_rows, open_source
+from voxpipe.errors import StepError
+from voxpipe.params import IngestParams
+from voxpipe.report import write_report
+
+BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (taskset, cpusets), not the host's total where that differs."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _ordered_map(fn: Callable[[Batch], Any], jobs: Iterable[Batch], workers: int) -> Iterator[Any]:
+    """fn over jobs in a process pool, results in input order, at most 2 × workers jobs in flight."""
+    if workers == 1:  # no pool: no pickling, and the parent is the one decoding process
+        yield from map(fn, jobs)
+        return
+    # forkserver: workers fork from a clean server process that has imported only the row code, so
+    # they start fast and inherit none of the parent's threads (pyarrow's, tqdm's).
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([fn.__module__])
+    pool = ProcessPoolExecutor(workers, mp_context=ctx)
+    pending: deque[Future] = deque()
+    try:
+        for job in jobs:
+            pending.append(pool.submit(fn, job))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class IngestResult:
+    out: Path
+    rows_in: int = 0
+    rows_kept: int = 0
+    rows_quarantined: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    speakers: Counter = field(default_factory=Counter)
+    seconds_kept: float = 0.0
+    wall_seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def hours_kept(self) -> float:
+        return self.seconds_kept / 3600
+
+    def report(self, files: list[SourceFile], error: str | None) -> dict[str, Any]:
+        wall = max(self.wall_seconds, 1e-9)
+        report: dict[str, Any] = {
+            "rows_in": self.rows_in,
+            "rows_kept": self.rows_kept,
+            "rows_quarantined": self.rows_quarantined,
+            "reasons": {r: self.reasons[r] for r in REASONS},
+            "hours_kept": round(self.hours_kept, 6),
+            "speakers": dict(sorted(self.speakers.items())),
+            "inputs": [{"file": f.path.as_posix(), "rows": f.num_rows} for f in files],
+            "workers": self.workers,
+            "timings": {
+                "seconds": round(self.wall_seconds, 3),
+                "rows_per_s": round(self.rows_in / wall, 2),
+                "audio_seconds_per_s": round(self.seconds_kept / wall, 2),
+            },
+        }
+        if error:
+            report["error"] = error
+        return report
+
+    def summary(self) -> str:
+        bad = ", ".join(f"{r} {n}" for r, n in sorted(self.reasons.items()) if n) or "none"
+        return (
+            f"ingest: {self.rows_in} rows → {self.rows_kept} kept ({self.hours_kept:.3f} h, "
+            f"{len(self.speakers)} speakers), {self.rows_quarantined} quarantined ({bad}) "
+            f"in {self.wall_seconds:.1f} s with {self.workers} workers → {self.out / 'raw.jsonl'}"
+        )
+
+
+class _Writer:
+    """Streams raw.jsonl / quarantine.jsonl to temp files; `close` renames them into place."""
+
+    def __init__(self, out: Path) -> None:
+        self.final = [out / "raw.jsonl", out / "quarantine.jsonl"]
+        self.tmp = [p.with_name(f".{p.name}.tmp") for p in self.final]
+        self.raw, self.quarantine = (open(p, "w", encoding="utf-8") for p in self.tmp)
+
+    def close(self) -> None:
+        self.raw.close()
+        self.quarantine.close()
+        for tmp, final in zip(self.tmp, self.final, strict=True):
+            os.replace(tmp, final)
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def _record(
+    result: IngestResult, writer: _Writer, seen: set[int], src: SourceFile, outcome: Kept | Rejected
+) -> None:
+    """Append one outcome in input order; the duplicate check happens here because it needs that order."""
+    source = {"file": src.path.as_posix(), "row": outcome.row}
+    if isinstance(outcome, Kept):
+        row_id = hashlib.blake2b(f"{outcome.audio_hash}\n{outcome.text}".encode(), digest_size=8).hexdigest()
+        if int(row_id, 16) in seen:
+            outcome = Rejected(outcome.row, "duplicate", f"same decoded audio and text as kept row {row_id}")
+        else:
+            seen.add(int(row_id, 16))
+            writer.raw.write(_line({
+                "id": row_id, "audio": outcome.audio, "text": outcome.text, "speaker": outcome.speaker,
+                "duration": outcome.duration, "source": source,
+            }))
+            result.rows_kept += 1
+            result.seconds_kept += outcome.duration
+            result.speakers[outcome.speaker] += 1
+            return
+    writer.quarantine.write(_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
+    result.rows_quarantined += 1
+    result.reasons[outcome.reason] += 1
+
+
+def _batches(sources: list[SourceFile], cols: Columns, checks: RowChecks) -> Iterator[Batch]:
+    for i, src in enumerate(sources):
+        base = str(src.path.parent.resolve())
+        root = str(src.root.resolve())
+        for rows in iter_rows(src, cols, BATCH_ROWS):
+            yield Batch(i, base, root, rows, checks)
+
+
+def ingest(p: IngestParams) -> IngestResult:
+    """Run the ingest step; raises StepError on run-level problems (after writing the reports)."""
+    cols = Columns(audio=p.audio_column, text=p.text_column, speaker=p.speaker_column)
+    sources = [open_source(f, root, cols) for f, root in find_parquet_files(p.input)]
+    out = Path(p.out)
+    (out / "audio").mkdir(parents=True, exist_ok=True)
+    checks = RowChecks(p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()))
+    workers = p.workers or _usable_cores()
+    result = IngestResult(out=out, workers=workers)
+    writer = _Writer(out)
+    seen: set[int] = set()
+    error: StepError | None = None
+    start = time.perf_counter()
+    total = sum(s.num_rows for s in sources)
+    try:
+        with tqdm(total=total, unit="row", desc="ingest", mininterval=1.0) as bar:
+            for file_index, outcomes in _ordered_map(process_batch, _batches(sources, cols, checks), workers):
+                for outcome in outcomes:
+                    _record(result, writer, seen, sources[file_index], outcome)
+                result.rows_in += len(outcomes)
+                bar.update(len(outcomes))
+    except StepError as e:
+        error = e
+    except BrokenProcessPool as e:
+        error = StepError(f"a decode worker died ({e}); the reports cover the rows processed before it")
+    result.wall_seconds = time.perf_counter() - start
+    writer.close()  # not reached on Ctrl-C or a crash: earlier outputs are then left as they were
+    if error is None and result.rows_in == 0:
+        error = StepError(f"the input files hold no rows: {', '.join(s.path.as_posix() for s in sources)}")
+    if error is None and result.rows_quarantined > p.max_bad_fraction * result.rows_in:
+        share = result.rows_quarantined / result.rows_in
+        error = StepError(
+            f"{result.rows_quarantined} of {result.rows_in} rows quarantined ({share:.0%}), "
+            f"more than max_bad_fraction={p.max_bad_fraction}; "
+            f"reasons: {dict((r, n) for r, n in result.reasons.items() if n)}. "
+            f"See {out / 'quarantine.jsonl'} for each row's file, row and reason."
+        )
+    write_report(out, result.report(sources, str(error) if error else None))
+    if error is not None:
+        raise error
+    return result
