@@ -12,14 +12,15 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,cluster]'
 	$(BIN)/pip install --quiet --no-deps voxcpm==2.0.3  # parity reference for tests only
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install voxpipe with its dev tools
 
-lint: $(STAMP)  ## ruff over the code
+lint: $(STAMP)  ## ruff over the code, hadolint over images/
 	$(BIN)/ruff check voxpipe tests benchmarks data/sample
+	$(BIN)/hadolint images/Dockerfile.*
 
 test: lint  ## ruff + the whole pytest suite
 	$(BIN)/pytest -q

@@ -175,7 +175,7 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "register",
-        "log the pipeline run to MLflow and register the export (@candidate; @champion when its eval loss wins)",
+        "log the pipeline run to MLflow, register the export (@candidate; @champion when its eval loss wins)",
         "voxpipe.track.register:register",
         None,
         (
@@ -184,8 +184,8 @@ STEPS: tuple[Step, ...] = (
             _f("--mfu", "register.mfu", "mfu.json of the mfu step"),
             _f("--train", "register.train", "the train step's folder (report.json, metrics.jsonl)"),
             _f("--out", "register.out", "output folder (registered.json)"),
-            _f("--tracking-uri", "register.tracking_uri", "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-               "else sqlite in the work folder)"),
+            _f("--tracking-uri", "register.tracking_uri",
+               "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in the work folder)"),
             _f("--experiment", "register.experiment", "MLflow experiment"),
             _f("--model-name", "register.model_name", "registered model name"),
         ),

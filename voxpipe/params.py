@@ -10,12 +10,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import re
+
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 floats: PyYAML's 1.1 rules read `3e-4` (no dot) as a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
 
 
 class Section(BaseModel):
@@ -77,7 +94,7 @@ class EncodeParams(Section):
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     batch_seconds: float = Field(
         0.0, ge=0, description="padded audio seconds per AudioVAE batch; 0 = auto: 60 on accelerators, "
-        "one clip per call on CPU (memory-bound there, batching is slower: benchmarks/encode.py)"
+        "8 on CPU (memory-bound there: bigger batches fall out of cache, see benchmarks/encode.py)"
     )
     shard_mb: float = Field(256.0, gt=0, description="latent megabytes per safetensors shard")
 
@@ -201,7 +218,10 @@ class LaunchParams(Section):
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI")
     max_retry: int = Field(3, ge=0, description="whole-job restarts after an evicted or failed pod")
-    ttl_seconds: int = Field(86400, ge=0, description="a finished job (and its pods) is deleted after this")
+    ttl_seconds: int = Field(
+        86400, ge=60, description="a finished job (and its pods) is deleted after this; >= 60 so the watcher "
+        "still reads the final phase and the failed pod's log"
+    )
     grace_seconds: int = Field(600, ge=0, description="SIGTERM-to-SIGKILL grace: time for a last checkpoint")
     timeout_seconds: int = Field(7 * 86400, gt=0, description="then the watcher deletes the job and fails")
     poll_seconds: float = Field(15.0, gt=0, description="job status poll interval")
@@ -215,10 +235,10 @@ class RegisterParams(Section):
     """`register`: the pipeline run into MLflow, the export as a registered pyfunc model version."""
 
     model: str = Field("work/train/export", description="exported checkpoint folder (upstream layout)")
-    eval: str = Field("work/eval/eval.json", description="the evaluate step's eval.json (samples/ next to it)")
+    eval: str = Field("work/eval/eval.json", description="evaluate's eval.json (samples/ next to it)")
     mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json")
     train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl")
-    ingest: str | None = Field("work/ingest", description="ingest folder = the data version (None: no lineage)")
+    ingest: str | None = Field("work/ingest", description="ingest folder: the data version (None: none)")
     out: str = "work/register"
     work: str = Field("work", description="mlflow_run.json; with no tracking URI also mlflow.db and mlruns/")
     tracking_uri: str | None = Field(
@@ -285,7 +305,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if len(parts) < 2:
         raise StepError(f"--set {item!r}: the key must be section.key (or section.sub.key), got {key!r}")
-    return parts, yaml.safe_load(raw) if raw.strip() else ""
+    return parts, _yaml(raw) if raw.strip() else ""
 
 
 def _format_error(err: ValidationError, origin: str) -> str:
@@ -313,7 +333,7 @@ def load_params(
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = _yaml(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise StepError(f"{path}: not valid YAML: {e}") from e
         if not isinstance(data, dict):

@@ -1,0 +1,187 @@
+"""The Volcano Job `voxpipe launch-train` renders: golden files, Kubernetes schemas, the pod's command.
+
+Regenerate the golden files after an intended change with VOXPIPE_UPDATE_GOLDEN=1.
+"""
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from voxpipe.cli import main
+from voxpipe.errors import StepError
+from voxpipe.launch.volcano import PARAMS_ENV, Owner, job_yaml, render_job
+from voxpipe.params import LaunchParams, Params, TrainParams, load_params
+
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+def ascend_variant():
+    launch = LaunchParams(
+        pods=4,
+        devices_per_pod=8,
+        image="registry.example.com/voxpipe:0.1.0-npu",
+        cpu="64",
+        memory="900Gi",
+        node_selector={"accelerator-type": "module-910b-8"},
+        tolerations=[{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}],
+        env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"},
+    )
+    train = TrainParams(out="runs/ft-001", max_steps=20000, lr=2e-5, activation_checkpointing=True)
+    owner = Owner("finetune-abc12-system-container-impl", "0b0e5d1c-4b8e-4f0a-9d55-2f3c1e0a7b61", "kubeflow")
+    return launch, train, "kubeflow", owner
+
+
+def gpu_variant():
+    launch = LaunchParams(
+        pods=2, devices_per_pod=8, accelerator="nvidia.com/gpu", image="registry.example.com/voxpipe:0.1.0-cu"
+    )
+    return launch, TrainParams(), "ml", None
+
+
+VARIANTS = {"ascend": ascend_variant, "gpu": gpu_variant}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_job_matches_golden_file(variant):
+    text = job_yaml(render_job(*VARIANTS[variant]()))
+    path = GOLDEN / f"volcano-{variant}.yaml"
+    if os.environ.get("VOXPIPE_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.read_text() == text, f"{path} is stale; rerun with VOXPIPE_UPDATE_GOLDEN=1 if intended"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_pod_template_passes_the_kubernetes_pod_schema(variant):
+    job = render_job(*VARIANTS[variant]())
+    for task in job["spec"]["tasks"]:
+        template = task["template"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**template["metadata"], "name": f"job-{task['name']}-0"},
+            "spec": template["spec"],
+        }
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_schema_check_would_catch_a_broken_template():
+    job = render_job(*gpu_variant())
+    spec = job["spec"]["tasks"][0]["template"]["spec"]
+    spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = [8]  # not a quantity
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": spec}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_gang_tasks_plugins_and_policies():
+    launch, train, namespace, owner = ascend_variant()
+    job = render_job(launch, train, namespace, owner)
+    spec = job["spec"]
+    assert (job["apiVersion"], job["kind"]) == ("batch.volcano.sh/v1alpha1", "Job")
+    assert spec["schedulerName"] == "volcano" and spec["queue"] == "voxpipe"
+    tasks = {t["name"]: t for t in spec["tasks"]}
+    assert tasks["master"]["replicas"] == 1 and tasks["worker"]["replicas"] == 3
+    assert spec["minAvailable"] == sum(t["replicas"] for t in spec["tasks"]) == 4  # gang: all or nothing
+    assert spec["plugins"] == {"pytorch": ["--master=master", "--worker=worker", "--port=23456"], "svc": []}
+    assert spec["policies"] == [{"events": ["PodEvicted", "PodFailed"], "action": "RestartJob"}]
+    assert tasks["master"]["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
+    assert "policies" not in tasks["worker"]  # a worker finishing first must not complete the job
+    assert spec["maxRetry"] == 3 and spec["ttlSecondsAfterFinished"] == 86400
+    assert job["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}
+    ]
+    pod = tasks["worker"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["restartPolicy"] == "Never"
+    assert container["resources"]["limits"]["huawei.com/Ascend910"] == 8
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HCCL_IF_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["HCCL_CONNECT_TIMEOUT"]["value"] == "1200" and env["HCCL_EXEC_TIMEOUT"]["value"] == "1800"
+    assert env["PYTORCH_NPU_ALLOC_CONF"]["value"] == "expandable_segments:True"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["workspace"]["persistentVolumeClaim"]["claimName"] == "voxpipe-workspace"
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert container["workingDir"] == "/workspace"
+
+
+def test_gpu_job_has_no_hccl_env_and_one_pod_has_no_worker_task():
+    launch, train, namespace, _ = gpu_variant()
+    env = {e["name"] for e in render_job(launch, train, namespace)["spec"]["tasks"][0]["template"]["spec"]
+           ["containers"][0]["env"]}
+    assert not any(name.startswith(("HCCL", "PYTORCH_NPU")) for name in env)
+    single = render_job(launch.model_copy(update={"pods": 1}), train, namespace)
+    assert [t["name"] for t in single["spec"]["tasks"]] == ["master"] and single["spec"]["minAvailable"] == 1
+
+
+def _run_pod_script(job, tmp_path, rank, world):
+    """Run the container's shell command with the env the pytorch plugin sets; torchrun is a recorder."""
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env |= {
+        "PATH": f"{fake.parent}:{os.environ['PATH']}",
+        "RECORD": str(tmp_path / "argv"),
+        "MASTER_ADDR": "voxpipe-train-x-master-0.voxpipe-train-x",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+    }
+    subprocess.run(container["args"], env=env, check=True, cwd=tmp_path)
+    return (tmp_path / "argv").read_text().splitlines()
+
+
+def test_pod_command_runs_torchrun_on_voxpipe_train_with_the_exact_train_params(tmp_path):
+    launch, train, namespace, owner = ascend_variant()
+    argv = _run_pod_script(render_job(launch, train, namespace, owner), tmp_path, rank=2, world=4)
+    assert argv[:6] == [
+        "--nnodes=4",
+        "--node_rank=2",
+        "--nproc_per_node=8",
+        "--master_addr=voxpipe-train-x-master-0.voxpipe-train-x",
+        "--master_port=23456",
+        "--shutdown_timeout=600",  # SIGTERM -> SIGKILL of the workers: the pod's grace, not torchrun's 30 s
+    ]
+    assert argv[6:10] == ["-m", "voxpipe.cli", "train", "--params"]
+    # what `voxpipe train` will read in the pod: the launcher's train section, unchanged
+    assert load_params(argv[10]).train == train
+
+
+def test_params_travel_in_the_job_not_in_the_image():
+    launch, train, namespace, owner = ascend_variant()
+    spec = render_job(launch, train, namespace, owner)["spec"]
+    container = spec["tasks"][0]["template"]["spec"]["containers"][0]
+    value = next(e["value"] for e in container["env"] if e["name"] == PARAMS_ENV)
+    assert Params.model_validate(yaml.safe_load(value)).train == train
+
+
+def test_refuses_checkpoints_off_the_shared_volume():
+    launch = LaunchParams()
+    with pytest.raises(StepError, match="outside the workspace PVC"):
+        render_job(launch, TrainParams(out="/tmp/train"), "ml")
+    render_job(launch, TrainParams(out="/workspace/runs/a"), "ml")  # under the mount: fine
+
+
+def test_refuses_env_that_would_break_the_rendezvous_and_cross_namespace_owners():
+    with pytest.raises(StepError, match="MASTER_ADDR"):
+        render_job(LaunchParams(env={"MASTER_ADDR": "x"}), TrainParams(), "ml")
+    with pytest.raises(StepError, match="cannot cross namespaces"):
+        render_job(LaunchParams(), TrainParams(), "ml", Owner("p", "u", "kubeflow"))
+
+
+def test_cli_dry_run_prints_the_job(capsys, monkeypatch):
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    code = main(["launch-train", "--dry-run", "--pods", "3", "--namespace", "ml", "--set", "train.lr=0.0003"])
+    assert code == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    expected = render_job(LaunchParams(pods=3, namespace="ml"), TrainParams(lr=0.0003), "ml")
+    assert job == expected
