@@ -122,16 +122,18 @@ class TrainParams(Section):
         "auto", description="compute dtype of the parameters (FSDP2 mixed precision; fp32 masters and "
         "fp32 gradient reduction). auto = bfloat16 on accelerators, float32 on CPU"
     )
-    max_steps: int = Field(1000, gt=0, description="optimizer steps")
+    max_steps: int = Field(
+        40, gt=0, description="optimizer steps (40: the demo on the sample; a real fine-tune wants 1000s)"
+    )
     lr: float = Field(1e-5, gt=0, description="peak learning rate (upstream advice: 1e-5 full, 1e-4 LoRA)")
     min_lr: float = Field(1e-6, ge=0, description="cosine decay floor, reached at max_steps")
-    warmup_steps: int = Field(100, ge=0)
+    warmup_steps: int = Field(4, ge=0, description="linear warm-up steps (about 10 % of max_steps)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decay on matrices (not norms/biases)")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
     clip_norm: float = Field(1.0, gt=0)
     max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
-    val_every: int = Field(100, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
+    val_every: int = Field(10, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
     val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)")
     checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1)

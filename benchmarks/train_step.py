@@ -1,0 +1,238 @@
+"""CPU training throughput, `small` preset: our trainer vs upstream's way, same process and data; prints JSON.
+
+Data: the shipped sample through ingest -> manifest -> init-model small (fp32) -> encode (timed
+once, reported as the one-time cost). Three figures:
+
+1. End-to-end samples/s. Ours = the trainer's own step (`Trainer.train_step`: FSDP2 world of 1,
+   pre-encoded latents, token-budget batches, clip, NaN guard, AdamW) and its step-time meter.
+   Upstream's way = its training loop's work per step: fixed-size shuffled batches of waveforms
+   (decoded to 16 kHz once, outside the timing, which favours upstream), its packer VAE-encoding
+   every clip one at a time with its AudioVAE, then its VoxCPM2Model forward + backward + clip +
+   AdamW. Goal: ours >= 3x.
+2. Model-side tokens/s with latents already encoded on both sides: upstream's model trained on
+   the very batches our trainer saw (same sampler, same collate), vs ours. Goal: >= 1.0x.
+3. Padding waste of token-budget batches vs fixed-size batches of the same rows.
+
+The three runs advance one step each in turn, so background load hits them alike; the first
+`--warmup` steps of every run are left out.
+
+    .venv/bin/python benchmarks/train_step.py [--steps 12] [--warmup 2] [--max-tokens 640] [--batch-size 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from upstream import import_upstream  # noqa: E402
+
+from voxpipe.data.audio import decode  # noqa: E402
+from voxpipe.data.batching import TokenBudgetSampler, fixed_size_batches, padding_waste  # noqa: E402
+from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, collate  # noqa: E402
+from voxpipe.data.encode import encode  # noqa: E402
+from voxpipe.data.ingest import ingest  # noqa: E402
+from voxpipe.data.manifest import build_manifest  # noqa: E402
+from voxpipe.model.io import init_model  # noqa: E402
+from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, TrainParams  # noqa: E402
+from voxpipe.train.device import distributed_runtime  # noqa: E402
+from voxpipe.train.loop import Trainer  # noqa: E402
+from voxpipe.train.signals import TerminationFlag  # noqa: E402
+
+LR = 1e-5
+
+
+def log(msg: str) -> None:
+    print(f"[bench train_step] {msg}", file=sys.stderr, flush=True)
+
+
+def prepare(work: Path) -> tuple[Path, Path, float]:
+    ingest(IngestParams(input=[str(REPO / "data" / "sample")], out=str(work / "ingest"), workers=1))
+    build_manifest(ManifestParams(input=[str(work / "ingest" / "raw.jsonl")], out=str(work / "manifest")))
+    init_model(ModelParams(preset="small", out=str(work / "base"), dtype="float32"))
+    start = time.perf_counter()
+    encode(EncodeParams(manifest=[str(work / "manifest" / "train.jsonl")], model=str(work / "base"),
+                        out=str(work / "encoded"), device="cpu"))
+    return work / "base", work / "encoded", time.perf_counter() - start
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int(((batch["text_mask"] > 0) | (batch["audio_mask"] > 0)).sum())
+
+
+def record(start: float, samples: int, batch: dict[str, torch.Tensor]) -> dict:
+    return {"step_time_s": time.perf_counter() - start, "samples": samples, "real_tokens": real_tokens(batch)}
+
+
+def upstream_packer_cls():
+    """Upstream's packer module on its own: the package's training/__init__ needs argbind and datasets."""
+    voxcpm = import_upstream()
+    path = Path(voxcpm.__file__).parent / "training" / "packers.py"
+    spec = importlib.util.spec_from_file_location("voxcpm_training_packers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AudioFeatureProcessingPacker
+
+
+def upstream_model(base: Path):
+    import_upstream()
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+
+    model = VoxCPM2Model.from_local(str(base), training=True, device="cpu")
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, params, torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+
+
+def upstream_step(model, params, optimizer, batch: dict[str, torch.Tensor]) -> None:
+    out = model(**{k: batch[k] for k in BATCH_KEYS})
+    (out["loss/diff"] + out["loss/stop"]).backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def pad(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Upstream's collate: right-pad with -100, the value its packer strips again."""
+    width = max(r.numel() for r in rows)
+    return torch.stack([torch.cat((r, torch.full((width - r.numel(),), -100, dtype=r.dtype))) for r in rows])
+
+
+def upstream_end_to_end(base: Path, encoded: Path, batch_size: int) -> Iterator[dict]:
+    """Fixed-size batches of waveforms; the packer VAE-encodes each clip inside every step."""
+    data = EncodedDataset(encoded, "train")
+    wavs, refs, texts = [], [], []
+    for i, row in enumerate(data.rows):  # decoding happens once, outside the timing
+        wavs.append(torch.from_numpy(decode(encoded / row["audio"], 16000)))
+        ref = row.get("ref_audio")
+        refs.append(torch.from_numpy(decode(encoded / ref, 16000)) if ref else torch.tensor([-100.0]))
+        texts.append(data[i].text_ids.to(torch.int32))
+    model, params, optimizer = upstream_model(base)
+    packer_cls = upstream_packer_cls()
+    packer = packer_cls(1, model.config.max_length, model.patch_size, model.feat_dim, model.audio_vae)
+    order = fixed_size_batches(len(wavs), batch_size, seed=0)
+    for step in itertools.count():
+        rows = order[step % len(order)]
+        start = time.perf_counter()
+        packed = packer(
+            pad([wavs[i] for i in rows]),
+            pad([texts[i] for i in rows]),
+            torch.ones(len(rows), dtype=torch.int32),
+            torch.zeros(len(rows), dtype=torch.int32),
+            [False] * len(rows),
+            ref_audio_tokens=pad([refs[i] for i in rows]),  # [-100] = no reference
+        )
+        upstream_step(model, params, optimizer, packed)
+        yield record(start, len(rows), packed)
+
+
+def upstream_on_latents(base: Path, encoded: Path, max_tokens: int) -> Iterator[dict]:
+    """Upstream's model on the batches our trainer uses (same sampler and seed), collated each step."""
+    data = EncodedDataset(encoded, "train")
+    sampler = TokenBudgetSampler(data.lengths(), max_tokens, seed=0)
+    batches = iter(sampler)
+    model, params, optimizer = upstream_model(base)
+    while True:
+        indices = next(batches, None)
+        if indices is None:  # epoch over: the sampler moved on, as in the trainer
+            batches = iter(sampler)
+            indices = next(batches)
+        start = time.perf_counter()
+        batch = collate([data[i] for i in indices], data.patch_size, model.config.max_length)
+        upstream_step(model, params, optimizer, batch)
+        yield record(start, len(indices), batch)
+
+
+def interleaved(runners: dict[str, Callable[[], dict]], steps: int) -> dict[str, list[dict]]:
+    """One step of each runner in turn (rotating who goes first), so background load hits all alike."""
+    names = list(runners)
+    records: dict[str, list[dict]] = {name: [] for name in names}
+    for step in range(steps):
+        for name in names[step % len(names):] + names[: step % len(names)]:
+            records[name].append(runners[name]())
+            log(f"step {step + 1}/{steps} {name}: {records[name][-1]['step_time_s']:.2f} s")
+    return records
+
+
+def rates(records: list[dict], warmup: int) -> dict[str, float]:
+    kept = records[warmup:]
+    seconds = sum(r["step_time_s"] for r in kept)
+    return {
+        "samples_per_s": sum(r["samples"] for r in kept) / seconds,
+        "tokens_per_s": sum(r["real_tokens"] for r in kept) / seconds,
+        "median_step_s": statistics.median(r["step_time_s"] for r in kept),
+        "samples_per_step": sum(r["samples"] for r in kept) / len(kept),
+        "steps_timed": len(kept),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=640, help="our token budget per micro-batch")
+    parser.add_argument("--batch-size", type=int, default=8, help="upstream's fixed batch size")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        work = Path(tmp)
+        log("preparing data: ingest, manifest, init-model small, encode")
+        base, encoded, encode_s = prepare(work)
+        params = TrainParams(data=str(encoded), model=str(base), out=str(work / "ours"), device="cpu",
+                             dtype="float32", lr=LR, warmup_steps=0, max_tokens=args.max_tokens)
+        with distributed_runtime("cpu") as rt, TerminationFlag() as flag:
+            trainer = Trainer(params, rt, flag)  # the trainer's own step: data, FSDP2 model, clip, AdamW
+            e2e = upstream_end_to_end(base, encoded, args.batch_size)
+            lat = upstream_on_latents(base, encoded, args.max_tokens)
+            runs = interleaved(
+                {"ours": trainer.train_step, "upstream_vae_per_step": lambda: next(e2e),
+                 "upstream_pre_encoded": lambda: next(lat)},
+                args.steps,
+            )
+        ours, up_e2e, up_lat = (rates(runs[name], args.warmup) for name in runs)
+        lengths = EncodedDataset(encoded, "train").lengths()
+        budget = TokenBudgetSampler(lengths, args.max_tokens, seed=0).global_batches(0)
+        fixed = fixed_size_batches(len(lengths), args.batch_size, seed=0)
+        result = {
+            "preset": "small",
+            "device": "cpu",
+            "threads": torch.get_num_threads(),
+            "train_rows": len(lengths),
+            "one_time_encode_s": round(encode_s, 2),
+            "end_to_end": {
+                "ours": ours,
+                "upstream_vae_per_step": up_e2e,
+                "samples_per_s_ratio": ours["samples_per_s"] / up_e2e["samples_per_s"],
+                "goal": ">= 3.0",
+            },
+            "pre_encoded": {
+                "ours": ours,
+                "upstream_same_batches": up_lat,
+                "tokens_per_s_ratio": ours["tokens_per_s"] / up_lat["tokens_per_s"],
+                "goal": ">= 1.0",
+            },
+            "padding_waste": {
+                "token_budget": padding_waste(budget, lengths),
+                "fixed_size": padding_waste(fixed, lengths),
+                "max_tokens": args.max_tokens,
+                "batch_size": args.batch_size,
+                "definition": "padded positions per real position",
+            },
+        }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

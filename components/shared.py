@@ -1,0 +1,97 @@
+"""What every voxpipe component does around its step, shipped into each one (`additional_funcs`).
+
+A lightweight component runs only its own function source, so these helpers import inside
+themselves. Bulk data (audio, latents, checkpoints) stays on the workspace PVC; KFP artifacts carry
+the step's report.json and, in their metadata, the folder on the PVC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The project images (images/Dockerfile.*), with voxpipe and kfp installed: nothing is pip-installed
+# when a component runs. The pipeline swaps in the registry's names (its image parameters).
+CPU_IMAGE = "voxpipe:0.1.0-cpu"
+COMPONENT = {"base_image": CPU_IMAGE, "install_kfp_package": False}
+
+
+def step_folder(workspace: str, step: str, artifact_uri: str) -> str:
+    """A folder of its own on the workspace for this task execution.
+
+    Named from the task's output artifact URI, which is unique per execution but not part of KFP's
+    cache key: a cached task hands on the folder of the execution that made it.
+    """
+    import hashlib
+    import os
+
+    digest = hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
+    return os.path.join(workspace, "voxpipe", f"{step}-{digest}")
+
+
+def wire(section: str, values: dict[str, Any], **paths: Any) -> dict[str, Any]:
+    """The step's params section: the user's values plus the paths the pipeline wires between steps.
+
+    KFP passes dict parameters through protobuf Struct, where every number is a float; integral
+    floats become ints again (the schema is strict and float fields take ints).
+    """
+
+    def ints(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, dict):
+            return {k: ints(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [ints(v) for v in value]
+        return value
+
+    taken = sorted(set(values) & set(paths))
+    if taken:
+        raise ValueError(f"{section}: {', '.join(taken)} are set by the pipeline (from the previous steps)")
+    return {**ints(values), **paths}
+
+
+def run_voxpipe(step: str, workspace: str, sections: dict[str, Any]) -> None:
+    """`voxpipe <step>` in this process, in the workspace (relative paths land on the PVC, as in the
+    Volcano job), with a params file holding exactly these sections."""
+    import os
+    import tempfile
+
+    import yaml
+
+    from voxpipe.cli import main
+
+    os.makedirs(workspace, exist_ok=True)
+    os.chdir(workspace)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = os.path.join(tmp, "params.yaml")
+        with open(params, "w", encoding="utf-8") as f:
+            yaml.safe_dump(sections, f, sort_keys=False)
+        code = main([step, "--params", params])
+    if code != 0:
+        raise RuntimeError(f"voxpipe {step} failed with exit code {code} (its message is above)")
+
+
+def publish(artifact: Any, folder: str, report: str = "report.json", **metadata: Any) -> dict[str, Any]:
+    """Copy the step's report into the artifact, record the folder; returns the report."""
+    import json
+    import os
+    import shutil
+
+    os.makedirs(os.path.dirname(artifact.path), exist_ok=True)
+    source = os.path.join(folder, report)
+    shutil.copyfile(source, artifact.path)
+    artifact.metadata.update({"path": folder, **metadata})
+    with open(source, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def log_numbers(metrics: Any, figures: dict[str, Any]) -> None:
+    """The flat numeric figures of a report as KFP metrics (shown in the run's UI)."""
+    import math
+
+    for key, value in figures.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            metrics.log_metric(key, value)
+
+
+HELPERS = [step_folder, wire, run_voxpipe, publish, log_numbers]

@@ -1,0 +1,153 @@
+"""The voxpipe steps as KFP components: one thin typed wrapper per step.
+
+Each takes its params.yaml section as a dict (minus the paths the pipeline wires between steps),
+its inputs as artifacts whose metadata names their folder on the workspace PVC, and runs
+`voxpipe <step>` into a folder of its own there. No `from __future__ import annotations` here:
+KFP reads the Input/Output annotations at import time.
+"""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
+
+# the helpers are shipped inside each component (additional_funcs); imported here for the reader and ruff
+from components.shared import COMPONENT, HELPERS, log_numbers, publish, run_voxpipe, step_folder, wire
+
+
+def component(func):
+    return dsl.component(func, additional_funcs=HELPERS, **COMPONENT)
+
+
+@component
+def ingest(workspace: str, data_version: str, params: dict, data: Output[Dataset]):
+    """parquet → 16 kHz FLAC + raw.jsonl. `data_version` must be the DVC md5 of `params["input"]`
+    (what `dvc add` records): KFP's cache sees parameters, not the files behind a path."""
+    from pathlib import Path
+
+    from voxpipe.track.lineage import dvc_md5
+
+    folder = step_folder(workspace, "ingest", data.uri)
+    section = wire("ingest", params, out=folder)
+    inputs = section.get("input", ["data/sample"])
+    missing = [p for p in inputs if not (Path(workspace) / p).exists()]
+    if missing:
+        raise FileNotFoundError(f"ingest.input {missing}: not on the workspace {workspace}")
+    actual = ",".join(dvc_md5(Path(workspace) / p) for p in inputs)
+    if data_version != actual:
+        raise ValueError(
+            f"data_version {data_version!r} does not match the data: ingest.input {inputs} has DVC md5 "
+            f"{actual!r}. Pass data_version={actual!r} (KFP caches on it)."
+        )
+    run_voxpipe("ingest", workspace, {"ingest": section})
+    publish(data, folder, data_version=data_version, ingest_md5=dvc_md5(Path(folder)))
+
+
+@component
+def manifest(workspace: str, params: dict, data: Input[Dataset], manifest: Output[Dataset]):
+    """raw.jsonl → train.jsonl / val.jsonl (upstream VoxCPM format)."""
+    import os
+
+    folder = step_folder(workspace, "manifest", manifest.uri)
+    section = wire("manifest", params, input=[os.path.join(data.metadata["path"], "raw.jsonl")], out=folder)
+    run_voxpipe("manifest", workspace, {"manifest": section})
+    publish(manifest, folder)
+
+
+@component
+def init_model(workspace: str, params: dict, base_model: str, model: Output[Model]):
+    """The base model: `base_model` (a checkpoint folder on the workspace, upstream VoxCPM2 layout)
+    when given, else a random-init checkpoint of `params["preset"]`."""
+    import json
+    import os
+
+    if base_model:
+        folder = os.path.join(workspace, base_model)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise FileNotFoundError(f"base_model {base_model}: no config.json in {folder}")
+        with open(model.path, "w", encoding="utf-8") as f:
+            json.dump({"base_model": base_model}, f)
+        model.metadata.update({"path": folder, "source": base_model})
+        return
+    folder = step_folder(workspace, "init-model", model.uri)
+    run_voxpipe("init-model", workspace, {"model": wire("model", params, out=folder)})
+    publish(model, folder, source=f"init-model:{params.get('preset', 'tiny')}")
+
+
+@component
+def encode(workspace: str, params: dict, manifest: Input[Dataset], base_model: Input[Model],
+           encoded: Output[Dataset]):
+    """Manifests → AudioVAE latents + token ids (safetensors shards)."""
+    import os
+
+    folder = step_folder(workspace, "encode", encoded.uri)
+    rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
+    section = wire("encode", params, manifest=rows, model=base_model.metadata["path"], out=folder)
+    run_voxpipe("encode", workspace, {"encode": section})
+    publish(encoded, folder)
+
+
+@component
+def train(workspace: str, params: dict, launch: dict, volcano: bool, image: str, accelerator: str,
+          node_selector: dict, tolerations: list, pvc_name: str, encoded: Input[Dataset],
+          base_model: Input[Model], model: Output[Model], metrics: Output[Metrics]):
+    """FSDP2 fine-tuning. `volcano`: as a gang-scheduled Volcano Job (`voxpipe launch-train`: submit,
+    watch, fail with the failing pod's log), torchrun in every pod; else in this process (kfp.local,
+    a one-node CPU cluster)."""
+    import os
+
+    folder = step_folder(workspace, "train", model.uri)
+    section = wire("train", params, data=encoded.metadata["path"], model=base_model.metadata["path"],
+                   out=folder)
+    if volcano:
+        cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
+                       tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
+        run_voxpipe("launch-train", workspace, {"train": section, "launch": cluster})
+    else:
+        run_voxpipe("train", workspace, {"train": section})
+    report = publish(model, folder, export=os.path.join(folder, "export"))
+    val = report["val_curve"][-1] if report["val_curve"] else {}
+    log_numbers(metrics, {**report["final"], **val, "steps": report["steps"],
+                          "tokens_per_s": report["tokens_per_s"]})
+
+
+@component
+def evaluate(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
+             encoded: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]):
+    """Fixed-seed loss and voice metrics of the fine-tune against its base model."""
+    folder = step_folder(workspace, "evaluate", results.uri)
+    section = wire("evaluate", params, model=model.metadata["export"], baseline=base_model.metadata["path"],
+                   data=encoded.metadata["path"], out=folder)
+    run_voxpipe("evaluate", workspace, {"evaluate": section})
+    log_numbers(metrics, publish(results, folder, report="eval.json"))
+
+
+@component
+def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
+        results: Output[Dataset], metrics: Output[Metrics]):
+    """Model FLOPs utilisation of the training run."""
+    import os
+
+    folder = step_folder(workspace, "mfu", results.uri)
+    section = wire("mfu", params, model=base_model.metadata["path"],
+                   train_report=os.path.join(model.metadata["path"], "report.json"), metrics=None, out=folder)
+    run_voxpipe("mfu", workspace, {"mfu": section})
+    log_numbers(metrics, publish(results, folder, report="mfu.json"))
+
+
+@component
+def register(workspace: str, params: dict, kfp_run_id: str, data: Input[Dataset], model: Input[Model],
+             evaluation: Input[Dataset], mfu: Input[Dataset], registered: Output[Artifact]):
+    """The run into MLflow and the export into its registry (@candidate; @champion when it wins).
+    `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run."""
+    import os
+
+    os.environ["KFP_RUN_ID"] = kfp_run_id
+    folder = step_folder(workspace, "register", registered.uri)
+    section = wire(
+        "register", params, model=model.metadata["export"], train=model.metadata["path"],
+        eval=os.path.join(evaluation.metadata["path"], "eval.json"),
+        mfu=os.path.join(mfu.metadata["path"], "mfu.json"), ingest=data.metadata["path"],
+        out=folder, work=folder,
+    )
+    run_voxpipe("register", workspace, {"register": section})
+    done = publish(registered, folder, report="registered.json")
+    registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")})

@@ -1,0 +1,44 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    ingest: Path  # raw.jsonl + audio/ from `voxpipe ingest`
+    manifest: Path  # train.jsonl / val.jsonl from `voxpipe manifest`
+    base_model: Path  # random-init tiny checkpoint from `voxpipe init-model --preset tiny`
+    encoded: Path  # `voxpipe encode` output: train.jsonl / val.jsonl, shards/, report.json
+
+
+@pytest.fixture(scope="session")
+def encoded_sample(tmp_path_factory) -> EncodedSample:
+    """The shipped sample through ingest -> manifest -> init-model tiny -> encode, once per session.
+
+    Read-only for tests: copy a folder before running a step into it.
+    """
+    from voxpipe.data.encode import encode
+    from voxpipe.data.ingest import ingest
+    from voxpipe.data.manifest import build_manifest
+    from voxpipe.model.io import init_model
+    from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams
+
+    work = tmp_path_factory.mktemp("encoded_sample")
+    paths = EncodedSample(work / "ingest", work / "manifest", work / "base_model", work / "encoded")
+    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(paths.ingest), workers=1))
+    build_manifest(ManifestParams(input=[str(paths.ingest / "raw.jsonl")], out=str(paths.manifest)))
+    init_model(ModelParams(preset="tiny", out=str(paths.base_model)))
+    encode(EncodeParams(
+        manifest=[str(paths.manifest / "train.jsonl"), str(paths.manifest / "val.jsonl")],
+        model=str(paths.base_model),
+        out=str(paths.encoded),
+        device="cpu",
+    ))
+    return paths

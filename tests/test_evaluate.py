@@ -1,0 +1,260 @@
+"""`voxpipe evaluate` on the encoded sample: fixed-seed loss, the improvement gate, voice metrics on the
+sample's two real voices, and the whole step through the CLI with the tiny model. Real audio, the real
+Resemblyzer encoder, pyin and pocketsphinx; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from voxpipe.cli import main
+from voxpipe.data.audio import decode
+from voxpipe.data.dataset import EncodedDataset
+from voxpipe.evaluate.asr import edit_distance, errors, words
+from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.fixed_seed_loss import (
+    fixed_seed_loss,
+    improvement,
+    summarize_seeds,
+    val_loss_batches,
+)
+from voxpipe.evaluate.pitch import median_f0
+from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
+from voxpipe.evaluate.step import EvaluateResult
+from voxpipe.model.io import from_pretrained
+from voxpipe.train.device import distributed_runtime
+from voxpipe.train.loop import validate
+
+CPU = torch.device("cpu")
+SEEDS = [0, 1, 2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to split: one intra-op thread is as fast, and does not stall when
+    other processes share the cores (parallel tests, torchrun workers)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def val(encoded_sample) -> EncodedDataset:
+    return EncodedDataset(encoded_sample.encoded, "val")
+
+
+@pytest.fixture(scope="module")
+def base(encoded_sample):
+    return from_pretrained(encoded_sample.base_model)
+
+
+def _losses(model, batches, seeds=SEEDS):
+    return [fixed_seed_loss(model, batches, CPU, s) for s in seeds]
+
+
+def _per_seed(model_losses, base_losses):
+    return [{"seed": s, "model": m.as_dict(), "baseline": b.as_dict()}
+            for s, m, b in zip(SEEDS, model_losses, base_losses, strict=True)]
+
+
+# -- fixed-seed loss --------------------------------------------------------------------------------
+
+
+def test_fixed_seed_loss_repeats_exactly_and_moves_a_little_with_the_seed(base, val):
+    batches = val_loss_batches(val, base.patch_size, max_tokens=4096)
+    base.train()
+    first = fixed_seed_loss(base, batches, CPU, seed=0)
+    again = fixed_seed_loss(base, batches, CPU, seed=0)
+    other = fixed_seed_loss(base, batches, CPU, seed=1)
+    assert base.training, "the model's mode is restored"
+    assert first == again  # bit for bit: diff, stop and patch count
+    assert first.patches == sum(float(r["audio_frames"]) / base.patch_size for r in val.rows)  # whole val set
+    assert other.total != first.total
+    assert abs(other.total - first.total) < 0.1 * first.total  # the seed is noise, not a different figure
+    assert other.stop == pytest.approx(first.stop, rel=1e-6)  # the stop loss draws nothing
+
+
+def test_batch_order_does_not_matter_and_the_trainer_validation_agrees(base, val):
+    """Each batch carries its own seeded generator: reordering batches leaves the figures unchanged, and
+    the trainer's in-loop validation on the same batches gives the same numbers."""
+    batches = val_loss_batches(val, base.patch_size, max_tokens=160)
+    assert len(batches) > 1
+    forward = fixed_seed_loss(base, batches, CPU, seed=3)
+    backward = fixed_seed_loss(base, batches[::-1], CPU, seed=3)
+    assert backward.total == pytest.approx(forward.total, rel=1e-12)
+    with distributed_runtime("cpu") as rt:
+        figures = validate(base, SimpleNamespace(val_batches=lambda: batches), rt, 3)
+    assert figures["val/loss"] == pytest.approx(forward.total, rel=1e-12)
+    assert figures["val/diff"] == pytest.approx(forward.diff, rel=1e-12)
+
+
+def test_gate_fails_a_model_against_itself_and_passes_one_that_learned_the_val_set(base, val, encoded_sample):
+    batches = val_loss_batches(val, base.patch_size, max_tokens=4096)
+    base_losses = _losses(base, batches)
+    same = summarize_seeds(_per_seed(base_losses, _losses(base, batches)))
+    passed, sentence = improvement(same)
+    assert not passed
+    assert same["delta"]["total"]["mean"] == 0.0 and same["seed_spread"] > 0
+    assert "does not beat" in sentence and f"{same['seed_spread']:.5f}" in sentence
+
+    # A genuinely better model: a copy of the base trained on the val rows themselves, so its fixed-seed
+    # val loss has to fall by far more than the seed noise.
+    learner = from_pretrained(encoded_sample.base_model)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=3e-3)
+    torch.manual_seed(0)
+    learner.train()
+    for _ in range(8):
+        for lb in batches:
+            out = learner(**lb.batch)
+            (out["loss/diff"] + out["loss/stop"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    better = summarize_seeds(_per_seed(_losses(learner, batches), base_losses))
+    passed, sentence = improvement(better)
+    assert passed, sentence
+    assert -better["delta"]["total"]["mean"] > 3 * better["seed_spread"]
+    assert better["delta"]["total"]["max"] < 0  # better under every seed, not just on average
+
+
+# -- voice metrics on the sample's two real voices ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_clips(encoded_sample) -> dict[str, list[np.ndarray]]:
+    """Six real 16 kHz clips per speaker (espeak m3 low pitch / f4 high pitch), in row-id order."""
+    data = EncodedDataset(encoded_sample.encoded, "train")
+    out: dict[str, list[np.ndarray]] = {}
+    for row in sorted(data.rows, key=lambda r: r["id"]):
+        clips = out.setdefault(row["speaker"], [])
+        if len(clips) < 6:
+            clips.append(decode(data.root / row["audio"], 16000))
+    assert sorted(out) == ["spk_f", "spk_m"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured(real_clips):
+    encoder = SpeakerEncoder()
+    return {
+        speaker: {"embeddings": [encoder.embed(w, 16000) for w in clips], "f0": [median_f0(w) for w in clips]}
+        for speaker, clips in real_clips.items()
+    }
+
+
+def test_the_two_real_voices_come_out_as_two_voices(measured):
+    # centre of each voice from three clips, scored on the other three (no clip scores against itself)
+    centres = {s: unit_mean(m["embeddings"][:3]) for s, m in measured.items()}
+    within = [cosine(e, centres[s]) for s, m in measured.items() for e in m["embeddings"][3:]]
+    across = [cosine(e, centres[o]) for s, m in measured.items() for e in m["embeddings"][3:]
+              for o in centres if o != s]
+    assert min(within) > max(across) + 0.1, (within, across)
+    assert min(within) > 0.75
+    # pitch: every clip of the low voice under every clip of the high voice, more than a fifth apart
+    low, high = measured["spk_m"]["f0"], measured["spk_f"]["f0"]
+    assert None not in low + high
+    assert max(low) * 1.5 < min(high), (low, high)
+
+
+def test_voice_split_flag_fires_on_two_voices_under_one_label_and_not_on_one_voice(measured):
+    m, f = measured["spk_m"], measured["spk_f"]
+    centre = unit_mean(m["embeddings"])
+
+    def group(embeddings, f0s):
+        return consistency([cosine(e, centre) for e in embeddings], f0s, embeddings)
+
+    mixed = group(m["embeddings"][:3] + f["embeddings"][:3], m["f0"][:3] + f["f0"][:3])
+    assert mixed["voice_split"]
+    assert len(mixed["split_reasons"]) == 2  # pitch and timbre both say so
+    assert mixed["f0_gap_ratio"] > 2.0
+    for voice in (m, f):
+        single = group(voice["embeddings"], voice["f0"])
+        assert not single["voice_split"], single
+        assert single["f0_spread_semitones"] < 2.0
+        assert single["two_voice_similarity"] > 0.8
+    # the mixed set also spreads far more in pitch than either voice alone
+    assert mixed["f0_spread_semitones"] > 4 * group(m["embeddings"], m["f0"])["f0_spread_semitones"]
+
+
+def test_silence_has_no_voice_and_no_pitch():
+    silence = np.zeros(32000, dtype=np.float32)
+    assert SpeakerEncoder().embed(silence, 16000) is None
+    assert median_f0(silence) is None
+    stats = consistency([None, 0.9], [None, 120.0], [None, np.ones(4) / 2])
+    assert (stats["no_voice"], stats["no_pitch"], stats["voice_split"]) == (1, 1, False)
+
+
+def test_error_rates():
+    assert words("Hello, world -- it's me!") == ["hello", "world", "it's", "me"]
+    assert edit_distance("kitten", "sitting") == 3
+    e = errors("The bus was late.", "the bus is late today")
+    assert (e.word_edits, e.words) == (2, 4)
+    assert e.wer == 0.5
+    assert errors("same words", "Same words.").wer == 0.0
+
+
+# -- the step ------------------------------------------------------------------------------------------
+
+
+def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_sample, tmp_path, capsys):
+    """One run of the step, the tiny base against itself with --require-improvement: every output is
+    written, then the gate fails the run because nothing improved."""
+    out = tmp_path / "eval"
+    base_model = str(encoded_sample.base_model)
+    rc = main(["evaluate", "--model", base_model, "--baseline", base_model,
+               "--data", str(encoded_sample.encoded), "--out", str(out), "--device", "cpu",
+               "--seeds", "0", "1", "--set", "evaluate.texts_per_speaker=1", "--set", "evaluate.max_len=4",
+               "--set", "evaluate.inference_timesteps=2", "--require-improvement"])
+    report = json.loads((out / "eval.json").read_text())
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"{report['loss_model']:.5f}" in err and f"{report['loss_baseline']:.5f}" in err
+    assert f"seed spread {report['loss_seed_spread']:.5f}" in err and "require_improvement" in err
+
+    for key in ("loss_model", "loss_baseline", "loss_delta", "loss_seed_spread", "speaker_similarity_mean",
+                "f0_spread", "voice_split_flag", "stop_failure_rate", "rtf", "wer", "wer_real"):
+        assert key in report, key
+    numbers = {k: v for k, v in report.items() if not isinstance(v, (dict, list, str))}
+    assert all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in numbers.values())
+    assert report["loss_delta"] == 0.0 and report["improved"] == 0 and report["loss_seed_spread"] > 0
+    assert [s["seed"] for s in report["loss"]["seeds"]] == [0, 1]
+    assert report["loss"]["val_rows"] == len(EncodedDataset(encoded_sample.encoded, "val"))
+    utterances = report["utterances"]["model"]
+    assert len(utterances) == 4  # 2 speakers x 1 text x (with, without reference)
+    assert {u["with_reference"] for u in utterances} == {True, False}
+    assert all(u["patches"] <= 4 and u["max_len"] == 4 and u["rtf"] > 0 for u in utterances)
+    assert report["stop_failure_rate"] == sum(u["hit_limit"] for u in utterances) / 4
+
+    # the same checkpoint twice: the same seeds give the same clips, so the same measurements
+    def drop_rtf(records):
+        return [{k: v for k, v in r.items() if k != "rtf"} for r in records]
+
+    assert drop_rtf(utterances) == drop_rtf(report["utterances"]["baseline"])
+    assert sorted(report["voices"]) == ["spk_f", "spk_m"]
+    assert report["voices"]["spk_m"]["f0_median_hz"] * 1.5 < report["voices"]["spk_f"]["f0_median_hz"]
+    assert 0 <= report["wer_real"] <= 1.5 and len(report["real_asr"]) == 2
+
+    wavs = sorted((out / "samples").glob("*.wav"))
+    assert len(wavs) == 8  # both checkpoints
+    assert {sf.info(str(w)).samplerate for w in wavs} == {48000}
+    assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "report.json").read_text())["utterances_per_checkpoint"] == 4
+    line = EvaluateResult(out, numbers, report["verdict"]).summary()
+    assert line.startswith(f"evaluate: loss {report['loss_model']:.4f} vs baseline")
+
+
+def test_missing_val_split_is_a_clear_error(encoded_sample, tmp_path, capsys):
+    empty = tmp_path / "encoded"
+    empty.mkdir()
+    base_model = str(encoded_sample.base_model)
+    rc = main(["evaluate", "--model", base_model, "--baseline", base_model,
+               "--data", str(empty), "--out", str(tmp_path / "eval"), "--device", "cpu"])
+    assert rc == 1
+    assert "no encoded val rows" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""The Kubeflow pipeline: the committed YAML is current, its cluster settings, and a whole run under
+kfp.local (SubprocessRunner in this venv) on a few rows per speaker of the sample, training in the
+train task instead of a Volcano job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import local
+from mlflow import MlflowClient
+from small_sample import write_small_sample
+
+from components import steps
+from pipelines import finetune as pipeline
+from voxpipe.track.lineage import dvc_md5
+
+# kfp.local runs the components in this venv: the images and the accelerator requests are for the cluster
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:.*have no effect in the current local runner:UserWarning"),
+]
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = ROOT / "pipelines" / "finetune.yaml"
+SMALL = {
+    "train": {"max_steps": 3, "warmup_steps": 1, "val_every": 0, "checkpoint_every": 0, "device": "cpu"},
+    "evaluate": {"seeds": [0], "texts_per_speaker": 1, "max_len": 8, "inference_timesteps": 2, "asr": False,
+                 "device": "cpu"},
+}
+
+
+def test_committed_yaml_is_the_compiled_pipeline(tmp_path):
+    pipeline.compile_pipeline(str(tmp_path / "finetune.yaml"))
+    assert (tmp_path / "finetune.yaml").read_text() == COMPILED.read_text(), (
+        "pipelines/finetune.yaml is stale: run `make compile` and commit it"
+    )
+
+
+def test_compiled_pipeline_places_tasks_on_the_cluster():
+    spec, platform = yaml.safe_load_all(COMPILED.read_text())
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert "defaultValue" not in inputs["data_version"], "the data version must be given"
+    assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
+    assert inputs["train"]["defaultValue"] == pipeline.TRAIN  # params.yaml's train section, unwired keys
+    executors = spec["deploymentSpec"]["executors"]
+    assert len(executors) == 8
+    for name, executor in executors.items():
+        container = executor["container"]
+        assert "pip install" not in " ".join(container["command"]), name  # nothing installed at run time
+        accelerated = name in ("exec-encode", "exec-evaluate")
+        image = "accelerator_image" if accelerated else "cpu_image"
+        assert container["image"] == f"{{{{$.inputs.parameters['pipelinechannel--{image}']}}}}", name
+        if accelerated:
+            accelerator = container["resources"]["accelerator"]
+            assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator']}}"
+            assert accelerator["resourceCount"] == "1"
+    kubernetes = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert sorted(kubernetes) == sorted(executors)
+    for name, config in kubernetes.items():
+        assert config["pvcMount"][0]["mountPath"] == pipeline.WORKSPACE
+        assert config["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"] == "pvc_name"
+        placed = "nodeSelector" in config and "tolerations" in config
+        assert placed == (name in ("exec-encode", "exec-evaluate")), name
+
+
+@pytest.fixture
+def local_runner(tmp_path):
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    return tmp_path
+
+
+def test_ingest_refuses_a_data_version_that_is_not_the_data(local_runner, capfd):
+    workspace = local_runner / "workspace"
+    write_small_sample(workspace / "datasets" / "mine", per_speaker=2)
+    with pytest.raises(RuntimeError, match="ingest"):
+        steps.ingest(workspace=str(workspace), data_version="0123.dir", params={"input": ["datasets/mine"]})
+    assert f"has DVC md5 '{dvc_md5(workspace / 'datasets' / 'mine')}'" in capfd.readouterr().out
+
+
+def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
+    workspace = local_runner / "workspace"
+    data = write_small_sample(workspace / "datasets" / "sample", per_speaker=6)
+    tracking = f"sqlite:///{local_runner / 'mlflow.db'}"
+    run = pipeline.finetune(
+        data_version=dvc_md5(data),
+        workspace=str(workspace),
+        volcano=False,
+        ingest={**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
+        encode={**pipeline.ENCODE, "device": "cpu"},
+        train={**pipeline.TRAIN, **SMALL["train"]},
+        evaluate={**pipeline.EVALUATE, **SMALL["evaluate"]},
+        register={**pipeline.REGISTER, "tracking_uri": tracking, "experiment": "kfp-local"},
+    )
+    registered = run.output.metadata
+    assert registered["name"] == pipeline.REGISTER["model_name"]
+    assert {"candidate"} <= set(registered["aliases"])
+    client = MlflowClient(tracking)
+    version = client.get_model_version_by_alias(registered["name"], "candidate")
+    assert int(version.version) == int(registered["version"])
+    assert client.get_run(version.run_id).data.tags["voxpipe.kfp_run_id"]  # KFP's run id reached the run
+    # bulk data on the workspace, only reports in KFP's artifact store
+    folders = sorted(p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir())
+    assert folders == sorted(["ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"])
+    assert not list((local_runner / "kfp").rglob("*.safetensors"))
+    assert list((workspace / "voxpipe").rglob("*.safetensors"))

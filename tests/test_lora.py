@@ -1,0 +1,291 @@
+"""LoRA on the tiny VoxCPM2: only adapters train, upstream loads the export, merging is exact."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from upstream import import_upstream
+
+from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, preset
+from voxpipe.model.io import from_pretrained, init_model, save_pretrained
+from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.params import LoraParams, ModelParams
+from voxpipe.train.lora import (
+    LORA_CONFIG,
+    LORA_WEIGHTS,
+    LoraLinear,
+    apply_lora,
+    export_lora,
+    lora_state_dict,
+    merge_lora,
+    merge_lora_state_dict,
+    reset_lora_parameters,
+)
+
+# every target group on, so LM, DiT and projection adapters all cross the upstream boundary
+PARAMS = LoraParams(enabled=True, r=4, alpha=8, dropout=0.1, target_proj=True)
+
+
+def make_batch(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Two rows in upstream's packer layout [text, 101, audio patches, 102], right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    p, d = cfg.patch_size, cfg.feat_dim
+    rows = []
+    for n_text, n_audio in ((5, 6), (3, 4)):
+        text = torch.randint(200, cfg.lm_config.vocab_size, (n_text,), generator=g).tolist()
+        tokens = text + [AUDIO_START_ID] + [0] * n_audio + [AUDIO_END_ID]
+        n_lead = n_text + 1
+        audio = torch.zeros(len(tokens), p, d)
+        audio[n_lead : n_lead + n_audio] = torch.randn(n_audio, p, d, generator=g)
+        audio_mask = [0] * n_lead + [1] * n_audio + [0]
+        labels = [0] * len(tokens)
+        labels[n_lead + n_audio - 1] = 1  # stop on the last target patch
+        rows.append((tokens, audio, audio_mask, labels))
+    t = max(len(r[0]) for r in rows)
+    batch = {k: torch.zeros(len(rows), t, dtype=torch.long) for k in ("text_tokens", "audio_mask", "labels")}
+    batch["text_mask"] = torch.zeros(len(rows), t, dtype=torch.long)
+    batch["audio_feats"] = torch.zeros(len(rows), t, p, d)
+    for i, (tokens, audio, audio_mask, labels) in enumerate(rows):
+        n = len(tokens)
+        batch["text_tokens"][i, :n] = torch.tensor(tokens)
+        batch["audio_mask"][i, :n] = torch.tensor(audio_mask)
+        batch["text_mask"][i, :n] = 1 - torch.tensor(audio_mask)
+        batch["labels"][i, :n] = torch.tensor(labels)
+        batch["audio_feats"][i, :n] = audio
+    batch["loss_mask"] = batch["audio_mask"].clone()
+    batch["position_ids"] = torch.arange(t).expand(len(rows), t).clone()
+    return batch
+
+
+ORDER = ("text_tokens", "text_mask", "audio_feats", "audio_mask", "loss_mask", "position_ids", "labels")
+
+
+def losses(model, batch, seed: int) -> torch.Tensor:
+    """Both losses with the flow-matching draws seeded (upstream and ours draw in the same order)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model(*(batch[k] for k in ORDER))
+    return torch.stack([out["loss/diff"].float(), out["loss/stop"].float()])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny base checkpoint, and the same model after LoRA training on a real batch."""
+    base_dir = tmp_path_factory.mktemp("base")
+    init_model(ModelParams(out=str(base_dir), dtype="float32"))
+    model = from_pretrained(base_dir)
+    batch = make_batch(model.config)
+    model.eval()
+    before = losses(model, batch, seed=1)
+
+    names = apply_lora(model, PARAMS)
+    model.eval()
+    after_apply = losses(model, batch, seed=1)
+    base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+    initial = lora_state_dict(model)
+
+    torch.manual_seed(0)
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        out = model(*(batch[k] for k in ORDER))
+        (out["loss/diff"] + out["loss/stop"]).backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    return {
+        "base_dir": base_dir,
+        "model": model,
+        "batch": batch,
+        "names": names,
+        "before": before,
+        "after_apply": after_apply,
+        "base": base,
+        "initial": initial,
+    }
+
+
+def test_adapters_are_the_only_trainable_parameters(trained):
+    model = trained["model"]
+    names = trained["names"]
+    assert names == [n for n, p in model.named_parameters() if p.requires_grad]
+    cfg = model.config
+    layers = cfg.lm_config.num_hidden_layers + cfg.residual_lm_num_layers + cfg.dit_config.num_layers
+    assert len(names) == 2 * (4 * layers + 4)  # q/k/v/o per attention layer + 4 projections, A and B each
+    assert all(n.endswith((".lora_A", ".lora_B")) for n in names)
+    assert not any(n.startswith("feat_encoder.") for n in names)  # upstream leaves the local encoder alone
+    # the base keys are untouched: the LoRA model's state dict is the checkpoint's plus the adapters
+    ckpt_keys = set(load_file(str(trained["base_dir"] / "model.safetensors")))
+    assert set(model.state_dict()) == ckpt_keys | set(names)
+
+
+def test_fresh_adapters_leave_outputs_unchanged(trained):
+    torch.testing.assert_close(trained["after_apply"], trained["before"], rtol=0, atol=0)
+
+
+def test_training_changes_only_adapters(trained):
+    model = trained["model"]
+    state = model.state_dict()
+    for key, value in trained["base"].items():
+        assert torch.equal(state[key], value), f"base weight {key} changed"
+    now = lora_state_dict(model)
+    unchanged = [k for k, v in trained["initial"].items() if torch.equal(now[k], v)]
+    assert not unchanged, f"adapters that did not train: {unchanged}"
+
+
+def _upstream_model(path, lora_config=None):
+    import_upstream()
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+
+    return VoxCPM2Model.from_local(
+        str(path), optimize=False, training=False, device="cpu", lora_config=lora_config
+    ).eval()
+
+
+def test_export_loads_into_upstream_with_equal_outputs(trained, tmp_path):
+    model, batch = trained["model"], trained["batch"]
+    export_lora(model, PARAMS, tmp_path, base_model=str(trained["base_dir"]))
+    info = json.loads((tmp_path / LORA_CONFIG).read_text())
+    assert info["base_model"] == str(trained["base_dir"])
+
+    import_upstream()
+    from voxcpm.model.voxcpm2 import LoRAConfig
+
+    upstream = _upstream_model(trained["base_dir"], LoRAConfig(**info["lora_config"]))
+    loaded, skipped = upstream.load_lora_weights(str(tmp_path), device="cpu")
+    assert skipped == []
+    assert sorted(loaded) == sorted(n for n, _ in upstream.named_parameters() if "lora_" in n)
+    assert sorted(loaded) == sorted(load_file(str(tmp_path / LORA_WEIGHTS)))
+
+    for seed in (3, 4):
+        torch.testing.assert_close(
+            losses(upstream, batch, seed), losses(model, batch, seed), rtol=0, atol=1e-5
+        )
+    # the stacks carrying adapters, compared tensor by tensor
+    x = torch.randn(2, 7, model.config.lm_config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            upstream.base_lm(x, is_causal=True)[0], model.base_lm(x), rtol=0, atol=1e-5
+        )
+        dit = model.config.dit_config.hidden_dim
+        args = (torch.randn(3, 64, 4), torch.randn(3, 2 * dit), torch.rand(3), torch.randn(3, 64, 4))
+        dt = torch.zeros(3)
+        torch.testing.assert_close(
+            upstream.feat_decoder.estimator(*args, dt=dt),
+            model.feat_decoder.estimator(*args, dt=dt),
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+def test_merged_export_is_a_plain_checkpoint(trained, tmp_path):
+    model, batch = trained["model"], trained["batch"]
+    want = [losses(model, batch, seed) for seed in (5, 6)]
+    from_state = merge_lora_state_dict(model.state_dict(), PARAMS)
+
+    merged = copy.deepcopy(model)
+    merged.attach(model.audio_vae, model.tokenizer)
+    assert merge_lora(merged) == len(trained["names"]) // 2
+    assert not any(isinstance(m, LoraLinear) for m in merged.modules())
+    assert from_state.keys() == merged.state_dict().keys()
+    for key, value in merged.state_dict().items():
+        assert torch.equal(from_state[key], value), key
+
+    save_pretrained(merged, model.audio_vae, model.tokenizer, tmp_path, dtype=torch.float32)
+    ours = from_pretrained(tmp_path).eval()  # strict: any extra or missing key fails here
+    upstream = _upstream_model(tmp_path)
+    saved = set(load_file(str(tmp_path / "model.safetensors")))
+    assert saved == {k for k in upstream.state_dict() if not k.startswith("audio_vae.")}
+    for seed, expected in zip((5, 6), want, strict=True):
+        torch.testing.assert_close(losses(ours, batch, seed), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(losses(upstream, batch, seed), expected, rtol=0, atol=1e-5)
+
+
+def test_meta_build_then_reset_is_reproducible():
+    """The trainer's path: build on meta, apply, materialise, reset from a seed; wrappers don't matter."""
+    cfg = preset("tiny")
+    params = LoraParams(enabled=True, r=4, alpha=8)
+
+    def build(meta: bool, wrap: bool) -> VoxCPM2:
+        with torch.device("meta" if meta else "cpu"):
+            model = VoxCPM2(cfg)
+        apply_lora(model, params)
+        if wrap:
+            apply_activation_checkpointing(model, check_fn=lambda m: m in model.layers_to_shard())
+        if meta:
+            model.to_empty(device="cpu")
+        reset_lora_parameters(model, seed=7)
+        return model
+
+    ref = lora_state_dict(build(meta=False, wrap=False))
+    for meta, wrap in ((True, False), (True, True)):
+        model = build(meta, wrap)
+        assert any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters()) == wrap
+        got = lora_state_dict(model)
+        assert got.keys() == ref.keys()
+        for key, value in got.items():
+            assert torch.equal(value, ref[key]), key
+    assert all(not v.any() for k, v in ref.items() if k.endswith("lora_B"))
+    a_values = [v for k, v in ref.items() if k.endswith("lora_A")]
+    assert all(v.abs().sum() > 0 for v in a_values)
+    assert not torch.equal(a_values[0], a_values[1])  # each layer draws its own values
+    other = build(meta=False, wrap=False)
+    reset_lora_parameters(other, seed=8)
+    assert not torch.equal(lora_state_dict(other)[next(iter(ref))], ref[next(iter(ref))])
+
+
+def test_bad_requests_fail_clearly():
+    model = VoxCPM2(preset("tiny"))
+    with pytest.raises(ValueError, match="selects no layers"):
+        apply_lora(model, LoraParams(enabled=True, target_lm=False, target_dit=False))
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        lora_state_dict(model)
+    apply_lora(model, LoraParams(enabled=True))
+    with pytest.raises(ValueError, match="already applied"):
+        apply_lora(model, LoraParams(enabled=True))
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("q_proj.lora_B")}
+    with pytest.raises(ValueError, match="partner"):
+        merge_lora_state_dict(state, LoraParams(enabled=True))
+
+
+def test_fsdp2_sharded_adapters_match_unsharded():
+    """Under fully_shard the adapters are DTensors: reset and export must give the unsharded values."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = preset("tiny")
+        with torch.device("meta"):
+            model = VoxCPM2(cfg)
+        names = apply_lora(model, PARAMS)
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model.layers_to_shard():
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        reset_lora_parameters(model, seed=7)
+        assert all(isinstance(p, DTensor) for _, p in model.named_parameters())
+        sharded = lora_state_dict(model)
+
+        plain = VoxCPM2(cfg)
+        apply_lora(plain, PARAMS)
+        reset_lora_parameters(plain, seed=7)
+        expected = lora_state_dict(plain)
+        assert sharded.keys() == expected.keys()
+        for key, value in sharded.items():
+            assert torch.equal(value, expected[key]), key
+
+        out = model(*(make_batch(cfg)[k] for k in ORDER))
+        (out["loss/diff"] + out["loss/stop"]).backward()
+        assert sorted(n for n, p in model.named_parameters() if p.grad is not None) == sorted(names)
+    finally:
+        dist.destroy_process_group()

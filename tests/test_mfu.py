@@ -1,0 +1,257 @@
+"""The analytic FLOPs model against torch's FlopCounterMode, the peak table, and the `mfu` step."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from voxpipe.cli import main
+from voxpipe.errors import StepError
+from voxpipe.mfu.flops import batch_training_flops, forward_flops, training_flops
+from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, measure_cpu_gemm_peak, peak_flops, table_peak
+from voxpipe.mfu.published import PUBLISHED, frames_only_flops, published_check
+from voxpipe.mfu.report import compute
+from voxpipe.model.config import preset
+from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.params import MfuParams
+
+# tiny/small at training-like shapes, voxcpm2 at the published configuration (B=4, L=830)
+SHAPES = {"tiny": (2, 37), "small": (4, 200), "voxcpm2": (4, 830)}
+# module prefixes of the counter -> our towers
+MODULES = {
+    "VoxCPM2.base_lm": "base_lm",
+    "VoxCPM2.residual_lm": "residual_lm",
+    "VoxCPM2.feat_encoder": "local_encoder",
+    "VoxCPM2.feat_decoder": "local_dit",
+    "VoxCPM2.fsq_layer": "fsq",
+}
+
+
+def make_batch(config, b: int, length: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A right-padded training batch: text, audio_start, target patches, then padding."""
+    p, d = config.patch_size, config.feat_dim
+    text = length // 4
+    audio = torch.zeros(b, length)
+    audio[:, text + 1 : length - 2] = 1
+    text_mask = torch.zeros(b, length)
+    text_mask[:, : text + 1] = 1
+    labels = torch.zeros(b, length, dtype=torch.long)
+    labels[:, length - 3] = 1
+    tokens = torch.randint(110, config.lm_config.vocab_size, (b, length)) * text_mask.long()
+    batch = {
+        "text_tokens": tokens,
+        "text_mask": text_mask,
+        "audio_feats": torch.randn(b, length, p, d),
+        "audio_mask": audio,
+        "loss_mask": audio,
+        "position_ids": torch.arange(length).expand(b, length),
+        "labels": labels,
+    }
+    return {name: value.to(device) for name, value in batch.items()}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def counted(request):
+    """(config, B, L, forward counter, forward+backward total) of our VoxCPM2 on the meta device."""
+    config = preset(request.param)
+    b, length = SHAPES[request.param]
+    with torch.device("meta"):
+        model = VoxCPM2(config)
+    batch = make_batch(config, b, length, "meta")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as forward:
+        model(**batch)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as both:
+        losses = model(**batch)
+        (losses["loss/diff"] + losses["loss/stop"]).backward()
+    return config, b, length, forward, both.get_total_flops()
+
+
+def test_forward_flops_agree_with_flop_counter(counted):
+    config, b, length, forward, _ = counted
+    ours = forward_flops(config, b, length)
+    assert sum(ours.values()) == pytest.approx(forward.get_total_flops(), rel=0.02)
+    counts = forward.get_flop_counts()
+    for module, tower in MODULES.items():
+        assert ours[tower] == pytest.approx(sum(counts[module].values()), rel=0.02), tower
+
+
+def test_training_flops_are_three_forwards_like_the_counter(counted):
+    config, b, length, _, both = counted
+    # backward skips input grads of the first layers (data needs none), so the counter is just under 3x
+    assert training_flops(config, b, length) == pytest.approx(both, rel=0.02)
+
+
+def test_causal_half_removes_half_of_the_lm_attention_matmuls(counted):
+    config, b, length, forward, _ = counted
+    counts = forward.get_flop_counts()
+    lm_attention = sum(
+        counts[m].get(torch.ops.aten.bmm, 0) for m in ("VoxCPM2.base_lm", "VoxCPM2.residual_lm")
+    )
+    assert lm_attention > 0
+    removed = training_flops(config, b, length) - training_flops(config, b, length, causal_half=True)
+    assert removed == pytest.approx(3 * lm_attention / 2, rel=1e-9)
+
+
+def test_batch_flops_read_the_padded_shape():
+    config = preset("tiny")
+    batch = make_batch(config, 3, 21)
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21)
+    batch["audio_feats"] = batch["audio_feats"][:, :, :2]
+    with pytest.raises(ValueError, match="audio_feats must be"):
+        batch_training_flops(config, batch)
+
+
+@pytest.mark.parametrize(
+    "name, tflops, label",
+    [
+        ("NVIDIA H200", 989, "H200"),
+        ("NVIDIA H20", 148, "H20"),
+        ("NVIDIA H100 80GB HBM3", 989, "H100 SXM"),
+        ("NVIDIA H100 PCIe", 756, "H100 PCIe"),
+        ("NVIDIA A100-SXM4-80GB", 312, "A100"),
+        ("AMD Instinct MI300X", 1300, "MI300X"),
+        ("NVIDIA L40S", 362, "L40S"),
+        ("Ascend910B2", 353.8944, "Ascend 910B2"),
+        ("Ascend910_9391", 353.8944, "Ascend 910C die"),
+    ],
+)
+def test_peak_table_by_device_name(name, tflops, label):
+    value, source = table_peak(name)
+    assert value == pytest.approx(tflops * 1e12) and source == f"table: {label}"
+
+
+def test_peak_override_unknown_device_and_dtype_note():
+    assert peak_flops("cpu", "float32", override=123e12) == (123e12, "override")
+    with pytest.raises(UnknownPeakError, match="Tesla T4.*mfu.peak_tflops"):
+        lookup_peak("Tesla T4")
+    assert lookup_peak("NVIDIA H200", "float32")[1] == "table: H200 (bf16 peak; training dtype float32)"
+    with pytest.raises(ValueError, match="positive"):
+        peak_flops("cpu", "float32", override=0.0)
+
+
+def test_cpu_peak_is_measured_once_per_dtype_and_threads():
+    value, source = peak_flops("cpu", torch.float32)
+    threads = torch.get_num_threads()
+    assert source == f"measured cpu gemm (float32, {threads} threads)"
+    assert math.isfinite(value) and value > 0
+    assert measure_cpu_gemm_peak(torch.float32, threads) == value  # cached, not re-measured
+    assert torch.get_num_threads() == threads  # measuring with other thread counts restores ours
+
+
+def test_published_configuration():
+    check = published_check()
+    assert check["parameters"] == pytest.approx(2.29e9, rel=0.01)  # DESIGN.md section 4
+    assert check["peak_flops"] == pytest.approx(353.9e12, rel=1e-3)
+    rows = check["conventions"]
+    # the reconstructed convention reproduces their 87.1 TFLOP/s x 0.987 s
+    frames = frames_only_flops(preset("voxcpm2"), PUBLISHED.batch_size, PUBLISHED.seq_len)
+    assert frames == pytest.approx(PUBLISHED.flops_per_step, rel=0.005)
+    ours = rows["voxpipe (full attention square)"]
+    assert ours["flops_per_step"] == training_flops(preset("voxcpm2"), 4, 830)
+    assert ours["mfu"] == pytest.approx(ours["flops_per_step"] / 0.987 / check["peak_flops"])
+    assert ours["vs_published"] > 0.15  # we count the local towers' extra inner tokens
+
+
+# -- the `voxpipe mfu` step on a real (tiny) training run ------------------------------------------
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> tuple:
+    """Time 3 real fwd+bwd+AdamW steps of the tiny model; write the train step's report and metrics."""
+    tmp_path = tmp_path_factory.mktemp("run")
+    torch.manual_seed(0)
+    config = preset("tiny")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(config.to_json())
+    model = VoxCPM2(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lines = []
+    for step in range(1, 4):
+        batch = make_batch(config, 2, 24 + 8 * step)
+        start = time.perf_counter()
+        losses = model(**batch)
+        (losses["loss/diff"] + losses["loss/stop"]).backward()
+        opt.step()
+        opt.zero_grad()
+        line = {
+            "step": step,
+            "step_time_s": time.perf_counter() - start,
+            "shapes": [[2, 24 + 8 * step]],
+            "real_tokens": int((batch["text_mask"] + batch["audio_mask"]).sum()),
+        }
+        if step != 2:  # step 2 exercises the fallback from shapes
+            line["flops"] = batch_training_flops(config, batch)
+            line["tokens"] = 2 * (24 + 8 * step)
+        lines.append(line)
+    run = tmp_path / "train"
+    run.mkdir()
+    metrics = [json.dumps(x) for x in lines]
+    metrics.insert(1, json.dumps({"step": 1, "val/loss": 1.0}))  # a validation line is not a step
+    (run / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
+    report = {"world_size": 1, "device_type": "cpu", "device_name": "cpu", "dtype": "float32"}
+    report["cpu_threads"] = 1
+    (run / "report.json").write_text(json.dumps(report))
+    return config, model_dir, run, lines
+
+
+def _copy(real_run, tmp_path) -> tuple:
+    """A private copy of the run folder for tests that damage it."""
+    _, model_dir, run, _ = real_run
+    return model_dir, Path(shutil.copytree(run, tmp_path / "train"))
+
+
+def test_mfu_step_reports_a_real_run(real_run, tmp_path):
+    config, model_dir, run, lines = real_run
+    out = tmp_path / "mfu"
+    args = ["mfu", "--model", str(model_dir), "--train-report", str(run / "report.json"), "--out", str(out)]
+    assert main(args) == 0
+    figures = json.loads((out / "mfu.json").read_text())
+    used = lines[1:]  # warmup_steps = 1
+    seconds = sum(x["step_time_s"] for x in used)
+    flops = sum(training_flops(config, *x["shapes"][0]) for x in used)
+    assert figures["steps_measured"] == 2 and figures["steps_skipped"] == 1
+    assert figures["achieved_tflops_per_device"] == pytest.approx(flops / seconds / 1e12)
+    assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / figures["peak_tflops"])
+    assert figures["peak_source"].startswith("measured cpu gemm (float32, 1 threads)")  # the run's threads
+    assert figures["tokens_per_s"] == pytest.approx(sum(2 * x["shapes"][0][1] for x in used) / seconds)
+    real = sum(x["real_tokens"] for x in used)
+    assert figures["real_tokens_per_s"] == pytest.approx(real / seconds)
+    assert figures["real_tokens_per_s"] < figures["tokens_per_s"]
+    assert sum(figures["tower_shares"].values()) == pytest.approx(1.0)
+    assert figures["mfu_causal_half"] < figures["mfu"]
+    md = (out / "mfu.md").read_text()
+    assert "## Check against a published figure" in md and "103.1 TFLOP per step" in md
+    assert json.loads((out / "report.json").read_text())["mfu"] == figures["mfu"]
+
+    assert main([*args, "--peak-tflops", "2.5"]) == 0
+    figures = json.loads((out / "mfu.json").read_text())
+    assert (figures["peak_tflops"], figures["peak_source"]) == (2.5, "override")
+
+
+def test_mfu_step_names_bad_inputs(real_run, tmp_path, capsys):
+    model_dir, run = _copy(real_run, tmp_path)
+    args = ["mfu", "--model", str(model_dir), "--train-report", str(run / "report.json"),
+            "--out", str(tmp_path / "mfu"), "--peak-tflops", "1"]
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "step_time_s": 0.1}) + "\n")
+    assert main(args) == 1
+    assert "metrics.jsonl line 5: a step line needs 'flops' or 'shapes'" in capsys.readouterr().err
+    no_name = {"world_size": 1, "device_type": "cuda", "dtype": "bfloat16"}
+    (run / "report.json").write_text(json.dumps(no_name))
+    assert main(args) == 1
+    assert "key 'device_name' missing" in capsys.readouterr().err
+
+
+def test_step_error_for_an_unknown_accelerator_run(real_run, tmp_path):
+    model_dir, run = _copy(real_run, tmp_path)
+    report = {"world_size": 8, "device_type": "cuda", "device_name": "Tesla T4", "dtype": "bfloat16"}
+    (run / "report.json").write_text(json.dumps(report))
+    with pytest.raises(StepError, match="Tesla T4"):
+        compute(MfuParams(model=str(model_dir), train_report=str(run / "report.json")))

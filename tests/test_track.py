@@ -1,0 +1,320 @@
+"""MLflow tracking, registry and compare against a real `mlflow server` process (sqlite backend, local
+artifact root) and against the embedded sqlite default.
+
+The data is the shipped sample through the real `ingest`; the exports are real tiny checkpoints from
+`init-model`; the training report, metrics.jsonl, eval.json and mfu.json are written here in the
+trainer's / evaluate's / mfu's formats (running those steps would cost minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import soundfile as sf
+from mlflow import MlflowClient
+
+from voxpipe.data.ingest import ingest
+from voxpipe.errors import StepError
+from voxpipe.model.io import init_model
+from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
+from voxpipe.track.compare import compare
+from voxpipe.track.lineage import dvc_md5
+from voxpipe.track.register import register
+from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "voxpipe-test"
+SECRETS = {
+    "MLFLOW_TRACKING_USERNAME": "tester",
+    "MLFLOW_TRACKING_PASSWORD": "pw-Hx81-never-logged",
+    "MLFLOW_TRACKING_TOKEN": "tok-Qz27-never-logged",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real MLflow tracking + registry server on localhost; its process group is ended afterwards."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server did not become healthy"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def secrets_in_env():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv("MLFLOW_RUN_ID", raising=False)
+        for key, value in SECRETS.items():
+            mp.setenv(key, value)
+        yield
+
+
+def write_training(folder: Path, lr: float, val_losses: list[float], steps: int = 6) -> Path:
+    """report.json + metrics.jsonl as `voxpipe train` writes them (val every 3 steps, step 0 = base)."""
+    folder.mkdir(parents=True)
+    val_steps = [0, *range(3, steps + 1, 3)]
+    curve = [{"step": s, "val/diff": v * 0.6, "val/stop": v * 0.4, "val/loss": v}
+             for s, v in zip(val_steps, val_losses, strict=True)]
+    rows = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "loss": 2.0 - 0.01 * step, "loss/diff": 1.3, "loss/stop": 0.7, "lr": lr,
+               "grad_norm": 1.5, "skipped": False, "step_time_s": 0.5, "data_wait_frac": 0.01, "tokens": 480,
+               "real_tokens": 450, "samples": 9, "tokens_per_s": 900.0, "samples_per_s": 18.0,
+               "padding_frac": 0.06, "shapes": [[9, 53]], "flops": 5.0e9, "tflops_per_device": 0.01,
+               "mfu": None}
+        row.update(next((c for c in curve if c["step"] == step), {}))
+        rows.append(row)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = TrainParams(lr=lr, max_steps=steps, device="cpu", val_every=3).model_dump()
+    report = {"steps": steps, "steps_run": steps, "max_steps": steps, "tokens": 450 * steps,
+              "samples": 9 * steps, "train_seconds": 0.5 * steps, "wall_seconds": 4.0, "tokens_per_s": 900.0,
+              "samples_per_s": 18.0,
+              "val_curve": curve, "skipped_steps": 0, "world_size": 1, "device_type": "cpu",
+              "device_name": "cpu", "dtype": "float32", "lora": False, "params": params}
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder
+
+
+def write_eval(folder: Path, loss_model: float, loss_baseline: float) -> Path:
+    samples = folder / "samples"
+    samples.mkdir(parents=True)
+    t = np.arange(24000) / 48000
+    sf.write(samples / "000-spk-ref.wav", (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 48000)
+    figures = {"loss_model": loss_model, "loss_baseline": loss_baseline,
+               "loss_delta": loss_model - loss_baseline, "loss_seed_spread": 0.01,
+               "improved": int(loss_model < loss_baseline),
+               "speaker_similarity_mean": 0.7, "speaker_similarity_baseline": 0.6, "stop_failure_rate": 0.0,
+               "verdict": "see numbers", "loss": {"summary": {"model": {"total": {"mean": loss_model}}}}}
+    (folder / "eval.json").write_text(json.dumps(figures))
+    return folder / "eval.json"
+
+
+def write_mfu(folder: Path, mfu: float) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "mfu.json").write_text(json.dumps({"mfu": mfu, "tokens_per_s": 960.0, "peak_source": "test",
+                                                 "device_name": "cpu", "world_size": 1}))
+    (folder / "mfu.md").write_text("# MFU\n")
+    return folder / "mfu.json"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Two pipeline runs' outputs: A (val and eval losses better than the base) and B (worse than A)."""
+    root = tmp_path_factory.mktemp("pipeline")
+    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1))
+    runs = {}
+    for tag, seed, lr, val, loss in (("a", 0, 1e-4, [2.0, 1.9, 1.8], 1.90),
+                                     ("b", 1, 3e-4, [2.0, 1.95, 1.93], 1.95)):
+        init_model(ModelParams(preset="tiny", seed=seed, out=str(root / tag / "export")))
+        write_training(root / tag / "train", lr, val)
+        runs[tag] = {
+            "model": str(root / tag / "export"), "train": str(root / tag / "train"),
+            "eval": str(write_eval(root / tag / "eval", loss, 2.0)),
+            "mfu": str(write_mfu(root / tag / "mfu", 0.01)),
+            "ingest": str(root / "ingest"), "out": str(root / tag / "register"), "work": str(root / "work"),
+        }
+    return root, runs
+
+
+def run_register(files: dict, **settings) -> dict:
+    params = Params.model_validate({
+        "register": {**files, "model_name": NAME, **settings},
+        "launch": {"env": {"MLFLOW_TRACKING_TOKEN": SECRETS["MLFLOW_TRACKING_TOKEN"]}},
+    })
+    register(params)
+    return json.loads((Path(files["out"]) / "registered.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def registered(server, pipeline, secrets_in_env):
+    """A registered first (champion), then B (candidate only); the order is part of the contract."""
+    _, runs = pipeline
+    a = run_register(runs["a"], tracking_uri=server)
+    b = run_register(runs["b"], tracking_uri=server)
+    return a, b
+
+
+def test_register_logs_the_run_and_promotes(registered, pipeline, server):
+    a, _ = registered
+    root, runs = pipeline
+    client = MlflowClient(server)
+    assert a["created"] and a["decision"]["promoted"]
+    assert a["decision"]["compared_to"] == "base model" and a["decision"]["compared_loss"] == 2.0
+    version = client.get_model_version(NAME, a["version"])
+    assert version.tags["voxpipe.decision"] == "promoted" and float(version.tags["voxpipe.eval_loss"]) == 1.90
+    assert version.run_id == a["run_id"]
+
+    run = client.get_run(a["run_id"])
+    params = run.data.params
+    assert params["train.lr"] == "0.0001" and params["train.lora.r"] == "32"  # nested sections flattened
+    assert params["model_config.patch_size"] and params["run.world_size"] == "1"
+    data_version = dvc_md5(Path(runs["a"]["ingest"]))
+    assert params["data.version"] == data_version and params["data.rows_kept"] == "64"
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == data_version
+    assert json.loads(dataset_input.dataset.source)["uri"] == (root / "ingest").resolve().as_uri()
+    assert json.loads(dataset_input.dataset.profile)["num_rows"] == 64
+    assert run.data.tags["voxpipe.devices"] == "1 x cpu"
+
+    curve = client.get_metric_history(a["run_id"], "val/loss")
+    assert [(m.step, m.value) for m in sorted(curve, key=lambda m: m.step)] == [(0, 2.0), (3, 1.9), (6, 1.8)]
+    assert len(client.get_metric_history(a["run_id"], "loss")) == 6
+    assert run.data.metrics["eval/loss_model"] == 1.90 and run.data.metrics["mfu/mfu"] == 0.01
+    folders = ("eval/samples", "plots", "train", "mfu")
+    artifacts = {f.path for folder in folders for f in client.list_artifacts(a["run_id"], folder)}
+    expected = {"eval/samples/000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl", "mfu/mfu.md"}
+    assert expected <= artifacts
+
+
+def test_champion_loads_and_synthesizes(registered, server):
+    with session(server):
+        model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    assert {p.name for p in model.metadata.signature.params.params} == {
+        "seed", "cfg_value", "inference_timesteps", "max_len"}
+    params = {"seed": 3, "max_len": 8, "inference_timesteps": 2}
+    out = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
+    again = model.predict(["hello there"], params=params)  # a plain list works too
+    assert list(out["sample_rate"]) == [48000]
+    for audio, same in zip(out["audio"], again["audio"], strict=True):
+        assert audio.dtype == np.float32 and audio.size > 0 and np.isfinite(audio).all()
+        np.testing.assert_array_equal(audio, same)  # fixed seed: the same audio
+
+
+def test_worse_run_is_candidate_not_champion(registered, server):
+    a, b = registered
+    client = MlflowClient(server)
+    assert b["created"] and not b["decision"]["promoted"] and b["version"] != a["version"]
+    assert b["decision"]["compared_to"] == f"champion v{a['version']}"
+    assert b["decision"]["compared_loss"] == 1.90
+    assert b["aliases"] == ["candidate"]
+    assert client.get_model_version_by_alias(NAME, "champion").version == a["version"]
+    assert client.get_model_version_by_alias(NAME, "candidate").version == b["version"]
+    assert client.get_model_version(NAME, b["version"]).tags["voxpipe.decision"] == "not promoted"
+    assert b["run_id"] != a["run_id"]
+
+
+def test_reregister_is_idempotent(registered, pipeline, server):
+    a, b = registered
+    _, runs = pipeline
+    client = MlflowClient(server)
+    versions = len(client.search_model_versions(f"name = '{NAME}'"))
+    history = len(client.get_metric_history(a["run_id"], "loss"))
+    (Path(runs["a"]["work"]) / "mlflow_run.json").unlink()  # the run is found again by its pipeline key tag
+    again = run_register(runs["a"], tracking_uri=server)
+    assert not again["created"] and again["logged"] == []
+    assert (again["run_id"], again["version"]) == (a["run_id"], a["version"])
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == versions
+    assert len(client.get_metric_history(a["run_id"], "loss")) == history
+    assert client.get_model_version_by_alias(NAME, "candidate").version == b["version"]  # aliases untouched
+
+
+def test_compare_lists_both_runs(registered, pipeline, server):
+    a, b = registered
+    root, _ = pipeline
+    out = root / "compare"
+    result = compare(CompareParams(tracking_uri=server, format="json", out=str(out)))
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["run_id"] for r in rows] == [a["run_id"][:8], b["run_id"][:8]]
+    assert "train.lr" in rows[0] and "model.seed" not in rows[0]  # only the params that differ
+    assert [r["val_loss"] for r in rows] == [1.8, 1.93] and [r["eval_loss"] for r in rows] == [1.9, 1.95]
+    assert rows[0]["loss_delta"] == pytest.approx(-0.1) and rows[0]["mfu"] == 0.01
+    assert (out / "val_curves.png").stat().st_size > 1000
+    table = compare(CompareParams(tracking_uri=server, format="markdown", out=str(out))).text
+    assert table.count("\n") == 4 and "| run | run_id |" in table
+    assert len(result.rows) == 2
+
+
+def test_secrets_never_logged(registered, server, tmp_path):
+    """Params, tags, dataset sources, version tags, run artifacts and the model's files (code included)."""
+    texts = []
+    with session(server) as client:
+        for reg in registered:
+            run = client.get_run(reg["run_id"])
+            texts += [json.dumps(run.data.params), json.dumps(run.data.tags),
+                      json.dumps([d.dataset.source for d in run.inputs.dataset_inputs])]
+            texts.append(json.dumps(client.get_model_version(NAME, reg["version"]).tags))
+            for source in ({"run_id": reg["run_id"]}, {"artifact_uri": f"models:/{NAME}/{reg['version']}"}):
+                dst = str(tmp_path / str(len(texts)))
+                local = Path(mlflow.artifacts.download_artifacts(**source, dst_path=dst))
+                texts += [f.read_bytes().decode("utf-8", "replace") for f in local.rglob("*") if f.is_file()]
+    assert len(texts) > 20
+    client = MlflowClient(server)
+    assert client.get_run(registered[0]["run_id"]).data.params["launch.env.MLFLOW_TRACKING_TOKEN"] == "***"
+    for secret in (SECRETS["MLFLOW_TRACKING_PASSWORD"], SECRETS["MLFLOW_TRACKING_TOKEN"]):
+        assert not any(secret in text for text in texts)
+
+
+def test_redaction_and_credentials_only_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2-secret")
+    assert redact_uri("https://bob:hunter2-secret@mlflow.example/x?token=abc&page=2") == (
+        "https://bob:***@mlflow.example/x?token=***&page=2")
+    assert redact_uri("sqlite:////abs/mlflow.db") == "sqlite:////abs/mlflow.db"
+    text = "uri postgresql://u:pw@db/m, value hunter2-secret"
+    assert scrub(text) == "uri postgresql://u:***@db/m, value ***"
+    with pytest.raises(StepError, match="MLFLOW_TRACKING_PASSWORD"):
+        resolve_tracking_uri("https://bob:pw@mlflow.example", tmp_path)
+
+
+def test_default_sqlite_store_without_server(pipeline, monkeypatch):
+    root, runs = pipeline
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    work = root / "local_work"
+    files = {**runs["a"], "work": str(work), "out": str(root / "local_register")}
+    reg = run_register(files)
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # MLflow's process default was put back
+    db = work / "mlflow.db"
+    assert reg["tracking_uri"] == f"sqlite:///{db.resolve()}" and db.is_file()
+    assert reg["aliases"] == ["candidate", "champion"]
+    client = MlflowClient(reg["tracking_uri"])
+    assert client.get_model_version_by_alias(NAME, "champion").version == reg["version"]
+    assert (work / "mlruns").is_dir()
+    assert json.loads((work / "mlflow_run.json").read_text())["run_id"] == reg["run_id"]
+    rows = compare(CompareParams(work=str(work), format="csv", out=str(root / "local_compare"))).rows
+    assert len(rows) == 1

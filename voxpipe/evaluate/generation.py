@@ -1,0 +1,141 @@
+"""What to synthesise and how: a fixed list of val texts per speaker, each with and without a reference.
+
+Per speaker (speakers of the val set, sorted): its val rows sorted by id give the texts (train rows
+fill in when val has fewer than `texts_per_speaker`, marked `source: train`); one fixed real clip
+of the speaker, preferably a train clip not among the texts, is the reference for all of them, so
+differences between utterances come from the model, not from changing references. Every text is
+generated once with that reference ("cloning") and once without ("the voice the model learned").
+Each utterance has its own seed, the same for every checkpoint: a paired comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxpipe.data.dataset import EncodedDataset
+from voxpipe.model.voxcpm2 import VoxCPM2
+
+REAL_CLIPS_PER_SPEAKER = 8  # real recordings that define a voice's centre embedding and pitch
+AUTO_LIMIT_FACTOR, AUTO_LIMIT_EXTRA_S = 2.0, 2.0  # max_len 0: twice the real clip + 2 s
+
+
+@dataclass(frozen=True)
+class Utterance:
+    index: int  # position in the plan: names the wav and seeds the generation
+    speaker: str
+    row_id: str
+    source: str  # "val", or "train" when val had too few texts for the speaker
+    text: str
+    real_audio: Path  # the real recording of this text
+    real_seconds: float
+    with_reference: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:03d}-{self.speaker}-{'ref' if self.with_reference else 'noref'}"
+
+
+@dataclass(frozen=True)
+class SpeakerPlan:
+    speaker: str
+    utterances: list[Utterance]
+    reference_id: str
+    reference: torch.Tensor  # the reference clip's VAE latents [D, frames]
+    real_clips: list[Path]
+
+
+Row = tuple[str, EncodedDataset, int]  # (source split, its dataset, row index)
+
+
+def _audio_path(row: Row) -> Path:
+    _, data, i = row
+    return (data.root / data.rows[i]["audio"]).resolve()
+
+
+def _speaker_rows(pools: list[tuple[str, EncodedDataset]], speaker: str) -> list[Row]:
+    """The speaker's rows: val first, then train, each sorted by row id."""
+    out: list[Row] = []
+    for source, data in pools:
+        mine = [i for i, r in enumerate(data.rows) if r["speaker"] == speaker]
+        out += [(source, data, i) for i in sorted(mine, key=lambda i, d=data: d.rows[i]["id"])]
+    return out
+
+
+def plan_speakers(
+    val: EncodedDataset, train: EncodedDataset | None, texts_per_speaker: int
+) -> list[SpeakerPlan]:
+    """The fixed generation plan (a pure function of the encoded data and the count)."""
+    pools = [("val", val)] + ([("train", train)] if train is not None else [])
+    plans: list[SpeakerPlan] = []
+    index = 0
+    for speaker in sorted({r["speaker"] for r in val.rows}):
+        rows = _speaker_rows(pools, speaker)
+        chosen, rest = rows[:texts_per_speaker], rows[texts_per_speaker:]
+        _, ref_data, ref_i = ([r for r in rest if r[0] == "train"] or rest or chosen)[0]
+        utterances = []
+        for row in chosen:
+            source, data, i = row
+            meta = data.rows[i]
+            for with_reference in (True, False):
+                utterances.append(Utterance(
+                    index, speaker, meta["id"], source, meta["text"], _audio_path(row),
+                    float(meta["duration"]), with_reference,
+                ))
+                index += 1
+        plans.append(SpeakerPlan(
+            speaker,
+            utterances,
+            reference_id=ref_data.rows[ref_i]["id"],
+            reference=ref_data[ref_i].latents.T.contiguous(),
+            real_clips=[_audio_path(r) for r in rows[:REAL_CLIPS_PER_SPEAKER]],
+        ))
+    return plans
+
+
+@dataclass(frozen=True)
+class Generated:
+    utterance: Utterance
+    audio: np.ndarray  # mono float32 at sample_rate
+    sample_rate: int
+    max_len: int  # patches allowed
+    patches: int  # patches generated
+    hit_limit: bool  # no stop predicted within max_len: a stop failure
+    seconds: float  # wall time of generation and decoding
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio.size / self.sample_rate
+
+
+def patch_limit(model: VoxCPM2, utterance: Utterance, max_len: int) -> int:
+    if max_len:
+        return max_len
+    vae = model.audio_vae
+    patch_seconds = model.patch_size * vae.hop_length / vae.sample_rate
+    return math.ceil((AUTO_LIMIT_FACTOR * utterance.real_seconds + AUTO_LIMIT_EXTRA_S) / patch_seconds)
+
+
+def synthesize(
+    model: VoxCPM2, plan: SpeakerPlan, *, max_len: int, cfg_value: float, inference_timesteps: int, seed: int
+) -> list[Generated]:
+    """Generate the plan's utterances one at a time (each seeded by seed + its index)."""
+    out = []
+    for u in plan.utterances:
+        limit = patch_limit(model, u, max_len)
+        start = time.perf_counter()
+        speech = model.generate(
+            u.text, plan.reference if u.with_reference else None, max_len=limit, cfg_value=cfg_value,
+            inference_timesteps=inference_timesteps, seed=seed + u.index,
+        )
+        seconds = time.perf_counter() - start
+        out.append(Generated(
+            u, speech.audio[0].numpy().astype(np.float32), speech.sample_rate, limit,
+            speech.latents[0].shape[1] // model.patch_size, bool(speech.hit_length_limit[0]), seconds,
+        ))
+    return out

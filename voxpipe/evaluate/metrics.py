@@ -1,0 +1,113 @@
+"""Per-clip measurements: who it sounds like (speaker embedding), its pitch, and what an ASR hears.
+
+Real voices first: each speaker's real recordings give the centre of its voice (mean speaker
+embedding) and its typical pitch; every generated clip is then compared with the centre of the
+speaker whose text (and reference) it was given, and with all the others to name the nearest.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
+from voxpipe.errors import StepError
+from voxpipe.evaluate.asr import Errors, Transcriber, errors
+from voxpipe.evaluate.generation import Generated, SpeakerPlan
+from voxpipe.evaluate.pitch import median_f0
+from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A real speaker's voice, from its real recordings."""
+
+    speaker: str
+    centre: np.ndarray  # unit mean speaker embedding
+    f0_median_hz: float | None  # median over the clips' median F0
+    clip_similarities: list[float]  # each real clip against the centre: the same-voice range
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "clips": len(self.clip_similarities),
+            "f0_median_hz": self.f0_median_hz,
+            "clip_similarity_mean": statistics.fmean(self.clip_similarities),
+            "clip_similarity_min": min(self.clip_similarities),
+        }
+
+
+def load_16k(path: Path) -> np.ndarray:
+    try:
+        return decode(path, SAMPLE_RATE)
+    except (AudioDecodeError, OSError) as e:
+        raise StepError(f"{path}: cannot read the real recording ({e}); evaluate needs the ingest audio the "
+                        "encoded rows point at") from e
+
+
+def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder) -> Voice:
+    wavs = [load_16k(p) for p in plan.real_clips]
+    embeddings = [e for e in (encoder.embed(w, SAMPLE_RATE) for w in wavs) if e is not None]
+    if not embeddings:
+        raise StepError(f"speaker {plan.speaker!r}: none of its {len(wavs)} real clips has a voice to embed")
+    centre = unit_mean(embeddings)
+    pitches = [f for f in (median_f0(w) for w in wavs) if f is not None]
+    return Voice(
+        plan.speaker, centre, statistics.median(pitches) if pitches else None,
+        [cosine(e, centre) for e in embeddings],
+    )
+
+
+@dataclass(frozen=True)
+class ClipMeasures:
+    record: dict[str, Any]  # what eval.json lists for the clip
+    embedding: np.ndarray | None  # kept apart: the consistency check needs it, the report does not
+    errors: Errors | None
+
+
+def measure(
+    clip: Generated,
+    voices: dict[str, Voice],
+    encoder: SpeakerEncoder,
+    transcriber: Transcriber | None,
+) -> ClipMeasures:
+    u = clip.utterance
+    wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
+    embedding = encoder.embed(wav, SAMPLE_RATE)
+    similarity = nearest = nearest_similarity = None
+    if embedding is not None:
+        scores = {name: cosine(embedding, v.centre) for name, v in voices.items()}
+        similarity = scores[u.speaker]
+        nearest = max(scores, key=scores.__getitem__)
+        nearest_similarity = scores[nearest]
+    errs = transcript = None
+    if transcriber is not None:
+        transcript = transcriber.transcribe(wav)
+        errs = errors(u.text, transcript)
+    record = {
+        "name": u.name,
+        "speaker": u.speaker,
+        "with_reference": u.with_reference,
+        "text": u.text,
+        "text_source": u.source,
+        "row_id": u.row_id,
+        "audio_seconds": clip.audio_seconds,
+        "real_seconds": u.real_seconds,
+        "patches": clip.patches,
+        "max_len": clip.max_len,
+        "hit_limit": clip.hit_limit,
+        "rtf": clip.seconds / max(clip.audio_seconds, 1e-9),
+        "similarity": similarity,
+        "nearest_speaker": nearest,
+        "nearest_similarity": nearest_similarity,
+        "f0_median_hz": median_f0(wav),
+        "transcript": transcript,
+        "wer": errs.wer if errs else None,
+        "cer": errs.cer if errs else None,
+    }
+    return ClipMeasures(record, embedding, errs)

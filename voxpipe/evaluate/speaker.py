@@ -1,0 +1,86 @@
+"""Speaker embeddings from Resemblyzer's pretrained GE2E speaker-verification encoder.
+
+Why this encoder: its weights ship inside the PyPI wheel (`resemblyzer/pretrained.pt`, 17 MB), so
+it runs offline and identically on a laptop, in CI and on a cluster. The usual stronger choices
+(SpeechBrain ECAPA-TDNN, pyannote, WeSpeaker) fetch their weights from a model hub at run time.
+On the shipped sample (two espeak voices) same-voice clips score 0.83-0.97 against their voice's
+mean embedding and the other voice at most 0.62.
+
+Install: `pip install --no-deps resemblyzer==0.1.4` plus the `eval` extra (which brings the
+maintained `webrtcvad-wheels` for its silence trimming). Its declared dependencies are not usable
+as they are: `webrtcvad` is a source-only package that imports pkg_resources (gone from
+setuptools >= 81) and `typing` is a Python 2 backport.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from voxpipe.data.audio import to_mono_resampled
+from voxpipe.errors import StepError
+
+SAMPLE_RATE = 16000  # what the encoder was trained on
+MIN_SECONDS = 0.3  # below this (after trimming silence) there is no voice to embed
+SILENCE_RMS = 1e-4
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """The encoder's LSTM is a chain of tiny matmuls: extra threads only add synchronisation."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class SpeakerEncoder:
+    def __init__(self) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # its scipy.ndimage.morphology import
+                from resemblyzer import VoiceEncoder, normalize_volume, preprocess_wav
+                from resemblyzer.hparams import audio_norm_target_dBFS
+        except ImportError as e:
+            raise StepError(
+                f"speaker similarity needs Resemblyzer ({e}): run `make install`, or "
+                "`pip install -e '.[eval]' && pip install --no-deps resemblyzer==0.1.4`"
+            ) from e
+        self._preprocess = preprocess_wav
+        self._louder = lambda wav: normalize_volume(wav, audio_norm_target_dBFS, increase_only=True)
+        with _one_thread():
+            self._encoder = VoiceEncoder("cpu", verbose=False)
+
+    def embed(self, wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
+        """Unit-norm 256-d voice embedding of one clip; None when it holds no voice to embed.
+
+        Like Resemblyzer's own pipeline: 16 kHz, volume raised to -30 dBFS, long silences cut
+        (webrtcvad); when the cut leaves too little, the uncut clip is used.
+        """
+        wav = np.asarray(wav, dtype=np.float32)
+        if sample_rate != SAMPLE_RATE:
+            wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
+        if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+            return None
+        trimmed = self._preprocess(wav)
+        if trimmed.size < MIN_SECONDS * SAMPLE_RATE:
+            trimmed = self._louder(wav)
+        with _one_thread(), np.errstate(invalid="ignore", divide="ignore"):
+            embedding = self._encoder.embed_utterance(trimmed.astype(np.float32))
+        return embedding if np.all(np.isfinite(embedding)) else None
+
+
+def unit_mean(embeddings: Sequence[np.ndarray]) -> np.ndarray:
+    """The voice's centre: the mean embedding, renormalised."""
+    mean = np.mean(np.stack(embeddings), axis=0)
+    return mean / np.linalg.norm(mean)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))

@@ -1,0 +1,277 @@
+"""`voxpipe evaluate`: did the fine-tune learn, and does it keep the voice?
+
+1. Fixed-seed loss (fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
+   set, for each seed; mean and spread over seeds tell a real improvement from noise, and
+   `--require-improvement` turns that into a gate.
+2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
+   reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
+   voice consistency per speaker (consistency.py), stop failures and real-time factor.
+
+The two checkpoints are loaded one after the other (never both in memory). Outputs in `out/`:
+eval.json (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz),
+eval.png, report.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+import torch
+from tqdm import tqdm
+
+from voxpipe.data.dataset import EncodedDataset
+from voxpipe.errors import StepError
+from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
+from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.figure import plot
+from voxpipe.evaluate.fixed_seed_loss import (
+    FixedSeedLoss,
+    LossBatch,
+    fixed_seed_loss,
+    improvement,
+    summarize_seeds,
+    val_loss_batches,
+)
+from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
+from voxpipe.evaluate.metrics import ClipMeasures, Voice, load_16k, measure, real_voice
+from voxpipe.evaluate.speaker import SpeakerEncoder
+from voxpipe.model.config import VoxCPM2Config
+from voxpipe.model.io import from_pretrained
+from voxpipe.params import EvaluateParams
+from voxpipe.report import write_json, write_report
+from voxpipe.train.device import resolve_device_type
+
+TAGS = ("model", "baseline")
+
+
+@dataclass
+class EvaluateResult:
+    out: Path
+    figures: dict[str, Any]
+    verdict: str
+
+    def summary(self) -> str:
+        f = self.figures
+
+        def num(key: str, fmt: str = ".3f") -> str:
+            return "n/a" if f.get(key) is None else format(f[key], fmt)
+
+        return (
+            f"evaluate: loss {num('loss_model', '.4f')} vs baseline {num('loss_baseline', '.4f')} "
+            f"(delta {num('loss_delta', '+.4f')}, seed spread {num('loss_seed_spread', '.4f')}); "
+            f"speaker similarity {num('speaker_similarity_mean')} (baseline "
+            f"{num('speaker_similarity_baseline')}); voice split flag {f['voice_split_flag']}; "
+            f"stop failures {num('stop_failure_rate', '.0%')}; rtf {num('rtf', '.2f')}; "
+            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}) -> {self.out / 'eval.json'}"
+        )
+
+
+def _open_split(root: Path, split: str) -> EncodedDataset | None:
+    try:
+        return EncodedDataset(root, split)
+    except FileNotFoundError:
+        return None
+
+
+def _read_config(path: Path) -> VoxCPM2Config:
+    config = path / "config.json"
+    if not config.is_file():
+        raise StepError(f"{path}: not a VoxCPM2 checkpoint (no config.json)")
+    return VoxCPM2Config.from_file(config)
+
+
+def _check_data(val: EncodedDataset, config: VoxCPM2Config, where: Path) -> None:
+    if (val.patch_size, val.latent_dim) != (config.patch_size, config.feat_dim):
+        raise StepError(
+            f"{val.path}: encoded with patch_size {val.patch_size} and latent dim {val.latent_dim}, but "
+            f"{where} expects {config.patch_size} and {config.feat_dim}; encode with this model's checkpoint"
+        )
+
+
+def _mean(values: list[Any]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+@dataclass
+class CheckpointRun:
+    losses: list[FixedSeedLoss]
+    clips: list[ClipMeasures]
+    generation_seconds: float
+    audio_seconds: float
+    seconds: float
+
+
+def _run_checkpoint(
+    tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
+    plans: list[SpeakerPlan], voices: dict[str, Voice], encoder: SpeakerEncoder,
+    transcriber: Transcriber | None, samples: Path,
+) -> CheckpointRun:
+    start = time.perf_counter()
+    model = from_pretrained(path, device=device)
+    losses = [fixed_seed_loss(model, batches, device, seed) for seed in tqdm(p.seeds, desc=f"{tag} loss")]
+    generated = []
+    bar = tqdm(total=sum(len(plan.utterances) for plan in plans), desc=f"{tag} generate", unit="utt")
+    for plan in plans:
+        generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
+                                inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+        bar.update(len(plan.utterances))
+    bar.close()
+    del model
+    gc.collect()
+    clips = []
+    for g in tqdm(generated, desc=f"{tag} measure", unit="utt"):
+        sf.write(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate, subtype="PCM_16")
+        clips.append(measure(g, voices, encoder, transcriber))
+    return CheckpointRun(
+        losses, clips, sum(g.seconds for g in generated), sum(g.audio_seconds for g in generated),
+        time.perf_counter() - start,
+    )
+
+
+def _groups(tag: str, clips: list[ClipMeasures]) -> list[dict[str, Any]]:
+    """Consistency per (condition, speaker): the set of utterances that should share one voice."""
+    out = []
+    keys = sorted({(c.record["with_reference"], c.record["speaker"]) for c in clips}, reverse=True)
+    for key in keys:
+        mine = [c for c in clips if (c.record["with_reference"], c.record["speaker"]) == key]
+        stats = consistency([c.record["similarity"] for c in mine], [c.record["f0_median_hz"] for c in mine],
+                            [c.embedding for c in mine])
+        with_reference, speaker = key
+        out.append({"checkpoint": tag, "speaker": speaker, "with_reference": with_reference, **stats})
+    return out
+
+
+def _checkpoint_figures(run: CheckpointRun, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    records = [c.record for c in run.clips]
+    with_ref = [r["similarity"] for r in records if r["with_reference"]]
+    without = [r["similarity"] for r in records if not r["with_reference"]]
+    asr = [c.errors for c in run.clips if c.errors is not None]
+    return {
+        "speaker_similarity": _mean(with_ref),
+        "speaker_similarity_noref": _mean(without),
+        "similarity_spread": _mean([g["similarity_std"] for g in groups]),
+        "f0_spread": _mean([g["f0_spread_semitones"] for g in groups]),
+        "voice_split_flag": int(any(g["voice_split"] for g in groups)),
+        "voice_split_groups": sum(g["voice_split"] for g in groups),
+        "stop_failure_rate": _mean([r["hit_limit"] for r in records]),
+        "rtf": run.generation_seconds / max(run.audio_seconds, 1e-9),
+        **corpus_rates(asr),
+    }
+
+
+def _flat(
+    summary: dict[str, Any], verdict: bool, per_tag: dict[str, dict[str, Any]], real: dict[str, Any]
+) -> dict[str, Any]:
+    """The DVC metric: flat top-level numbers (fine-tuned unsuffixed, baseline with _baseline)."""
+    flat: dict[str, Any] = {
+        "loss_model": summary["model"]["total"]["mean"],
+        "loss_baseline": summary["baseline"]["total"]["mean"],
+        "loss_delta": summary["delta"]["total"]["mean"],
+        "loss_delta_std": summary["delta"]["total"]["std"],
+        "loss_seed_spread": summary["seed_spread"],
+        "diff_model": summary["model"]["diff"]["mean"],
+        "diff_baseline": summary["baseline"]["diff"]["mean"],
+        "stop_model": summary["model"]["stop"]["mean"],
+        "stop_baseline": summary["baseline"]["stop"]["mean"],
+        "improved": int(verdict),
+    }
+    renames = {"speaker_similarity": "speaker_similarity_mean", "speaker_similarity_noref":
+               "speaker_similarity_noref_mean"}
+    for key, value in per_tag["model"].items():
+        flat[renames.get(key, key)] = value
+    for key, value in per_tag["baseline"].items():
+        flat[f"{key}_baseline"] = value
+    flat["wer_real"], flat["cer_real"] = real["wer"], real["cer"]
+    return flat
+
+
+def _real_asr(plans: list[SpeakerPlan], transcriber: Transcriber) -> list[tuple[dict[str, Any], Errors]]:
+    """The ASR on the real recordings of the generated texts: its floor on this data."""
+    out = []
+    texts = {(u.row_id, u.text, u.real_audio) for plan in plans for u in plan.utterances}
+    for row_id, text, audio in sorted(texts):
+        transcript = transcriber.transcribe(load_16k(audio))
+        errs = errors(text, transcript)
+        record = {"row_id": row_id, "text": text, "transcript": transcript, "wer": errs.wer, "cer": errs.cer}
+        out.append((record, errs))
+    return out
+
+
+def evaluate(p: EvaluateParams) -> EvaluateResult:
+    start = time.perf_counter()
+    out, data_dir = Path(p.out), Path(p.data)
+    val = _open_split(data_dir, "val")
+    if val is None or not len(val):
+        raise StepError(f"{data_dir}: no encoded val rows (val.jsonl); `voxpipe encode` a val manifest first")
+    configs = {tag: _read_config(Path(getattr(p, tag))) for tag in TAGS}
+    for tag, config in configs.items():
+        _check_data(val, config, Path(getattr(p, tag)))
+    config = configs["model"]
+    device = torch.device(resolve_device_type(p.device))
+
+    lengths = val.lengths(config.patch_size)
+    # the WHOLE val set: a row longer than the budget gets a batch of its own instead of being dropped
+    batches = val_loss_batches(val, config.patch_size, max(p.max_tokens, max(lengths)), config.max_length)
+    plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
+    encoder = SpeakerEncoder()
+    transcriber = Transcriber() if p.asr else None
+    voices = {plan.speaker: real_voice(plan, encoder) for plan in tqdm(plans, desc="real voices")}
+    real_asr = _real_asr(plans, transcriber) if transcriber is not None else []
+
+    samples = out / "samples"
+    samples.mkdir(parents=True, exist_ok=True)
+    for stale in samples.glob("*.wav"):
+        stale.unlink()
+    runs = {tag: _run_checkpoint(tag, Path(getattr(p, tag)), p, device, batches, plans, voices, encoder,
+                                 transcriber, samples) for tag in TAGS}
+
+    per_seed = [
+        {"seed": seed, "model": m.as_dict(), "baseline": b.as_dict(), "delta": m.total - b.total}
+        for seed, m, b in zip(p.seeds, runs["model"].losses, runs["baseline"].losses, strict=True)
+    ]
+    summary = summarize_seeds(per_seed)
+    verdict, sentence = improvement(summary)
+    groups = {tag: _groups(tag, runs[tag].clips) for tag in TAGS}
+    per_tag = {tag: _checkpoint_figures(runs[tag], groups[tag]) for tag in TAGS}
+    real_rates = corpus_rates([errs for _, errs in real_asr])
+    figures = _flat(summary, verdict, per_tag, real_rates)
+    records = {tag: [c.record for c in runs[tag].clips] for tag in TAGS}
+    write_json(out / "eval.json", {
+        **figures,
+        "verdict": sentence,
+        "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
+        "voices": {
+            plan.speaker: {**voices[plan.speaker].as_dict(), "reference_id": plan.reference_id}
+            for plan in plans
+        },
+        "consistency": groups["model"] + groups["baseline"],
+        "utterances": records,
+        "real_asr": [record for record, _ in real_asr],
+        "settings": p.model_dump(),
+    })
+    plot(out / "eval.png", records, voices)
+    write_report(out, {
+        "model": p.model,
+        "baseline": p.baseline,
+        "data": p.data,
+        "device": str(device),
+        "seeds": p.seeds,
+        "val_rows": len(val),
+        "val_batches": len(batches),
+        "speakers": len(plans),
+        "utterances_per_checkpoint": sum(len(plan.utterances) for plan in plans),
+        "seconds": round(time.perf_counter() - start, 3),
+        "checkpoint_seconds": {tag: round(runs[tag].seconds, 3) for tag in TAGS},
+        "improved": verdict,
+    })
+    if p.require_improvement and not verdict:
+        raise StepError(f"{sentence}. evaluate.require_improvement is set, so this run fails "
+                        f"(outputs written to {out})")
+    return EvaluateResult(out, figures, sentence)

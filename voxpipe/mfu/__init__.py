@@ -1,0 +1,1 @@
+"""Model FLOPs utilisation: analytic step FLOPs, device peaks, and the `voxpipe mfu` report."""

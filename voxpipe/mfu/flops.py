@@ -1,0 +1,113 @@
+"""Analytic FLOPs of one VoxCPM2 training step at the real padded shapes of a batch.
+
+Conventions (they decide every MFU figure, so they are fixed here and tested):
+- Only matrix multiplies count (2 FLOPs per multiply-add): linear layers and the two attention
+  matmuls. Norms, activations, RoPE, softmax, losses and embedding lookups are left out, as in
+  `torch.utils.flop_counter.FlopCounterMode`, which the tests match within 2 %.
+- Attention counts the full L x L score square even for the causal LMs: that is what the MATH
+  SDPA backend executes and what the counter reports. `causal_half=True` halves the score and
+  value matmuls of the causal stacks (base and residual LM), the convention of ports that count
+  only the lower triangle.
+- Training = 3 x forward (backward does two matmuls per forward matmul). Activation recompute
+  is not model work and is not counted.
+- Every tower runs at the padded batch shape: B sequences of L in the base and residual LM;
+  B*L inner sequences of P+1 in the local encoder (a special token + P frames, bidirectional);
+  B*L inner sequences of 2 + 1 + P + P in the local DiT (base-LM and residual-LM conditions, the
+  time token, the previous patch, the noisy patch). Padding rows are computed, so they count.
+- Not modelled: `dit_mean_mode` (its JVP roughly doubles the DiT's forward); all shipped
+  configs have it off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from voxpipe.model.config import MiniCPM4Config, VoxCPM2Config
+
+TOWERS = ("base_lm", "residual_lm", "local_encoder", "local_dit", "projections", "fsq", "stop_head")
+DIT_CONDITION_TOKENS = 2  # the base-LM and the residual-LM condition vectors (mu)
+BACKWARD_FACTOR = 2  # backward FLOPs per forward FLOP (input grad + weight grad)
+
+
+def _linear(rows: int, fan_in: int, fan_out: int) -> int:
+    return 2 * rows * fan_in * fan_out
+
+
+def stack_flops(config: MiniCPM4Config, sequences: int, length: int, causal_half: bool = False) -> int:
+    """Forward FLOPs of one MiniCPM decoder stack over `sequences` sequences of `length` tokens."""
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_width = config.num_attention_heads * head_dim
+    kv_width = config.num_key_value_heads * head_dim
+    tokens = sequences * length
+    projections = _linear(tokens, hidden, q_width) * 2 + _linear(tokens, hidden, kv_width) * 2
+    mlp = _linear(tokens, hidden, config.intermediate_size) * 3
+    # QK^T and AV: every query head against the (shared) KV heads, L x L scores per head
+    attention = 2 * 2 * sequences * config.num_attention_heads * length * length * head_dim
+    if causal_half:
+        attention //= 2
+    return config.num_hidden_layers * (projections + mlp + attention)
+
+
+def dit_inner_length(config: VoxCPM2Config) -> int:
+    """Tokens the local DiT sees per patch: conditions + time token + previous patch + noisy patch."""
+    return DIT_CONDITION_TOKENS + 1 + 2 * config.patch_size
+
+
+def forward_flops(
+    config: VoxCPM2Config, batch_size: int, seq_len: int, causal_half: bool = False
+) -> dict[str, int]:
+    """Forward FLOPs per tower for a batch padded to [batch_size, seq_len] LM positions."""
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch shape must be positive, got B={batch_size}, L={seq_len}")
+    rows = batch_size * seq_len  # one patch per LM position
+    p, d = config.patch_size, config.feat_dim
+    hidden = config.lm_config.hidden_size
+    enc, dit = config.encoder_config.hidden_dim, config.dit_config.hidden_dim
+    latent = config.scalar_quantization_latent_dim
+    return {
+        "base_lm": stack_flops(config.lm_config, batch_size, seq_len, causal_half),
+        "residual_lm": stack_flops(config.residual_lm_config(), batch_size, seq_len, causal_half),
+        "local_encoder": _linear(rows * p, d, enc) + stack_flops(config.encoder_lm_config(), rows, p + 1),
+        "local_dit": (
+            _linear(rows * p, d, dit) * 2  # in_proj (noisy patch) and cond_proj (previous patch)
+            + _linear(rows, dit, dit) * 4  # time_mlp and delta_time_mlp, two layers each
+            + stack_flops(config.dit_lm_config(), rows, dit_inner_length(config))
+            + _linear(rows * p, dit, d)  # out_proj
+        ),
+        "projections": (
+            _linear(rows, enc, hidden)  # enc_to_lm_proj
+            + _linear(rows, 2 * hidden, hidden)  # fusion_concat_proj
+            + _linear(rows, hidden, dit) * 2  # lm_to_dit_proj, res_to_dit_proj
+        ),
+        "fsq": _linear(rows, hidden, latent) + _linear(rows, latent, hidden),
+        "stop_head": _linear(rows, hidden, hidden) + _linear(rows, hidden, 2),
+    }
+
+
+def training_flops(config: VoxCPM2Config, batch_size: int, seq_len: int, causal_half: bool = False) -> float:
+    """Model FLOPs of one forward + backward over a [batch_size, seq_len] batch (3 x forward)."""
+    per_tower = forward_flops(config, batch_size, seq_len, causal_half)
+    return float((1 + BACKWARD_FACTOR) * sum(per_tower.values()))
+
+
+def batch_shape(batch: Mapping[str, torch.Tensor], config: VoxCPM2Config) -> tuple[int, int]:
+    """(B, L) of a training batch, checked against the config's patch shape."""
+    feats = batch["audio_feats"]
+    if feats.dim() != 4 or tuple(feats.shape[2:]) != (config.patch_size, config.feat_dim):
+        raise ValueError(
+            f"audio_feats must be [B, L, {config.patch_size}, {config.feat_dim}], got {tuple(feats.shape)}"
+        )
+    return int(feats.size(0)), int(feats.size(1))
+
+
+def batch_training_flops(config: VoxCPM2Config, batch: Mapping[str, torch.Tensor]) -> float:
+    """Training FLOPs of one micro-batch, from its tensors' padded shapes."""
+    return training_flops(config, *batch_shape(batch, config))
+
+
+def tower_shares(per_tower: Mapping[str, float]) -> dict[str, float]:
+    """Fraction of the step's FLOPs spent in each tower."""
+    total = sum(per_tower.values())
+    return {name: value / total for name, value in per_tower.items()}

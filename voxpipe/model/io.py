@@ -1,0 +1,179 @@
+"""Checkpoint directories in upstream's layout, and the `init-model` step.
+
+Layout: config.json, model.safetensors (everything but the VAE; upstream ships bf16),
+audiovae.safetensors (fp32, old-style weight_norm keys), tokenizer.json, tokenizer_config.json,
+special_tokens_map.json. Reading also accepts pytorch_model.bin and audiovae.pth. Loading is
+strict: any missing, unexpected or misshaped key is an error that lists them all (upstream's
+strict=False would silently keep random weights).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from voxpipe.errors import StepError
+from voxpipe.model.audiovae import (
+    AudioVAE,
+    audiovae_state_dict_for_save,
+    load_audiovae_state_dict,
+    load_audiovae_weights,
+)
+from voxpipe.model.config import VoxCPM2Config, preset
+from voxpipe.model.tokenizer import VoxTokenizer, train_tokenizer
+from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.params import ModelParams
+from voxpipe.report import atomic_write_text, write_report
+
+MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin through torch.load(weights_only=True)."""
+    for name in MODEL_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            if path.suffix == ".safetensors":
+                return load_file(str(path), device="cpu")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise StepError(f"{path}: cannot read model weights: {e}") from e
+        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+            state = state["state_dict"]
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise StepError(f"{path}: not a state dict (expected a mapping of names to tensors)")
+        return state
+    raise StepError(f"{directory}: no model weights (expected one of {', '.join(MODEL_FILES)})")
+
+
+def load_weights_strict(
+    model: VoxCPM2, state: dict[str, torch.Tensor], source: str, dtype: torch.dtype
+) -> None:
+    """Load `state` into `model` (built on any device, also meta), failing with every mismatch listed."""
+    own = model.state_dict()
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    misshaped = sorted(
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own.keys() & state.keys()
+        if state[k].shape != own[k].shape
+    )
+    if missing or unexpected or misshaped:
+        lines = [f"{source}: weights do not match the model built from config.json"]
+        for title, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
+            if keys:
+                lines.append(f"  {title} ({len(keys)}): " + ", ".join(keys))
+        raise StepError("\n".join(lines))
+    cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.load_state_dict(cast, strict=True, assign=True)
+
+
+def from_pretrained(
+    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> VoxCPM2:
+    """The model (parameters in `dtype`, fp32 masters by default) with its VAE (fp32) and tokenizer attached.
+
+    The model is built on the meta device and takes the checkpoint's tensors directly, so even
+    the 2.29 B shape loads without a throw-away random initialisation.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise StepError(f"{directory}: not a VoxCPM2 checkpoint (no config.json)")
+    config = VoxCPM2Config.from_file(config_path)
+    with torch.device("meta"):
+        model = VoxCPM2(config)
+    load_weights_strict(model, read_model_state(directory), str(directory), dtype)
+    model.to(device)
+
+    vae = AudioVAE(config.audio_vae_config)
+    try:
+        load_audiovae_weights(vae, load_audiovae_state_dict(directory), source=str(directory))
+        tokenizer = VoxTokenizer.from_dir(directory)
+    except (FileNotFoundError, ValueError) as e:
+        raise StepError(str(e)) from e
+    vae.requires_grad_(False)
+    return model.attach(vae.to(device).eval(), tokenizer)
+
+
+def save_pretrained(
+    model: VoxCPM2,
+    vae: AudioVAE,
+    tokenizer: VoxTokenizer,
+    directory: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """Write the upstream layout; model weights in `dtype` (bf16 like upstream), the VAE in fp32.
+
+    config.json records `dtype` so upstream runs the weights in the precision they were saved in,
+    and the VAE's config so the directory describes exactly the files next to it.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.config.model_copy(
+        deep=True, update={"dtype": DTYPE_NAMES[dtype], "audio_vae_config": vae.config}
+    )
+    state = {
+        k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
+        for k, v in model.state_dict().items()
+    }
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    vae_state = audiovae_state_dict_for_save(vae)
+    save_file(vae_state, str(directory / "audiovae.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(directory)
+    atomic_write_text(directory / "config.json", config.to_json())
+    return directory
+
+
+@dataclass
+class InitModelResult:
+    out: Path
+    preset: str
+    parameters: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"init-model: {self.preset} VoxCPM2 with {self.parameters / 1e6:.2f} M trainable parameters "
+            f"written to {self.out} in {self.seconds:.1f} s"
+        )
+
+
+def init_model(p: ModelParams) -> InitModelResult:
+    """A random-init checkpoint for a preset, with a tokenizer trained on the embedded corpus.
+
+    The same seed gives byte-identical files; the caller's RNG state is left untouched.
+    """
+    start = time.perf_counter()
+    config = preset(p.preset)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(p.seed)
+        model = VoxCPM2(config)
+        vae = AudioVAE(config.audio_vae_config)
+    tokenizer = train_tokenizer(vocab_size=config.lm_config.vocab_size)
+    if tokenizer.vocab_size > config.lm_config.vocab_size:
+        raise StepError(
+            f"tokenizer has {tokenizer.vocab_size} tokens, more than the model's vocab_size "
+            f"{config.lm_config.vocab_size}"
+        )
+    dtype = torch.float32 if p.dtype == "float32" else torch.bfloat16
+    out = save_pretrained(model, vae, tokenizer, p.out, dtype=dtype)
+    parameters = sum(t.numel() for t in model.parameters())
+    result = InitModelResult(out, p.preset, parameters, time.perf_counter() - start)
+    write_report(out, {
+        "preset": p.preset,
+        "seed": p.seed,
+        "dtype": p.dtype,
+        "parameters": parameters,
+        "vae_parameters": sum(t.numel() for t in vae.parameters()),
+        "vocab_size": tokenizer.vocab_size,
+        "seconds": round(result.seconds, 3),
+    })
+    return result

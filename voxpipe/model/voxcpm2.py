@@ -1,0 +1,363 @@
+"""The assembled VoxCPM2: training loss on the upstream batch contract, and batched generation.
+
+Submodule names equal upstream's checkpoint keys (`base_lm`, `residual_lm`, `feat_encoder`,
+`feat_decoder`, `fsq_layer`, the projections, `stop_*`) so weights move both ways unchanged.
+The AudioVAE and the tokenizer are attached helpers, not submodules: the trained state dict
+(and model.safetensors) never contains the frozen VAE.
+
+Unlike upstream the forward never casts to a config dtype: inputs follow the parameters' dtype
+(fp32, bf16 under FSDP2 mixed precision, or whatever autocast picks) and both losses are fp32.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxpipe.model.cfm import ConditionalFlowMatching
+from voxpipe.model.config import (
+    AUDIO_START_ID,
+    REF_AUDIO_END_ID,
+    REF_AUDIO_START_ID,
+    VoxCPM2Config,
+)
+from voxpipe.model.fsq import ScalarQuantizer
+from voxpipe.model.locdit import LocalDiT
+from voxpipe.model.locenc import LocalEncoder
+from voxpipe.model.minicpm import MiniCPMModel
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """Along dim 1: position t sees what position t-1 produced (zeros at t=0)."""
+    return torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1)
+
+
+@dataclass
+class GeneratedSpeech:
+    audio: list[torch.Tensor]  # mono float32 waveform per text, at `sample_rate`
+    latents: list[torch.Tensor]  # [feat_dim, frames] per text: what the VAE decoded
+    hit_length_limit: list[bool]  # True where no stop was predicted within max_len (a stop failure)
+    sample_rate: int
+
+
+@dataclass
+class _Prompt:
+    """One generation prompt, upstream layout: [103, ref patches, 104,] text ids, 101."""
+
+    tokens: torch.Tensor  # [L] long
+    feats: torch.Tensor  # [L, P, D]
+    text_mask: torch.Tensor  # [L]
+    audio_mask: torch.Tensor  # [L]
+
+
+class VoxCPM2(nn.Module):
+    """Base LM -> FSQ -> residual LM -> local DiT per patch, plus the stop head (see DESIGN.md section 4)."""
+
+    def __init__(self, config: VoxCPM2Config):
+        super().__init__()
+        self.config = config
+        self.patch_size = config.patch_size
+        self.feat_dim = config.feat_dim
+        lm = config.lm_config
+        hidden = lm.hidden_size
+        self.base_lm = MiniCPMModel(lm)
+        self.residual_lm = MiniCPMModel(config.residual_lm_config())
+        self.feat_encoder = LocalEncoder(config.encoder_lm_config(), input_dim=config.feat_dim)
+        dit = config.dit_config
+        self.feat_decoder = ConditionalFlowMatching(
+            config.feat_dim,
+            dit.cfm_config,
+            LocalDiT(config.dit_lm_config(), in_channels=config.feat_dim),
+            mean_mode=dit.dit_mean_mode,
+        )
+        self.fsq_layer = ScalarQuantizer(
+            hidden, hidden, config.scalar_quantization_latent_dim, config.scalar_quantization_scale
+        )
+        self.enc_to_lm_proj = nn.Linear(config.encoder_config.hidden_dim, hidden)
+        self.lm_to_dit_proj = nn.Linear(hidden, dit.hidden_dim)
+        self.res_to_dit_proj = nn.Linear(hidden, dit.hidden_dim)
+        self.fusion_concat_proj = nn.Linear(2 * hidden, hidden)
+        self.stop_proj = nn.Linear(hidden, hidden)
+        self.stop_head = nn.Linear(hidden, 2, bias=False)
+        # muP scales token embeddings here, not inside the decoder stack (as upstream does)
+        self.embed_scale = lm.scale_emb if lm.use_mup else 1.0
+        self.audio_vae: Any = None
+        self.tokenizer: Any = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "audio_vae":  # a helper, never a submodule: the trained state dict excludes the VAE
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def attach(self, audio_vae: nn.Module | None = None, tokenizer: Any = None) -> VoxCPM2:
+        """Give generation its VAE and tokenizer (the VAE stays out of the state dict)."""
+        if audio_vae is not None:
+            self.audio_vae = audio_vae
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+        return self
+
+    def layers_to_shard(self) -> list[nn.Module]:
+        """Every transformer block (base LM, residual LM, local encoder, local DiT): FSDP2 shards each."""
+        stacks = (
+            self.base_lm, self.residual_lm, self.feat_encoder.encoder, self.feat_decoder.estimator.decoder
+        )
+        return [layer for stack in stacks for layer in stack.layers]
+
+    # -- shared pieces of training and generation -------------------------------------------------
+    def _compute_dtype(self) -> torch.dtype:
+        # a root-owned parameter: under FSDP2 it is already cast to param_dtype during forward
+        return self.enc_to_lm_proj.weight.dtype
+
+    def _embed(
+        self, tokens: torch.Tensor, feats: torch.Tensor, text_w: torch.Tensor, audio_w: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """LM input (text embedding or patch embedding per position) and the patch embeddings."""
+        feat_embed = self.enc_to_lm_proj(self.feat_encoder(feats))
+        text_embed = self.base_lm.embed_tokens(tokens.long())
+        if self.embed_scale != 1.0:
+            text_embed = text_embed * self.embed_scale
+        return text_w * text_embed + audio_w * feat_embed, feat_embed
+
+    def _stop_logits(self, lm_hidden: torch.Tensor) -> torch.Tensor:
+        return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
+
+    # -- training -------------------------------------------------------------------------------
+    def forward(
+        self,
+        text_tokens: torch.Tensor,
+        text_mask: torch.Tensor,
+        audio_feats: torch.Tensor,
+        audio_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        cond_dropout: bool = True,
+        progress: float = 0.0,
+    ) -> dict[str, torch.Tensor]:
+        """Flow-matching and stop losses (fp32 scalars) for a right-padded batch.
+
+        Shapes: tokens/masks/labels [B, T], audio_feats [B, T, P, D]. Like upstream, positions
+        are 0..T-1 and padding needs no attention mask: it only ever follows the real tokens, and
+        the LMs are causal while the local encoder/DiT never mix patches. `position_ids` is
+        accepted for the batch contract only. Random draws (condition dropout, t, noise) come
+        from `generator` when given, else from the global RNG in upstream's order.
+        """
+        del position_ids
+        dtype = self._compute_dtype()
+        b, t, p, d = audio_feats.shape
+        feats = audio_feats.to(dtype)
+        text_w = text_mask.to(dtype).unsqueeze(-1)
+        audio_w = audio_mask.to(dtype).unsqueeze(-1)
+
+        embed, feat_embed = self._embed(text_tokens, feats, text_w, audio_w)
+        enc = self.base_lm(embed, is_causal=True)
+        enc = self.fsq_layer(enc) * audio_w + enc * text_w
+        lm_hidden = _shift_right(enc)
+        residual = self.residual_lm(self.fusion_concat_proj(torch.cat((enc, audio_w * feat_embed), dim=-1)))
+        residual_hidden = _shift_right(residual)
+
+        mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
+        target = feats.reshape(b * t, p, d).transpose(1, 2)
+        previous = _shift_right(feats).reshape(b * t, p, d).transpose(1, 2)
+        weights = loss_mask.float()
+        patch_weights = weights.reshape(b * t, 1, 1).expand(b * t, 1, p)
+        diff_loss = self.feat_decoder(
+            target.contiguous(),
+            mu.reshape(b * t, -1),
+            cond=previous.contiguous(),
+            tgt_mask=patch_weights,
+            progress=progress,
+            generator=generator,
+            cond_dropout=cond_dropout,
+        )
+
+        stop_logits = self._stop_logits(lm_hidden).float()
+        stop_losses = F.cross_entropy(stop_logits.transpose(1, 2), labels.long(), reduction="none")
+        stop_loss = (stop_losses * weights).sum() / weights.sum().clamp(min=1.0)
+        return {"loss/diff": diff_loss, "loss/stop": stop_loss}
+
+    # -- generation -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def sample_patches(
+        self,
+        tokens: torch.Tensor,
+        text_mask: torch.Tensor,
+        feats: torch.Tensor,
+        audio_mask: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        max_len: int = 2000,
+        min_len: int = 2,
+        inference_timesteps: int = 10,
+        cfg_value: float = 2.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Autoregressively generate latent patches after left-padded prompts.
+
+        tokens/text_mask/audio_mask/valid [B, L] (valid: False on left padding), feats [B, L, P, D].
+        Returns patches [B, N, P, D] (fp32), lengths [B] (patches up to and including the one
+        where the stop head fired) and hit_limit [B] (no stop within max_len). Rows that already
+        stopped keep being computed until all have, so one row never changes another's result.
+        """
+        b, length = tokens.shape
+        device = tokens.device
+        dtype = self._compute_dtype()
+        feats = feats.to(dtype)
+        text_w = text_mask.to(dtype).unsqueeze(-1)
+        audio_w = audio_mask.to(dtype).unsqueeze(-1)
+
+        embed, feat_embed = self._embed(tokens, feats, text_w, audio_w)
+        base_cache = self.base_lm.new_cache(length + max_len)
+        enc = self.base_lm(embed, attention_mask=valid, cache=base_cache)
+        enc = self.fsq_layer(enc) * audio_w + enc * text_w
+        residual_cache = self.residual_lm.new_cache(length + max_len)
+        residual_in = self.fusion_concat_proj(torch.cat((enc, audio_w * feat_embed), dim=-1))
+        residual = self.residual_lm(residual_in, attention_mask=valid, cache=residual_cache)
+        lm_hidden, residual_hidden = enc[:, -1], residual[:, -1]
+        previous = feats[:, -1].float()  # [B, P, D]: the DiT's prefix condition
+
+        patches: list[torch.Tensor] = []
+        lengths = torch.full((b,), max_len, dtype=torch.long, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        for step in range(max_len):
+            mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
+            patch = self.feat_decoder.sample(
+                mu,
+                inference_timesteps,
+                self.patch_size,
+                previous.transpose(1, 2),
+                cfg_value=cfg_value,
+                generator=generator,
+            ).transpose(1, 2)
+            patches.append(patch)
+            if step > min_len:
+                stopped = (self._stop_logits(lm_hidden).argmax(dim=-1) == 1) & ~done
+                lengths[stopped] = step + 1
+                done |= stopped
+                if bool(done.all()):
+                    break
+            patch_embed = self.enc_to_lm_proj(self.feat_encoder(patch.unsqueeze(1)))  # [B, 1, H]
+            lm_hidden = self.fsq_layer(self.base_lm(patch_embed, cache=base_cache)[:, 0])
+            residual_in = self.fusion_concat_proj(torch.cat((lm_hidden, patch_embed[:, 0]), dim=-1))
+            residual_hidden = self.residual_lm(residual_in.unsqueeze(1), cache=residual_cache)[:, 0]
+            previous = patch
+        return torch.stack(patches, dim=1), lengths, ~done
+
+    def _reference_patches(self, reference: Any) -> torch.Tensor:
+        """16 kHz waveform [N] -> VAE latent patches [R, P, D]; latents [D, frames] / patches pass through."""
+        ref = reference if isinstance(reference, torch.Tensor) else torch.from_numpy(np.asarray(reference))
+        p, d = self.patch_size, self.feat_dim
+        if ref.dim() == 3:
+            patches = ref
+        elif ref.dim() == 2:
+            if ref.size(0) != d or ref.size(1) % p:
+                raise ValueError(f"reference latents must be [{d}, frames] with frames a multiple of {p}")
+            patches = ref.reshape(d, -1, p).permute(1, 2, 0)
+        elif ref.dim() == 1:
+            vae = self._require("audio_vae")
+            wav = vae.pad_to_multiple(ref.float().reshape(1, 1, -1), p)  # right pad like upstream
+            vae_device = next(vae.parameters()).device
+            with torch.inference_mode():
+                latents = vae.encode(wav.to(vae_device), vae.sample_rate)[0]
+            patches = latents.reshape(d, -1, p).permute(1, 2, 0)
+        else:
+            raise ValueError(f"reference must be a waveform [N], latents [D, T] or patches [R, P, D]; "
+                             f"got shape {tuple(ref.shape)}")
+        if tuple(patches.shape[1:]) != (p, d):
+            raise ValueError(f"reference patches must be [R, {p}, {d}], got {tuple(patches.shape)}")
+        return patches.float()
+
+    def _prompt(self, ids: list[int], reference: Any) -> _Prompt:
+        p, d = self.patch_size, self.feat_dim
+        text = torch.tensor([*ids, AUDIO_START_ID], dtype=torch.long)
+        n = text.numel()
+        if reference is None:
+            return _Prompt(text, torch.zeros(n, p, d), torch.ones(n), torch.zeros(n))
+        ref = self._reference_patches(reference)
+        r = ref.size(0)
+        one = torch.ones(1)
+        tokens = torch.cat((torch.tensor([REF_AUDIO_START_ID]), torch.zeros(r, dtype=torch.long),
+                            torch.tensor([REF_AUDIO_END_ID]), text))
+        feats = torch.cat((torch.zeros(1, p, d), ref.cpu(), torch.zeros(1 + n, p, d)))
+        text_mask = torch.cat((one, torch.zeros(r), one, torch.ones(n)))
+        audio_mask = torch.cat((torch.zeros(1), torch.ones(r), torch.zeros(1 + n)))
+        return _Prompt(tokens, feats, text_mask, audio_mask)
+
+    def _require(self, name: str) -> Any:
+        value = getattr(self, name)
+        if value is None:
+            raise RuntimeError(f"generation needs the {name}: load with from_pretrained or call attach()")
+        return value
+
+    def generate(
+        self,
+        text: str | list[str],
+        reference: Any = None,
+        *,
+        max_len: int = 2000,
+        min_len: int = 2,
+        inference_timesteps: int = 10,
+        cfg_value: float = 2.0,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> GeneratedSpeech:
+        """Synthesize each text (optionally in the voice of a reference) as a 48 kHz waveform.
+
+        reference: None, one reference for every text, or a list with one (or None) per text;
+        each is a 16 kHz mono waveform, VAE latents [D, frames] or patches [R, P, D]. A fixed
+        `seed` (or `generator`) gives identical audio; neither means the global RNG.
+        """
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ValueError("generate needs at least one text")
+        refs = reference if isinstance(reference, list) else [reference] * len(texts)
+        if len(refs) != len(texts):
+            raise ValueError(f"{len(refs)} references for {len(texts)} texts")
+        tokenizer, vae = self._require("tokenizer"), self._require("audio_vae")
+        device = self.enc_to_lm_proj.weight.device
+        if generator is None and seed is not None:
+            generator = torch.Generator(device).manual_seed(seed)
+
+        # whitespace collapsed as upstream's VoxCPM.generate does before tokenizing
+        ids = [tokenizer.encode(re.sub(r"\s+", " ", t)) for t in texts]
+        prompts = [self._prompt(i, r) for i, r in zip(ids, refs, strict=True)]
+        longest = max(pr.tokens.numel() for pr in prompts)
+
+        def left_pad(x: torch.Tensor) -> torch.Tensor:
+            return F.pad(x, (0, 0) * (x.dim() - 1) + (longest - x.size(0), 0))
+
+        batch = {
+            name: torch.stack([left_pad(getattr(pr, name)) for pr in prompts]).to(device)
+            for name in ("tokens", "feats", "text_mask", "audio_mask")
+        }
+        valid = torch.stack([left_pad(torch.ones(pr.tokens.numel(), dtype=torch.bool)) for pr in prompts])
+
+        was_training = self.training
+        self.eval()
+        try:
+            patches, lengths, hit_limit = self.sample_patches(
+                batch["tokens"], batch["text_mask"], batch["feats"], batch["audio_mask"], valid.to(device),
+                max_len=max_len, min_len=min_len, inference_timesteps=inference_timesteps,
+                cfg_value=cfg_value, generator=generator,
+            )
+        finally:
+            self.train(was_training)
+
+        vae_device = next(vae.parameters()).device
+        audio, latents = [], []
+        with torch.inference_mode():
+            for row, n in enumerate(lengths.tolist()):
+                z = patches[row, :n].permute(2, 0, 1).reshape(self.feat_dim, -1)  # [D, n * P]
+                latents.append(z.cpu())
+                audio.append(vae.decode(z.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu())
+        return GeneratedSpeech(audio, latents, hit_limit.tolist(), vae.out_sample_rate)

@@ -1,0 +1,120 @@
+"""The pipeline run's outputs on disk, read and checked once before anything is sent to MLflow.
+
+Logging from these files (not live from each step) keeps one writer per MLflow run, makes the
+record reproducible from the work folder alone, and lets `register` rerun without duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from voxpipe.errors import StepError
+from voxpipe.params import RegisterParams
+from voxpipe.track.lineage import dvc_md5, md5_file
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
+
+
+@dataclass(frozen=True)
+class DataLineage:
+    folder: Path
+    version: str  # DVC md5 of the ingest folder
+    report: dict[str, Any]  # the ingest report.json: rows_in, rows_kept, ...
+    rows: list[dict[str, Any]]  # raw.jsonl
+
+
+@dataclass(frozen=True)
+class PipelineArtifacts:
+    export: Path
+    export_md5: str
+    model_config: dict[str, Any]
+    train_dir: Path
+    train_report: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    eval_path: Path
+    eval: dict[str, Any]
+    samples: list[Path]
+    mfu_path: Path
+    mfu: dict[str, Any]
+    data: DataLineage | None
+
+    @property
+    def train_digest(self) -> str:
+        return md5_file(self.train_dir / "report.json") + md5_file(self.train_dir / "metrics.jsonl")
+
+    @property
+    def eval_digest(self) -> str:
+        return md5_file(self.eval_path) + "".join(md5_file(s) for s in self.samples)
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise StepError(f"{path}: {what} not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StepError(f"{path}: {what} is not readable JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise StepError(f"{path}: {what} must be a JSON object")
+    return data
+
+
+def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise StepError(f"{path}: {what} not found")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise StepError(f"{path}, line {number}: not JSON ({e})") from e
+        if not isinstance(row, dict):
+            raise StepError(f"{path}, line {number}: expected a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _check_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("step"), int):
+            raise StepError(f"{path}, line {number}: no integer 'step'")
+
+
+def _data_lineage(folder: Path) -> DataLineage:
+    report = read_json(folder / "report.json", "ingest report")
+    rows = read_jsonl(folder / "raw.jsonl", "ingest raw.jsonl")
+    return DataLineage(folder, dvc_md5(folder), report, rows)
+
+
+def load_artifacts(p: RegisterParams) -> PipelineArtifacts:
+    export = Path(p.model)
+    model_config = read_json(export / "config.json", "exported model config.json")
+    train_dir = Path(p.train)
+    metrics_path = train_dir / "metrics.jsonl"
+    metrics = read_jsonl(metrics_path, "training metrics.jsonl")
+    _check_metrics(metrics_path, metrics)
+    eval_path = Path(p.eval)
+    evaluation = read_json(eval_path, "eval.json")
+    if not isinstance(evaluation.get("loss_model"), int | float):
+        raise StepError(f"{eval_path}: no numeric 'loss_model' (the fine-tuned model's fixed-seed loss)")
+    samples_dir = eval_path.parent / "samples"
+    samples = sorted(f for f in samples_dir.rglob("*") if f.suffix.lower() in AUDIO_SUFFIXES and f.is_file())
+    return PipelineArtifacts(
+        export=export,
+        export_md5=dvc_md5(export),
+        model_config=model_config,
+        train_dir=train_dir,
+        train_report=read_json(train_dir / "report.json", "train report.json"),
+        metrics=metrics,
+        eval_path=eval_path,
+        eval=evaluation,
+        samples=samples,
+        mfu_path=Path(p.mfu),
+        mfu=read_json(Path(p.mfu), "mfu.json"),
+        data=_data_lineage(Path(p.ingest)) if p.ingest else None,
+    )

@@ -1,0 +1,66 @@
+"""Where a run came from: data version (DVC's md5), git commit, KFP run id.
+
+The data version is the md5 DVC itself records for a path (`dvc.lock`, `.dvc` files): a file's md5,
+or for a folder the md5 of DVC's sorted JSON listing of (relpath, md5) plus ".dir". Computing it
+here gives the same value with or without DVC installed, so an MLflow run and a DVC commit can be
+matched by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def md5_file(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dvc_md5(path: Path) -> str:
+    """DVC 3's md5 of a file or a folder (`<md5>.dir`)."""
+    if path.is_file():
+        return md5_file(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    entries = [
+        {"md5": md5_file(f), "relpath": f.relative_to(path).as_posix()}
+        for f in path.rglob("*") if f.is_file()
+    ]
+    entries.sort(key=lambda e: e["relpath"])
+    listing = json.dumps(entries, sort_keys=True).encode()
+    return hashlib.md5(listing, usedforsecurity=False).hexdigest() + ".dir"
+
+
+def git_commit(cwd: Path | None = None) -> tuple[str | None, bool]:
+    """(commit, dirty) of the code that ran: $VOXPIPE_GIT_COMMIT (baked into images), else `git`."""
+    baked = os.environ.get("VOXPIPE_GIT_COMMIT")
+    if baked:
+        return baked, False
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None, False
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, False
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
+def kfp_run_id() -> str | None:
+    """The KFP pipeline run: KFP v2 sets no env var itself, so the component passes
+    `dsl.PIPELINE_JOB_ID_PLACEHOLDER` into $KFP_RUN_ID."""
+    return os.environ.get("KFP_RUN_ID") or None

@@ -1,0 +1,201 @@
+"""What one pipeline run's MLflow record holds, logged from the artifacts on disk.
+
+- params: the resolved params (register/compare left out: they say where the record goes, not what
+  ran), `train.*` as the trainer recorded them, the exported model's config (`model_config.*`),
+  how training ran (`run.*`: world size, devices, dtype) and the data (`data.*`: version, counts);
+- data lineage: the ingest rows as an MLflow dataset whose source is the ingest folder and whose
+  digest is its DVC md5; tags: git commit, KFP run id;
+- metrics: every numeric field of metrics.jsonl by step, the fixed-seed val curve (`val/*`, from
+  step 0 = the base model), training totals (`train/*`), eval.json (`eval/*`), mfu.json (`mfu/*`);
+- artifacts: train report + metrics, eval and mfu folders, the samples (playable in the UI), and
+  plots/loss_curve.png.
+
+Each part is logged once: a `voxpipe.logged.<part>` tag holds the digest it was logged for, so
+rerunning `register` (also after a failure half-way) adds nothing twice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voxpipe.params import Params
+from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
+from voxpipe.track.lineage import git_commit, kfp_run_id, md5_file
+from voxpipe.track.plots import loss_curve
+from voxpipe.track.tracking import active_run, scrub
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+TRACKING_SECTIONS = ("register", "compare")
+RUN_FIELDS = ("world_size", "device_type", "device_name", "dtype", "lora")
+DATA_COUNTS = ("rows_in", "rows_kept", "rows_quarantined", "hours_kept")
+TRAIN_TOTALS = (
+    "steps", "tokens", "samples", "tokens_per_s", "samples_per_s", "train_seconds", "wall_seconds",
+    "skipped_steps",
+)
+MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+BATCH = 1000  # MLflow's limit on metrics per log_batch (params/tags: 100)
+_BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}{sep}", sep))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_params(params: Params, art: PipelineArtifacts) -> dict[str, Any]:
+    flat = {k: v for k, v in params.flat().items() if k.split(".")[0] not in TRACKING_SECTIONS}
+    recorded = art.train_report.get("params")
+    if isinstance(recorded, dict):  # `--set` overrides given to `train` are only visible here
+        flat.update(flatten(recorded, "train."))
+    flat.update(flatten(art.model_config, "model_config."))
+    flat.update({f"run.{k}": art.train_report[k] for k in RUN_FIELDS if k in art.train_report})
+    if art.data is not None:
+        flat["data.version"] = art.data.version
+        flat.update({f"data.{k}": art.data.report[k] for k in DATA_COUNTS if k in art.data.report})
+    return flat
+
+
+def run_tags(art: PipelineArtifacts) -> dict[str, str]:
+    commit, dirty = git_commit()
+    tags = {"voxpipe.export_md5": art.export_md5}
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["voxpipe.git_dirty"] = str(dirty).lower()
+    if kfp := kfp_run_id():
+        tags["voxpipe.kfp_run_id"] = kfp
+    r = art.train_report
+    if "world_size" in r and "device_name" in r:
+        tags["voxpipe.devices"] = f"{r['world_size']} x {r['device_name']}"
+    return tags
+
+
+def metric_key(key: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", key)
+
+
+def numbers(fields: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The finite numbers (bools as 0/1) among the top-level fields, as `prefix + key` → value.
+
+    Nested parts (eval.json's per-utterance details, mfu.json's conventions) stay in the files."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, int | float) and math.isfinite(value):
+            out[metric_key(prefix + key)] = float(value)
+    return out
+
+
+def step_metrics(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
+    """(key, value, step): metrics.jsonl per step, the val curve from the train report, training totals."""
+    points = []
+    for row in art.metrics:
+        fields = {k: v for k, v in row.items() if k != "step" and not k.startswith("val/")}
+        points += [(k, v, row["step"]) for k, v in numbers(fields, "").items()]
+    for point in art.train_report.get("val_curve") or []:
+        points += [(k, v, point["step"]) for k, v in numbers(point, "").items() if k.startswith("val/")]
+    totals = {k: art.train_report[k] for k in TRAIN_TOTALS if k in art.train_report}
+    last = art.metrics[-1]["step"] if art.metrics else 0
+    points += [(k, v, last) for k, v in numbers(totals, "train/").items()]
+    return points
+
+
+def _log_metrics(client: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int]]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, step) for k, v, step in points]
+    for start in range(0, len(metrics), BATCH):
+        client.log_batch(run_id, metrics=metrics[start : start + BATCH], synchronous=True)
+
+
+def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
+
+
+def _log_dataset(data: DataLineage) -> None:
+    """The ingest rows (id, speaker, text, duration) as a training dataset: schema and row count in MLflow,
+    source = the ingest folder, digest = its DVC md5. Runs inside `active_run`."""
+    import mlflow
+    import pandas as pd
+    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    columns = ["id", "speaker", "text", "duration"]
+    frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in data.rows], columns=columns)
+    source = LocalArtifactDatasetSource(data.folder.resolve().as_uri())
+    dataset = mlflow.data.from_pandas(frame, source=source, name=data.folder.name, digest=data.version)
+    counts = {k: str(data.report[k]) for k in DATA_COUNTS if k in data.report}
+    mlflow.log_input(dataset, context="training", tags=counts)
+
+
+def _log_folder_files(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
+    """Top-level report files of a step folder (json, md, png); not its large outputs."""
+    for f in sorted(folder.glob("*")):
+        if f.is_file() and f.suffix in (".json", ".jsonl", ".md", ".png"):
+            client.log_artifact(run_id, str(f), artifact_path)
+
+
+def _once(client: MlflowClient, run_id: str, part: str, digest: str, log: Callable[[], None]) -> bool:
+    tag = f"voxpipe.logged.{part}"
+    if client.get_run(run_id).data.tags.get(tag) == digest:
+        return False
+    log()
+    client.set_tag(run_id, tag, digest)
+    return True
+
+
+def log_pipeline_run(
+    client: MlflowClient, run_id: str, art: PipelineArtifacts, params: dict[str, str], key: str, plots: Path
+) -> list[str]:
+    """Log every part not yet logged for its current content; returns the parts logged now."""
+
+    def setup() -> None:
+        _log_params(client, run_id, params)
+        for k, v in run_tags(art).items():
+            client.set_tag(run_id, k, scrub(v))
+        if art.data is not None:
+            with active_run(run_id):
+                _log_dataset(art.data)
+            client.log_artifact(run_id, str(art.data.folder / "report.json"), "data")
+
+    def train() -> None:
+        _log_metrics(client, run_id, step_metrics(art))
+        client.log_artifact(run_id, str(art.train_dir / "report.json"), "train")
+        client.log_artifact(run_id, str(art.train_dir / "metrics.jsonl"), "train")
+        png = loss_curve(art.metrics, art.train_report.get("val_curve") or [], plots / "loss_curve.png")
+        client.log_artifact(run_id, str(png), "plots")
+
+    def evaluation() -> None:
+        _log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()])
+        _log_folder_files(client, run_id, art.eval_path.parent, "eval")
+        samples = art.eval_path.parent / "samples"
+        if art.samples:
+            client.log_artifacts(run_id, str(samples), "eval/samples")
+
+    def mfu() -> None:
+        _log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.mfu, "mfu/").items()])
+        _log_folder_files(client, run_id, art.mfu_path.parent, "mfu")
+
+    parts = (
+        ("setup", key, setup),
+        ("train", art.train_digest, train),
+        ("eval", art.eval_digest, evaluation),
+        ("mfu", md5_file(art.mfu_path), mfu),
+    )
+    return [name for name, digest, log in parts if _once(client, run_id, name, digest, log)]

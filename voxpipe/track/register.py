@@ -1,0 +1,84 @@
+"""`voxpipe register`: the pipeline run into MLflow, then its export into the model registry.
+
+Reads the run's artifacts (export, train report + metrics, eval.json + samples, mfu.json, ingest
+folder), finds or creates the pipeline's MLflow run (tracking.py), logs what is not logged yet
+(record.py), registers the export (registry.py) and writes `registered.json`. Rank-free: it runs
+once, after training, so only one process ever writes the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from voxpipe.params import Params
+from voxpipe.report import write_json, write_report
+from voxpipe.track.artifacts import load_artifacts
+from voxpipe.track.lineage import kfp_run_id, md5_file
+from voxpipe.track.record import log_pipeline_run, run_params
+from voxpipe.track.registry import register_export
+from voxpipe.track.tracking import (
+    experiment_id,
+    local_artifact_root,
+    pipeline_key,
+    pipeline_run,
+    redact_params,
+    redact_uri,
+    resolve_tracking_uri,
+    session,
+)
+
+
+@dataclass
+class RegisterResult:
+    out: Path
+    registered: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        r = self.registered
+        d = r["decision"]
+        aliases = " ".join(f"@{a}" for a in r["aliases"]) or "no alias"
+        state = "registered" if r["created"] else "already registered (nothing new)"
+        return (
+            f"register: {r['name']} v{r['version']} {state}, {aliases}; {d['reason']}; "
+            f"run {r['run_id']} (logged: {', '.join(r['logged']) or 'nothing new'}) "
+            f"-> {self.out / 'registered.json'}"
+        )
+
+
+def register(params: Params) -> RegisterResult:
+    p = params.section("register")
+    start = time.perf_counter()
+    work, out = Path(p.work), Path(p.out)
+    art = load_artifacts(p)
+    uri = resolve_tracking_uri(p.tracking_uri, work)
+    logged_params = redact_params(run_params(params, art))
+    key = pipeline_key({"params": logged_params, "export": art.export_md5, "train": art.train_digest,
+                        "eval": art.eval_digest, "mfu": md5_file(art.mfu_path), "kfp_run_id": kfp_run_id()})
+    extra = {"voxpipe.pipeline_key": key}
+    if art.data is not None:
+        extra["voxpipe.data_version"] = art.data.version
+    with session(uri) as client:
+        experiment = experiment_id(client, p.experiment, local_artifact_root(uri, work))
+        ref = pipeline_run(client, experiment, work, key, uri, p.run_name)
+        logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out)
+        reg = register_export(client, p.model_name, ref.run_id, art, extra)
+        client.set_terminated(ref.run_id, "FINISHED")
+    registered = {
+        "name": reg.name,
+        "version": reg.version,
+        "aliases": reg.aliases,
+        "created": reg.created,
+        "decision": reg.decision.as_dict(),
+        "run_id": ref.run_id,
+        "experiment_id": experiment,
+        "model_uri": f"models:/{reg.name}/{reg.version}",
+        "logged_model_uri": reg.model_source,
+        "tracking_uri": redact_uri(uri),
+        "logged": logged,
+    }
+    write_json(out / "registered.json", registered)
+    write_report(out, {**registered, "seconds": round(time.perf_counter() - start, 3)})
+    return RegisterResult(out, registered)

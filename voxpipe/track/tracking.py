@@ -1,0 +1,214 @@
+"""Where runs go, which MLflow run a pipeline run is, and keeping secrets out of everything logged.
+
+Tracking URI: the step's `tracking_uri` param, else $MLFLOW_TRACKING_URI, else an embedded sqlite
+database `<work>/mlflow.db` with artifacts in `<work>/mlruns` (the model registry needs a database
+store; no server needed). Credentials come only from the environment, where MLflow itself reads
+them (MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN); a password inside a
+`tracking_uri` param is refused, and every value voxpipe logs passes through `scrub`.
+
+One pipeline run = one MLflow run. Its identity is the pipeline key: a digest of what the run
+records (params incl. the data version, export, training, eval and MFU reports, KFP run id), so a
+run never mixes results of different executions. The run is found, in order,
+through $MLFLOW_RUN_ID (an orchestrator that made the run itself), `<work>/mlflow_run.json` (the
+last run this work folder logged to), or the `voxpipe.pipeline_key` tag in the experiment; else it
+is created and `<work>/mlflow_run.json` rewritten. So rerunning `register` on unchanged files logs
+into the same run, and any change of data, params or results starts a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from voxpipe.errors import StepError
+from voxpipe.report import write_json
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+RUN_FILE = "mlflow_run.json"
+KEY_TAG = "voxpipe.pipeline_key"
+REDACTED = "***"
+SECRET_NAME = re.compile(r"password|passwd|token|secret|access_key|api_key|credential", re.IGNORECASE)
+_URI_WITH_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)([^/\s:@]+):([^/\s@]+)@", re.IGNORECASE)
+
+
+# -- secrets --------------------------------------------------------------------------------------
+def secret_values() -> list[str]:
+    """Values of environment variables whose names say they hold a secret (longest first)."""
+    # by key, not items(): MLflow's telemetry thread may drop a variable while we look
+    values = {os.environ.get(k, "") for k in list(os.environ) if SECRET_NAME.search(k)}
+    values = {v for v in values if len(v) >= 4}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with a password and secret-looking query values replaced; the user name is kept.
+
+    A URI with neither comes back unchanged (re-joining would turn sqlite:////abs into sqlite://abs)."""
+    parts = urlsplit(uri)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and not any(SECRET_NAME.search(k) for k, _ in pairs):
+        return uri
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = urlencode([(k, REDACTED if SECRET_NAME.search(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def scrub(text: str) -> str:
+    """`text` with URI passwords and the values of secret environment variables replaced."""
+    text = _URI_WITH_USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
+    for value in secret_values():
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def redact_params(flat: dict[str, Any]) -> dict[str, str]:
+    """Params as MLflow strings: secret-named keys blanked, everything else scrubbed."""
+    return {k: REDACTED if SECRET_NAME.search(k) else scrub(_as_text(v)) for k, v in flat.items()}
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+# -- where runs go --------------------------------------------------------------------------------
+def resolve_tracking_uri(param: str | None, work: Path) -> str:
+    if param:
+        if urlsplit(param).password is not None:
+            raise StepError(
+                f"tracking_uri {redact_uri(param)!r} carries a password: put credentials in "
+                "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+            )
+        return param
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    work.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{work.resolve() / 'mlflow.db'}"
+
+
+def local_artifact_root(tracking_uri: str, work: Path) -> str | None:
+    """With a database store and no server, artifacts go to `<work>/mlruns` (MLflow's default is the CWD)."""
+    if urlsplit(tracking_uri).scheme in ("http", "https", "databricks"):
+        return None
+    return (work.resolve() / "mlruns").as_uri()
+
+
+@contextmanager
+def session(tracking_uri: str) -> Iterator[MlflowClient]:
+    """A client for `tracking_uri` (tracking and registry), which is also MLflow's process default while
+    inside (the fluent log_input / log_model use it). MLflow keeps its default in $MLFLOW_TRACKING_URI;
+    the previous value is put back so a library caller's environment is left as it was. MLflow errors
+    (server unreachable, permission denied) become a StepError naming the redacted URI."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    except MlflowException as e:
+        raise StepError(f"MLflow at {redact_uri(tracking_uri)}: {scrub(e.message)}") from e
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage != "active":
+            raise StepError(f"MLflow experiment {name!r} is deleted: restore it or choose another name")
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+# -- which run ------------------------------------------------------------------------------------
+def pipeline_key(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunRef:
+    run_id: str
+    experiment_id: str
+    created: bool
+
+
+def pipeline_run(
+    client: MlflowClient,
+    experiment: str,
+    work: Path,
+    key: str,
+    tracking_uri: str,
+    run_name: str | None,
+) -> RunRef:
+    """The MLflow run of the pipeline run with this key (see the module docstring for the order)."""
+    explicit = os.environ.get("MLFLOW_RUN_ID")
+    if explicit:
+        run = client.get_run(explicit)
+        return RunRef(explicit, run.info.experiment_id, created=False)
+    record_path = work / RUN_FILE
+    record = _read_record(record_path)
+    place = {"tracking_uri": redact_uri(tracking_uri), "experiment_id": experiment}
+    if record and record.get("key") == key and all(record.get(k) == v for k, v in place.items()):
+        if _is_active(client, record["run_id"]):
+            return RunRef(record["run_id"], experiment, created=False)
+    found = client.search_runs(
+        [experiment], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if found:
+        ref = RunRef(found[0].info.run_id, experiment, created=False)
+    else:
+        run = client.create_run(experiment, run_name=run_name, tags={KEY_TAG: key})
+        ref = RunRef(run.info.run_id, experiment, created=True)
+    write_json(record_path, {"run_id": ref.run_id, "key": key, **place})
+    return ref
+
+
+@contextmanager
+def active_run(run_id: str) -> Iterator[None]:
+    """The run made active for MLflow's fluent calls (log_input, log_model), without its "View run" print."""
+    import mlflow
+
+    previous = os.environ.get(_QUIET)
+    os.environ[_QUIET] = "true"
+    try:
+        with mlflow.start_run(run_id=run_id):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop(_QUIET, None)
+        else:
+            os.environ[_QUIET] = previous
+
+
+_QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # missing or half-written: the tag search finds the run again
+    return record if isinstance(record, dict) else None
+
+
+def _is_active(client: MlflowClient, run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False

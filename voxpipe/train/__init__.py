@@ -1,0 +1,1 @@
+"""FSDP2 training: device, sharded model, data, loop, checkpoints, LoRA, export."""

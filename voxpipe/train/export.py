@@ -1,0 +1,62 @@
+"""Consolidate the trained shards into a checkpoint folder in upstream's layout.
+
+`export/` is always a plain, complete checkpoint (config.json, model.safetensors, audiovae,
+tokenizer files) that our `from_pretrained` and upstream's `VoxCPM2Model.from_local` load; with
+LoRA its weights are the adapters merged into the base, and `export/lora/` holds the adapters
+alone (lora_weights.safetensors + lora_config.json) for upstream's `load_lora_weights`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
+from voxpipe.model.config import VoxCPM2Config
+from voxpipe.model.io import load_weights_strict, save_pretrained
+from voxpipe.model.tokenizer import VoxTokenizer
+from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.params import LoraParams
+from voxpipe.train import lora
+from voxpipe.train.device import Runtime
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+LORA_SUBDIR = "lora"
+
+
+def export_checkpoint(
+    model: nn.Module,
+    config: VoxCPM2Config,
+    base_dir: Path,
+    out_dir: Path,
+    rt: Runtime,
+    *,
+    lora_params: LoraParams,
+    dtype: torch.dtype,
+) -> Path | None:
+    """Collective gather; rank 0 writes `out_dir` (returned there, None elsewhere)."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not rt.is_main:
+        rt.barrier()
+        return None
+    full = {lora.clean_name(k): v for k, v in full.items()}
+    if lora_params.enabled:
+        adapters = {k: v for k, v in full.items() if lora.is_adapter(k)}
+        lora.save_lora(adapters, lora_params, out_dir / LORA_SUBDIR, base_model=str(base_dir))
+        full = lora.merge_lora_state_dict(full, lora_params)
+    with torch.device("meta"):
+        plain = VoxCPM2(config)
+    load_weights_strict(plain, full, "trained weights", torch.float32)
+    vae = AudioVAE(config.audio_vae_config)
+    load_audiovae_weights(vae, load_audiovae_state_dict(base_dir), source=str(base_dir))
+    save_pretrained(plain, vae, VoxTokenizer.from_dir(base_dir), out_dir, dtype=dtype)
+    # the base's own tokenizer files, byte for byte (the tokenizer is not trained)
+    for name in TOKENIZER_FILES:
+        if (base_dir / name).is_file():
+            shutil.copyfile(base_dir / name, out_dir / name)
+    rt.barrier()
+    return out_dir

@@ -1,0 +1,337 @@
+"""`voxpipe train`: the training loop around the FSDP2 model.
+
+One optimizer step = `grad_accum` micro-batches (token-budget batches from the encoded shards),
+backward, a DTensor-aware clip at `clip_norm`, and AdamW, unless the loss or the gradient norm is
+not finite: then the update is skipped and counted, and too many in a row stop the run. Every
+`val_every` steps a fixed-seed validation (same batches, same flow-matching t and noise, no
+condition dropout) gives the convergence curve that the raw per-step loss cannot show.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from tqdm import tqdm
+
+from voxpipe.errors import StepError
+from voxpipe.model.config import VoxCPM2Config
+from voxpipe.params import TrainParams
+from voxpipe.report import write_report
+from voxpipe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from voxpipe.train.data import TrainData, move_to
+from voxpipe.train.device import Runtime, distributed_runtime
+from voxpipe.train.export import export_checkpoint
+from voxpipe.train.fsdp import build_model, compute_dtype
+from voxpipe.train.metrics import MetricsLog, finite_or_none
+from voxpipe.train.schedule import WarmupCosine
+from voxpipe.train.signals import TerminationFlag
+from voxpipe.train.throughput import Throughput
+
+LOSS_KEYS = ("loss/diff", "loss/stop")
+
+
+@dataclass
+class Counters:
+    """Running totals that a resume must continue, saved in trainer.json."""
+
+    tokens: int = 0  # real (unpadded) LM positions, all ranks
+    samples: int = 0
+    skipped_steps: int = 0
+    bad_in_a_row: int = 0
+    train_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    stopped_early: bool
+    report: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+
+    def summary(self) -> str:
+        r = self.report
+        head = f"train: {r['steps_run']} steps this run (step {self.steps}/{r['max_steps']})"
+        if self.stopped_early:
+            return f"{head}; SIGTERM: checkpoint saved, rerun the same command to resume"
+        val = r["val_curve"]
+        val_text = f", val/loss {val[0]['val/loss']:.4f} -> {val[-1]['val/loss']:.4f}" if val else ""
+        return (
+            f"{head}, {r['tokens_per_s']:.0f} tokens/s, {r['skipped_steps']} skipped{val_text}; "
+            f"export in {self.out / 'export'}"
+        )
+
+
+def _seed_everything(seed: int, rank: int) -> None:
+    """Each rank draws its own flow-matching noise; the streams are reproducible per (seed, rank)."""
+    s = seed * 1_000_003 + rank
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s % 2**32)
+
+
+def _optimizer(model: nn.Module, p: TrainParams, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; no weight decay on vectors (norm gains, biases). fused on accelerators, foreach on CPU."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": p.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fast = {"fused": True} if device.type in ("cuda", "npu") else {"foreach": True}
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=p.lr, **fast)
+
+
+def _grad_norm(model: nn.Module, max_norm: float) -> float:
+    params = [q for q in model.parameters() if q.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _all_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _weighted_losses(
+    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+) -> tuple[list[float], float]:
+    weight = float(batch["loss_mask"].sum())
+    return [float(out[k].detach()) * weight for k in LOSS_KEYS], weight
+
+
+@torch.no_grad()
+def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[str, float]:
+    """Fixed-seed loss over the same val batches every time: one seeded generator per batch, no dropout.
+
+    Loss figures are means over target patches across all ranks' counted batches, so they do not
+    depend on how the batches were spread over ranks.
+    """
+    was_training = model.training
+    model.eval()
+    sums = [0.0, 0.0, 0.0]
+    for vb in data.val_batches():
+        gen = torch.Generator(rt.device).manual_seed(seed * 1_000_003 + vb.key)
+        out = model(**move_to(vb.batch, rt.device), generator=gen, cond_dropout=False)
+        if vb.counted:
+            losses, weight = _weighted_losses(out, vb.batch)
+            sums = [sums[0] + losses[0], sums[1] + losses[1], sums[2] + weight]
+    model.train(was_training)
+    diff, stop, weight = _all_sum(sums, rt.device)
+    weight = max(weight, 1.0)
+    return {"val/diff": diff / weight, "val/stop": stop / weight, "val/loss": (diff + stop) / weight}
+
+
+def _max_int(value: int, rt: Runtime) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+class Trainer:
+    def __init__(self, p: TrainParams, rt: Runtime, stop: TerminationFlag):
+        self.p, self.rt, self.stop = p, rt, stop
+        self.out = Path(p.out)
+        self.base = Path(p.model)
+        self.ckpt_root = self.out / "checkpoints"
+        config_path = self.base / "config.json"
+        if not config_path.is_file():
+            raise StepError(f"{self.base}: not a VoxCPM2 checkpoint (no config.json)")
+        self.config = VoxCPM2Config.from_file(config_path)
+        self.dtype = compute_dtype(p.dtype, rt.device)
+        _seed_everything(p.seed, rt.rank)
+        self.data = TrainData(Path(p.data), self.config, p, rt)
+        self.model = build_model(
+            self.config, self.base, rt, dtype=self.dtype, lora_params=p.lora,
+            activation_checkpointing=p.activation_checkpointing, seed=p.seed,
+        )
+        self.optimizer = _optimizer(self.model, p, rt.device)
+        self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, p.max_steps)
+        self.counters = Counters()
+        self.step = 0
+        self.resumed_from: str | None = None
+        self.val_curve: list[dict[str, float]] = []
+        self.last: dict[str, Any] = {}
+        self.meter = Throughput(self.config, self.dtype, rt, p)
+
+    # -- resume ---------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.ckpt_root) if self.p.resume else None
+        if path is None:
+            return
+        state = load_checkpoint(path, self.model, self.optimizer, self.rt)
+        self.step = state.trainer["step"]
+        self.counters = Counters(**state.trainer["counters"])
+        self.val_curve = state.trainer["val_curve"]
+        self.data.load_state_dict(state.sampler)
+        self.resumed_from = str(path)
+
+    def _save(self) -> None:
+        trainer = {"counters": self.counters.to_dict(), "val_curve": self.val_curve}
+        save_checkpoint(
+            self.ckpt_root, self.step, self.model, self.optimizer, trainer, self.data.state_dict(),
+            self.rt, self.p.keep_checkpoints,
+        )
+
+    # -- one optimizer step ---------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """Advance one optimizer step; returns its metrics record."""
+        p, rt, meter = self.p, self.rt, self.meter
+        self.step += 1
+        lr = self.schedule.lr(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        meter.start()
+        sums = [0.0, 0.0, 0.0]  # weighted diff, weighted stop, weight
+        for _ in range(p.grad_accum):
+            batch = meter.wait_for(lambda: move_to(self.data.next_train_batch(), rt.device))
+            out = self.model(**batch, progress=(self.step - 1) / p.max_steps)
+            loss = (out["loss/diff"] + out["loss/stop"]) / p.grad_accum
+            loss.backward()
+            losses, weight = _weighted_losses(out, batch)
+            sums = [sums[0] + losses[0], sums[1] + losses[1], sums[2] + weight]
+            meter.count(batch)
+        grad_norm = _grad_norm(self.model, p.clip_norm)
+        diff, stop, weight = _all_sum(sums, rt.device)
+        weight = max(weight, 1.0)
+        finite = math.isfinite(diff) and math.isfinite(stop) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.counters.bad_in_a_row = 0
+        else:
+            self.counters.skipped_steps += 1
+            self.counters.bad_in_a_row += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = meter.finish(rt)
+        self.counters.tokens += stats["real_tokens"]
+        self.counters.samples += stats["samples"]
+        self.counters.train_seconds += stats["step_time_s"]
+        record = {
+            "step": self.step,
+            "loss": (diff + stop) / weight,
+            "loss/diff": diff / weight,
+            "loss/stop": stop / weight,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "skipped": not finite,
+            **stats,
+        }
+        return record
+
+    def _check_bad_steps(self, record: dict[str, Any]) -> None:
+        if self.counters.bad_in_a_row >= self.p.max_bad_steps:
+            raise StepError(
+                f"step {self.step}: {self.counters.bad_in_a_row} steps in a row had a non-finite loss or "
+                f"gradient norm (loss/diff {record['loss/diff']}, loss/stop {record['loss/stop']}, "
+                f"grad_norm {record['grad_norm']}); their updates were skipped. Check the encoded data "
+                "for NaN/inf latents, or lower train.lr."
+            )
+
+    def _validate(self) -> dict[str, float]:
+        figures = validate(self.model, self.data, self.rt, self.p.seed)
+        self.val_curve.append({"step": self.step, **figures})
+        return figures
+
+    def _stop_requested(self) -> bool:
+        """Any rank's SIGTERM stops all ranks at the same step (they must checkpoint together)."""
+        return _max_int(int(self.stop.requested), self.rt) > 0
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        p, rt = self.p, self.rt
+        start_wall = time.perf_counter()
+        self._resume()
+        first_step = self.step
+        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p.model_dump())
+        if not self.val_curve and self.data.has_val:
+            self._validate()  # the untrained base: the first point of the convergence curve
+        bar = tqdm(total=p.max_steps, initial=self.step, disable=not rt.is_main, desc="train", unit="step")
+        stopped = False
+        try:
+            while self.step < p.max_steps:
+                record = self.train_step()
+                last = self.step == p.max_steps
+                if self.data.has_val and ((p.val_every and self.step % p.val_every == 0) or last):
+                    record.update(self._validate())
+                log.log(record)
+                self.last = record
+                self._check_bad_steps(record)
+                bar.update(1)
+                bar.set_postfix_str(
+                    f"loss {record['loss']:.4f} lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s"
+                )
+                stopped = self._stop_requested()
+                if stopped or last or (p.checkpoint_every and self.step % p.checkpoint_every == 0):
+                    self._save()
+                if stopped:
+                    break
+        finally:
+            bar.close()
+            log.close()
+        if not stopped:
+            export_checkpoint(
+                self.model, self.config, self.base, self.out / "export", rt, lora_params=p.lora,
+                dtype=torch.float32 if p.export_dtype == "float32" else torch.bfloat16,
+            )
+        report = self._report(first_step, time.perf_counter() - start_wall, stopped)
+        return TrainResult(self.out, self.step, stopped, report)
+
+    def _report(self, first_step: int, wall: float, stopped: bool) -> dict[str, Any]:
+        c = self.counters
+        report = {
+            "steps": self.step,
+            "steps_run": self.step - first_step,
+            "max_steps": self.p.max_steps,
+            "stopped_by_sigterm": stopped,
+            "tokens": c.tokens,
+            "samples": c.samples,
+            "train_seconds": round(c.train_seconds, 3),
+            "wall_seconds": round(wall, 3),
+            "tokens_per_s": c.tokens / c.train_seconds if c.train_seconds else 0.0,
+            "samples_per_s": c.samples / c.train_seconds if c.train_seconds else 0.0,
+            "final": {k: finite_or_none(self.last.get(k)) for k in ("loss", *LOSS_KEYS, "grad_norm")},
+            "val_curve": self.val_curve,
+            "skipped_steps": c.skipped_steps,
+            "rows_too_long": self.data.rows_too_long,
+            "world_size": self.rt.world_size,
+            "device_type": self.rt.device.type,
+            "device_name": _device_name(self.rt.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "lora": self.p.lora.enabled,
+            "resumed_from": self.resumed_from,
+            "params": self.p.model_dump(),
+        }
+        if self.rt.is_main:
+            write_report(self.out, report)
+        return report
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "npu":
+        return torch.npu.get_device_name(device)
+    return "cpu"
+
+
+def train(p: TrainParams) -> TrainResult:
+    with distributed_runtime(p.device) as rt, TerminationFlag() as stop:
+        return Trainer(p, rt, stop).run()
