@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # dvc.yaml's stages call `voxpipe` and `torchrun`: the venv's, wherever make is run from
 DVC := PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc
+# the figures `make demo` shows (`dvc metrics show`: all of eval.json and mfu.json)
+HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|speaker_similarity_mean$$|stop_failure_rate$$|^wer$$|^mfu$$|tokens_per_s_per_device$$'
 
 .PHONY: help install test lint demo repro compile images mlflow-ui clean
 
@@ -31,11 +33,11 @@ test: lint  ## ruff + the whole pytest suite
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are
 	@start=$$(date +%s); $(DVC) repro && echo "dvc repro took $$(( $$(date +%s) - start )) s"
-	@echo; $(DVC) metrics show
+	@echo; $(DVC) exp show --md --drop ".*" --keep $(HEADLINE)
 	@$(BIN)/python -c 'import json; r = json.load(open("work/register/registered.json")); \
 	print("\nregistered:", r["model_uri"], " ".join("@" + a for a in r["aliases"]), "- MLflow run", r["run_id"])'
 	@echo "samples: work/eval/samples/*.wav, work/eval/eval.png; MFU: work/mfu/mfu.md"
-	@echo "val curve: $(BIN)/dvc plots show, then open dvc_plots/index.html"
+	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000 (runs, metrics, audio, the model registry)"
 
 repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed

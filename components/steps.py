@@ -23,11 +23,12 @@ def ingest(workspace: str, data_version: str, params: dict, data: Output[Dataset
     (what `dvc add` records): KFP's cache sees parameters, not the files behind a path."""
     from pathlib import Path
 
+    from voxpipe.params import IngestParams
     from voxpipe.track.lineage import dvc_md5
 
     folder = step_folder(workspace, "ingest", data.uri)
     section = wire("ingest", params, out=folder)
-    inputs = section.get("input", ["data/sample"])
+    inputs = section.get("input", IngestParams().input)
     missing = [p for p in inputs if not (Path(workspace) / p).exists()]
     if missing:
         raise FileNotFoundError(f"ingest.input {missing}: not on the workspace {workspace}")
@@ -38,7 +39,7 @@ def ingest(workspace: str, data_version: str, params: dict, data: Output[Dataset
             f"{actual!r}. Pass data_version={actual!r} (KFP caches on it)."
         )
     run_voxpipe("ingest", workspace, {"ingest": section})
-    publish(data, folder, data_version=data_version, ingest_md5=dvc_md5(Path(folder)))
+    publish(data, folder, data_version=data_version)
 
 
 @component
@@ -63,6 +64,7 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
         folder = os.path.join(workspace, base_model)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise FileNotFoundError(f"base_model {base_model}: no config.json in {folder}")
+        os.makedirs(os.path.dirname(model.path), exist_ok=True)
         with open(model.path, "w", encoding="utf-8") as f:
             json.dump({"base_model": base_model}, f)
         model.metadata.update({"path": folder, "source": base_model})
@@ -134,8 +136,9 @@ def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Mod
 
 
 @component
-def register(workspace: str, params: dict, kfp_run_id: str, data: Input[Dataset], model: Input[Model],
-             evaluation: Input[Dataset], mfu: Input[Dataset], registered: Output[Artifact]):
+def register(workspace: str, params: dict, tracking_uri: str, kfp_run_id: str, data: Input[Dataset],
+             model: Input[Model], evaluation: Input[Dataset], mfu: Input[Dataset],
+             registered: Output[Artifact]):
     """The run into MLflow and the export into its registry (@candidate; @champion when it wins).
     `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run."""
     import os
@@ -146,7 +149,7 @@ def register(workspace: str, params: dict, kfp_run_id: str, data: Input[Dataset]
         "register", params, model=model.metadata["export"], train=model.metadata["path"],
         eval=os.path.join(evaluation.metadata["path"], "eval.json"),
         mfu=os.path.join(mfu.metadata["path"], "mfu.json"), ingest=data.metadata["path"],
-        out=folder, work=folder,
+        out=folder, work=folder, tracking_uri=tracking_uri,
     )
     run_voxpipe("register", workspace, {"register": section})
     done = publish(registered, folder, report="registered.json")

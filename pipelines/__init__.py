@@ -1,0 +1,1 @@
+"""Kubeflow pipelines built from components/ (finetune.py) and their compiled YAML."""

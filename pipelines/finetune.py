@@ -33,7 +33,7 @@ WIRED = {
     "train": {"data", "model", "out"},
     "evaluate": {"model", "baseline", "data", "out"},
     "mfu": {"model", "train_report", "metrics", "out"},
-    "register": {"model", "eval", "mfu", "train", "ingest", "out", "work"},
+    "register": {"model", "eval", "mfu", "train", "ingest", "out", "work", "tracking_uri"},
     "launch": {"image", "accelerator", "node_selector", "tolerations", "pvc", "mount_path", "dry_run"},
 }
 
@@ -47,7 +47,7 @@ def section_defaults(section: str, **changes: Any) -> dict[str, Any]:
 
 SECTIONS = ("ingest", "manifest", "model", "encode", "train", "evaluate", "mfu", "launch")
 INGEST, MANIFEST, MODEL, ENCODE, TRAIN, EVALUATE, MFU, LAUNCH_SECTION = map(section_defaults, SECTIONS)
-REGISTER = section_defaults("register", tracking_uri=MLFLOW_SERVICE)
+REGISTER = section_defaults("register")
 HEADER_DICT = re.compile(r"^(#\s+\w+: (?:dict|list) \[Default: )(.*)\]$")
 NODE_SELECTOR: dict[str, str] = dict(LAUNCH.node_selector)
 TOLERATIONS: list[dict[str, Any]] = list(LAUNCH.tolerations)
@@ -69,6 +69,7 @@ def finetune(
     node_selector: dict = NODE_SELECTOR,
     tolerations: list = TOLERATIONS,
     volcano: bool = True,
+    mlflow_tracking_uri: str = MLFLOW_SERVICE,
     ingest: dict = INGEST,
     manifest: dict = MANIFEST,
     model: dict = MODEL,
@@ -83,7 +84,8 @@ def finetune(
     see the PVC (change it only for kfp.local); base_model: a checkpoint folder on the workspace
     ("" = init-model); accelerator: `huawei.com/Ascend910` or `nvidia.com/gpu`, requested by encode
     and evaluate (one each) and by every training pod; node_selector / tolerations: for those pods;
-    volcano: false trains inside the train task (kfp.local, a small CPU cluster)."""
+    volcano: false trains inside the train task (kfp.local, a small CPU cluster); mlflow_tracking_uri:
+    where register logs (credentials: the MLFLOW_TRACKING_* env of the pod, never a parameter)."""
     data = steps.ingest(workspace=workspace, data_version=data_version, params=ingest)
     rows = steps.manifest(workspace=workspace, params=manifest, data=data.outputs["data"])
     base = steps.init_model(workspace=workspace, params=model, base_model=base_model)
@@ -99,7 +101,8 @@ def finetune(
     utilisation = steps.mfu(workspace=workspace, params=mfu, model=tuned.outputs["model"],
                             base_model=base.outputs["model"])
     registered = steps.register(
-        workspace=workspace, params=register, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        workspace=workspace, params=register, tracking_uri=mlflow_tracking_uri,
+        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         data=data.outputs["data"], model=tuned.outputs["model"], evaluation=evaluation.outputs["results"],
         mfu=utilisation.outputs["results"],
     )

@@ -78,6 +78,18 @@ def test_ingest_refuses_a_data_version_that_is_not_the_data(local_runner, capfd)
     assert f"has DVC md5 '{dvc_md5(workspace / 'datasets' / 'mine')}'" in capfd.readouterr().out
 
 
+def test_init_model_hands_on_a_given_checkpoint(local_runner, capfd):
+    workspace = local_runner / "workspace"
+    (workspace / "models" / "voxcpm2").mkdir(parents=True)
+    (workspace / "models" / "voxcpm2" / "config.json").write_text("{}")
+    task = steps.init_model(workspace=str(workspace), params={}, base_model="models/voxcpm2")
+    assert task.output.metadata["path"] == str(workspace / "models" / "voxcpm2")
+    assert not (workspace / "voxpipe").exists()  # nothing initialised
+    with pytest.raises(RuntimeError, match="init-model"):
+        steps.init_model(workspace=str(workspace), params={}, base_model="models/missing")
+    assert "no config.json" in capfd.readouterr().out
+
+
 def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
     workspace = local_runner / "workspace"
     data = write_small_sample(workspace / "datasets" / "sample", per_speaker=6)
@@ -90,7 +102,8 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
         encode={**pipeline.ENCODE, "device": "cpu"},
         train={**pipeline.TRAIN, **SMALL["train"]},
         evaluate={**pipeline.EVALUATE, **SMALL["evaluate"]},
-        register={**pipeline.REGISTER, "tracking_uri": tracking, "experiment": "kfp-local"},
+        register={**pipeline.REGISTER, "experiment": "kfp-local"},
+        mlflow_tracking_uri=tracking,
     )
     registered = run.output.metadata
     assert registered["name"] == pipeline.REGISTER["model_name"]
@@ -100,7 +113,7 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
     assert int(version.version) == int(registered["version"])
     assert client.get_run(version.run_id).data.tags["voxpipe.kfp_run_id"]  # KFP's run id reached the run
     # bulk data on the workspace, only reports in KFP's artifact store
-    folders = sorted(p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir())
-    assert folders == sorted(["ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"])
+    folders = {p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir()}
+    assert folders == {"ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"}
     assert not list((local_runner / "kfp").rglob("*.safetensors"))
     assert list((workspace / "voxpipe").rglob("*.safetensors"))

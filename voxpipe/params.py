@@ -7,10 +7,9 @@ rejected with a message that names the key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
-
-import re
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -143,7 +142,8 @@ class TrainParams(Section):
         "bfloat16", description="dtype of the exported model.safetensors (upstream ships bfloat16)"
     )
     peak_tflops: float = Field(
-        0.0, ge=0, description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)"
+        0.0, ge=0,
+        description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)",
     )
     seed: int = 0
     lora: LoraParams = Field(default_factory=LoraParams)

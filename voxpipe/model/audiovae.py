@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from voxpipe.model.strict_load import mismatches
+
 
 class AudioVAEConfig(BaseModel):
     """The `audio_vae_config` block of a VoxCPM2 config.json (upstream key names and defaults)."""
@@ -429,20 +431,9 @@ def load_audiovae_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 def load_audiovae_weights(vae: AudioVAE, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
     """Strictly load `state` into `vae`; on mismatch raise listing missing, unexpected and misshaped keys."""
-    own = vae.state_dict()
-    missing = sorted(own.keys() - state.keys())
-    unexpected = sorted(state.keys() - own.keys())
-    misshaped = sorted(
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own.keys() & state.keys()
-        if state[k].shape != own[k].shape
-    )
-    if missing or unexpected or misshaped:
-        lines = [f"{source}: AudioVAE weights do not match the config"]
-        for title, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
-            if keys:
-                lines.append(f"  {title} ({len(keys)}): " + ", ".join(keys))
-        raise ValueError("\n".join(lines))
+    problems = mismatches(vae.state_dict(), state)
+    if problems:
+        raise ValueError("\n".join([f"{source}: AudioVAE weights do not match the config", *problems]))
     vae.load_state_dict(state, strict=True)
 
 

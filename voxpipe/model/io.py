@@ -24,6 +24,7 @@ from voxpipe.model.audiovae import (
     load_audiovae_weights,
 )
 from voxpipe.model.config import VoxCPM2Config, preset
+from voxpipe.model.strict_load import mismatches
 from voxpipe.model.tokenizer import VoxTokenizer, train_tokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import ModelParams
@@ -57,20 +58,10 @@ def load_weights_strict(
     model: VoxCPM2, state: dict[str, torch.Tensor], source: str, dtype: torch.dtype
 ) -> None:
     """Load `state` into `model` (built on any device, also meta), failing with every mismatch listed."""
-    own = model.state_dict()
-    missing = sorted(own.keys() - state.keys())
-    unexpected = sorted(state.keys() - own.keys())
-    misshaped = sorted(
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own.keys() & state.keys()
-        if state[k].shape != own[k].shape
-    )
-    if missing or unexpected or misshaped:
-        lines = [f"{source}: weights do not match the model built from config.json"]
-        for title, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
-            if keys:
-                lines.append(f"  {title} ({len(keys)}): " + ", ".join(keys))
-        raise StepError("\n".join(lines))
+    problems = mismatches(model.state_dict(), state)
+    if problems:
+        header = f"{source}: weights do not match the model built from config.json"
+        raise StepError("\n".join([header, *problems]))
     cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(cast, strict=True, assign=True)
 
@@ -167,13 +158,16 @@ def init_model(p: ModelParams) -> InitModelResult:
     out = save_pretrained(model, vae, tokenizer, p.out, dtype=dtype)
     parameters = sum(t.numel() for t in model.parameters())
     result = InitModelResult(out, p.preset, parameters, time.perf_counter() - start)
-    write_report(out, {
-        "preset": p.preset,
-        "seed": p.seed,
-        "dtype": p.dtype,
-        "parameters": parameters,
-        "vae_parameters": sum(t.numel() for t in vae.parameters()),
-        "vocab_size": tokenizer.vocab_size,
-        "seconds": round(result.seconds, 3),
-    })
+    write_report(
+        out,
+        {
+            "preset": p.preset,
+            "seed": p.seed,
+            "dtype": p.dtype,
+            "parameters": parameters,
+            "vae_parameters": sum(t.numel() for t in vae.parameters()),
+            "vocab_size": tokenizer.vocab_size,
+            "seconds": round(result.seconds, 3),
+        },
+    )
     return result

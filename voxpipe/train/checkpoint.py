@@ -37,7 +37,6 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 @dataclass(frozen=True)
 class Resumed:
-    path: Path
     trainer: dict[str, Any]  # what rank 0 saved in trainer.json
     sampler: dict[str, Any]  # this rank's sampler state
 
@@ -149,4 +148,4 @@ def load_checkpoint(
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     per_rank = json.loads((path / f"rank-{rt.rank}.json").read_text())
     set_rng_state(per_rank["rng"], rt.device)
-    return Resumed(path, trainer, per_rank["sampler"])
+    return Resumed(trainer, per_rank["sampler"])

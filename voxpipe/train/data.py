@@ -7,14 +7,17 @@ the batch contract of `VoxCPM2.forward` (upstream's packed layout, reference pro
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from voxpipe.data.batching import EvalBatches, TokenBudgetSampler
 from voxpipe.data.dataset import EncodedDataset, collate
+from voxpipe.data.encode import load_encoder
 from voxpipe.errors import StepError
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import TrainParams
@@ -46,6 +49,29 @@ def _open(root: Path, split: str, config: VoxCPM2Config) -> EncodedDataset | Non
             "encode with this model's checkpoint"
         )
     return data
+
+
+def check_encoded_by(root: Path, base_dir: Path, rt: Runtime) -> None:
+    """Latents from another VAE, or ids from another tokenizer, would silently train a garbage model.
+
+    Collective: rank 0 compares the hashes `voxpipe encode` recorded with the base checkpoint's.
+    """
+    error = None
+    if rt.is_main:
+        report = root / "report.json"
+        recorded = json.loads(report.read_text()) if report.is_file() else {}
+        encoder = load_encoder(base_dir)
+        for part, ours in (("vae", encoder.vae_hash), ("tokenizer", encoder.tokenizer_hash)):
+            theirs = recorded.get(f"{part}_hash")
+            if theirs != ours:
+                error = (
+                    f"{root} was encoded with {part} {str(theirs)[:12]}, but the base model {base_dir} has "
+                    f"{part} {ours[:12]}; run `voxpipe encode --model {base_dir}` for this model"
+                )
+    verdict = [error]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise StepError(verdict[0])
 
 
 class TrainData:

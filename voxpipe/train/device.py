@@ -30,18 +30,12 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 class Runtime:
     device: torch.device
     rank: int
-    local_rank: int
     world_size: int
     mesh: DeviceMesh
-    launched: bool  # True under torchrun
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def backend(self) -> str:
-        return BACKENDS[self.device.type]
 
     def barrier(self) -> None:
         dist.barrier()
@@ -87,19 +81,18 @@ def _set_local_device(device_type: str, local_rank: int) -> torch.device:
 def distributed_runtime(choice: DeviceChoice = "auto") -> Iterator[Runtime]:
     """Set the device, join (or create) the process group, build the 1-D mesh; tear down on exit."""
     device_type = resolve_device_type(choice)
-    launched = "WORLD_SIZE" in os.environ
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = _set_local_device(device_type, local_rank)
     backend = BACKENDS[device_type]
     if dist.is_initialized():
         raise StepError("a torch.distributed process group is already initialised in this process")
-    if launched:
+    if "WORLD_SIZE" in os.environ:  # torchrun (or any env:// launcher)
         dist.init_process_group(backend)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         world = dist.get_world_size()
         mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
-        yield Runtime(device, dist.get_rank(), local_rank, world, mesh, launched)
+        yield Runtime(device, dist.get_rank(), world, mesh)
     finally:
         dist.destroy_process_group()

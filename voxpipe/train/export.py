@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from voxpipe.data.encode import TOKENIZER_FILES
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import load_weights_strict, save_pretrained
@@ -24,7 +25,6 @@ from voxpipe.params import LoraParams
 from voxpipe.train import lora
 from voxpipe.train.device import Runtime
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LORA_SUBDIR = "lora"
 
 

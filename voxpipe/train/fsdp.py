@@ -24,6 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from voxpipe.errors import StepError
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import read_model_state
+from voxpipe.model.strict_load import mismatches
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams
 from voxpipe.train import lora
@@ -41,24 +42,11 @@ def compute_dtype(choice: str, device: torch.device) -> torch.dtype:
 
 def _check_keys(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> str | None:
     """Every base key present with the right shape, nothing extra; adapters are not in a base checkpoint."""
-    own = {
-        lora.clean_name(k): tuple(v.shape) for k, v in model.state_dict().items() if not lora.is_adapter(k)
-    }
-    missing = sorted(own.keys() - state.keys())
-    unexpected = sorted(state.keys() - own.keys())
-    misshaped = sorted(
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {own[k]}"
-        for k in own.keys() & state.keys()
-        if tuple(state[k].shape) != own[k]
-    )
-    if not (missing or unexpected or misshaped):
+    own = {lora.clean_name(k): v for k, v in model.state_dict().items() if not lora.is_adapter(k)}
+    problems = mismatches(own, state)
+    if not problems:
         return None
-    lines = [f"{source}: base weights do not match the model built from config.json"]
-    for title, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
-        if keys:
-            more = " ..." if len(keys) > 20 else ""
-            lines.append(f"  {title} ({len(keys)}): " + ", ".join(keys[:20]) + more)
-    return "\n".join(lines)
+    return "\n".join([f"{source}: base weights do not match the model built from config.json", *problems])
 
 
 def load_base_weights(model: nn.Module, base_dir: Path, rt: Runtime) -> None:

@@ -13,6 +13,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,12 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from voxpipe.errors import StepError
+from voxpipe.evaluate.fixed_seed_loss import fixed_seed_loss
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import TrainParams
 from voxpipe.report import write_report
 from voxpipe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from voxpipe.train.data import TrainData, move_to
+from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.export import export_checkpoint
 from voxpipe.train.fsdp import build_model, compute_dtype
@@ -120,24 +122,10 @@ def _weighted_losses(
 
 @torch.no_grad()
 def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[str, float]:
-    """Fixed-seed loss over the same val batches every time: one seeded generator per batch, no dropout.
-
-    Loss figures are means over target patches across all ranks' counted batches, so they do not
-    depend on how the batches were spread over ranks.
-    """
-    was_training = model.training
-    model.eval()
-    sums = [0.0, 0.0, 0.0]
-    for vb in data.val_batches():
-        gen = torch.Generator(rt.device).manual_seed(seed * 1_000_003 + vb.key)
-        out = model(**move_to(vb.batch, rt.device), generator=gen, cond_dropout=False)
-        if vb.counted:
-            losses, weight = _weighted_losses(out, vb.batch)
-            sums = [sums[0] + losses[0], sums[1] + losses[1], sums[2] + weight]
-    model.train(was_training)
-    diff, stop, weight = _all_sum(sums, rt.device)
-    weight = max(weight, 1.0)
-    return {"val/diff": diff / weight, "val/stop": stop / weight, "val/loss": (diff + stop) / weight}
+    """The fixed-seed val loss (the same function `voxpipe evaluate` uses), summed over all ranks."""
+    across_ranks = partial(_all_sum, device=rt.device)
+    loss = fixed_seed_loss(model, data.val_batches(), rt.device, seed, reduce=across_ranks)
+    return {"val/diff": loss.diff, "val/stop": loss.stop, "val/loss": loss.total}
 
 
 def _max_int(value: int, rt: Runtime) -> int:
@@ -159,6 +147,7 @@ class Trainer:
         self.dtype = compute_dtype(p.dtype, rt.device)
         _seed_everything(p.seed, rt.rank)
         self.data = TrainData(Path(p.data), self.config, p, rt)
+        check_encoded_by(Path(p.data), self.base, rt)
         self.model = build_model(
             self.config, self.base, rt, dtype=self.dtype, lora_params=p.lora,
             activation_checkpointing=p.activation_checkpointing, seed=p.seed,
