@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from upstream import import_upstream
+from upstream import import_upstream, upstream_packer_class
 
 from voxpipe.data.audio import decode
 from voxpipe.data.batching import (
@@ -24,15 +23,6 @@ from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, Sample, collate
 # ---------------------------------------------------------------------------------------------
 # collate vs upstream's AudioFeatureProcessingPacker
 # ---------------------------------------------------------------------------------------------
-
-
-def _upstream_packer_class():
-    """training/packers.py on its own: the training package's __init__ needs argbind and datasets."""
-    path = Path(import_upstream().__file__).parent / "training" / "packers.py"
-    spec = importlib.util.spec_from_file_location("upstream_packers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.AudioFeatureProcessingPacker
 
 
 def _upstream_vae(base_model: Path):
@@ -76,7 +66,7 @@ def parity(encoded_sample):
     without = [i for i, r in enumerate(dataset.rows) if "ref_latents" not in r][:2]
     indices = [without[0], with_ref[0], without[1], with_ref[1]]  # both layouts in one padded batch
     vae = _upstream_vae(encoded_sample.base_model)
-    packer = _upstream_packer_class()(dataset_cnt=1, max_len=1024, patch_size=4, feat_dim=64, audio_vae=vae)
+    packer = upstream_packer_class()(dataset_cnt=1, max_len=1024, patch_size=4, feat_dim=64, audio_vae=vae)
     return dataset, indices, packer, _upstream_batch(packer, dataset, indices)
 
 

@@ -9,8 +9,6 @@ upstream's own packer on real (synthetic) waveforms encoded by the VAE.
 from __future__ import annotations
 
 import copy
-import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,7 +19,7 @@ import pytest
 import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
-from upstream import import_upstream
+from upstream import import_upstream, upstream_packer_class
 
 from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, AudioVAEConfig
@@ -146,19 +144,9 @@ def tone(seconds: float, freq: float, seed: int) -> torch.Tensor:
     return wav + 0.01 * torch.randn(t.shape, generator=g)
 
 
-@functools.cache
-def upstream_packer_cls():
-    """Upstream's packer module alone: its package __init__ pulls training-only deps (argbind, datasets)."""
-    path = Path(import_upstream().__file__).parent / "training" / "packers.py"
-    spec = importlib.util.spec_from_file_location("upstream_voxcpm_packers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.AudioFeatureProcessingPacker
-
-
 def packed_batch(up, with_ref: bool) -> dict[str, torch.Tensor]:
     """A padded batch of 2 built by upstream's own packer (VAE-encoded audio, -100 padding)."""
-    packer = upstream_packer_cls()(1, 4096, up.patch_size, up.feat_dim, up.audio_vae)
+    packer = upstream_packer_class()(1, 4096, up.patch_size, up.feat_dim, up.audio_vae)
     texts = [[5, 17, 300, 44, 9], [61, 62]]
     wavs = [tone(0.9, 180.0, 1), tone(0.45, 240.0, 2)]
     refs = [tone(0.5, 200.0, 3), torch.empty(0)] if with_ref else None

@@ -6,10 +6,13 @@ code never calls it on the paths we compare, so a stand-in module with a real __
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +27,13 @@ def import_upstream():
         return importlib.import_module("voxcpm")
     except ImportError as e:  # pragma: no cover - only when `make install` was bypassed
         pytest.fail(f"upstream voxcpm==2.0.3 is required for parity tests: {e}")
+
+
+@functools.cache
+def upstream_packer_class():
+    """Upstream's training/packers.py on its own: its package __init__ needs argbind and datasets."""
+    path = Path(import_upstream().__file__).parent / "training" / "packers.py"
+    spec = importlib.util.spec_from_file_location("upstream_voxcpm_packers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AudioFeatureProcessingPacker

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe import __version__
+from voxpipe.errors import StepError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -31,6 +32,17 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from `path`; a StepError naming the file and `what` it should have been otherwise."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise StepError(f"{path}: cannot read {what}: {e}") from e
+    if not isinstance(data, dict):
+        raise StepError(f"{path}: {what} must be a JSON object")
+    return data
 
 
 def write_json(path: Path, data: Any) -> None:

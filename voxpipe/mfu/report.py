@@ -20,7 +20,7 @@ from voxpipe.mfu.peak import lookup_peak, peak_flops
 from voxpipe.mfu.published import published_check
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import MfuParams
-from voxpipe.report import atomic_write_text, write_json, write_report
+from voxpipe.report import atomic_write_text, read_json_object, write_json, write_report
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,6 @@ class MfuResult:
             f"{f['peak_tflops']:.4g} ({f['peak_source']}) | {f['step_time_s']:.3g} s/step over "
             f"{f['steps_measured']} steps -> {self.out}/mfu.json"
         )
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise StepError(f"{path}: cannot read the {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise StepError(f"{path}: the {what} must be a JSON object")
-    return data
 
 
 def _shapes(value: Any, where: str) -> tuple[tuple[int, int], ...]:
@@ -117,7 +107,7 @@ def compute(p: MfuParams) -> dict[str, Any]:
     """Every figure of mfu.json."""
     config = VoxCPM2Config.from_file(Path(p.model) / "config.json")
     report_path = Path(p.train_report)
-    run = _read_json(report_path, "train report")
+    run = read_json_object(report_path, "the train report")
     for key in ("world_size", "device_type", "device_name"):
         if key not in run:
             raise StepError(f"{report_path}: key {key!r} missing (see the mfu interface: world_size, "

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAEConfig
+from voxpipe.report import read_json_object
 
 ARCHITECTURE = "voxcpm2"
 
@@ -225,14 +226,7 @@ class VoxCPM2Config(_Section):
 
     @classmethod
     def from_file(cls, path: str | Path) -> VoxCPM2Config:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise StepError(f"{path}: cannot read model config: {e}") from e
-        if not isinstance(data, dict):
-            raise StepError(f"{path}: model config must be a JSON object")
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json_object(Path(path), "model config"), source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "architecture": ARCHITECTURE}
