@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from voxpipe.mfu.flops import forward_flops, tower_shares, training_flops
+from voxpipe.mfu.flops import batch_dit_rows, batch_training_flops, forward_flops, tower_shares
 from voxpipe.mfu.peak import measure_cpu_gemm_peak
 from voxpipe.model.config import preset
 from voxpipe.model.voxcpm2 import VoxCPM2
@@ -79,7 +79,7 @@ def main() -> None:
         if step:
             times.append(took)
 
-    flops = training_flops(config, args.batch, args.seq_len)
+    flops = batch_training_flops(config, batch)
     step_time = sum(times) / len(times)
     achieved = flops / step_time
     print(
@@ -99,7 +99,9 @@ def main() -> None:
                 "mfu_best_step": flops / min(times) / peaks["float32"],
                 "load_avg_1m": os.getloadavg()[0],  # other processes on the cores skew both figures
                 "tokens_per_s": args.batch * args.seq_len / step_time,
-                "tower_shares": tower_shares(forward_flops(config, args.batch, args.seq_len)),
+                "tower_shares": tower_shares(
+                    forward_flops(config, args.batch, args.seq_len, dit_rows=batch_dit_rows(batch))
+                ),
             },
             indent=2,
         )

@@ -15,7 +15,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = "voxpipe"
-EXTRAS = frozenset({"cluster"})  # what the images install: `pip install ".[cluster]"`
+# what the images install: `pip install ".[cluster,eval]"`. Resemblyzer, installed beside it --no-deps,
+# is pinned in the Dockerfiles; what it imports comes with the eval extra (tests/test_images.py checks)
+EXTRAS = frozenset({"cluster", "eval"})
 
 
 def runtime_closure(root: str = ROOT, extras: frozenset[str] = EXTRAS) -> dict[str, str]:

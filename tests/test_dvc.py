@@ -87,7 +87,9 @@ def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro):
     assert ran(first_repro) == STAGES
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert sorted(lock) == sorted(STAGES)
-    assert "val_loss" in dvc(repo, "plots", "show", "--json")
+    plots = json.loads(dvc(repo, "plots", "show", "--json"))
+    assert not plots.get("errors"), plots["errors"]
+    assert {"val_loss", "train_loss"} <= set(plots["data"]), sorted(plots["data"])
     metrics = json.loads(dvc(repo, "metrics", "show", "--json"))
     figures = next(iter(metrics.values()))["data"]
     assert "loss_model" in figures["work/eval/eval.json"]["data"]

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.fx.experimental import _config as fx_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.mfu.flops import batch_training_flops, forward_flops, training_flops
+from voxpipe.mfu.flops import batch_dit_rows, batch_training_flops, forward_flops, training_flops
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, measure_cpu_gemm_peak, peak_flops, table_peak
 from voxpipe.mfu.published import PUBLISHED, frames_only_flops, published_check
 from voxpipe.mfu.report import compute
@@ -60,23 +61,33 @@ def make_batch(config, b: int, length: int, device: str | torch.device = "cpu") 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def counted(request):
-    """(config, B, L, forward counter, forward+backward total) of our VoxCPM2 on the meta device."""
+    """(config, B, L, DiT rows, forward counter, forward+backward total) of our VoxCPM2.
+
+    tiny and small run for real, so the count sees the DiT skip the rows without loss weight. The
+    real shape runs on the meta device, where the data-dependent row selection cannot be known:
+    there torch's fake `nonzero` assumes every row counts.
+    """
     config = preset(request.param)
     b, length = SHAPES[request.param]
-    with torch.device("meta"):
+    batch = make_batch(config, b, length)
+    on_meta = request.param == "voxcpm2"
+    dit_rows = b * length if on_meta else int(batch["loss_mask"].sum())
+    with torch.device("meta" if on_meta else "cpu"):
         model = VoxCPM2(config)
-    batch = make_batch(config, b, length, "meta")
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as forward:
-        model(**batch)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as both:
-        losses = model(**batch)
-        (losses["loss/diff"] + losses["loss/stop"]).backward()
-    return config, b, length, forward, both.get_total_flops()
+    if on_meta:
+        batch = {name: value.to("meta") for name, value in batch.items()}
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True), sdpa_kernel(SDPBackend.MATH):
+        with FlopCounterMode(display=False) as forward:
+            model(**batch)
+        with FlopCounterMode(display=False) as both:
+            losses = model(**batch)
+            (losses["loss/diff"] + losses["loss/stop"]).backward()
+    return config, b, length, dit_rows, forward, both.get_total_flops()
 
 
 def test_forward_flops_agree_with_flop_counter(counted):
-    config, b, length, forward, _ = counted
-    ours = forward_flops(config, b, length)
+    config, b, length, dit_rows, forward, _ = counted
+    ours = forward_flops(config, b, length, dit_rows=dit_rows)
     assert sum(ours.values()) == pytest.approx(forward.get_total_flops(), rel=0.02)
     counts = forward.get_flop_counts()
     for module, tower in MODULES.items():
@@ -84,13 +95,13 @@ def test_forward_flops_agree_with_flop_counter(counted):
 
 
 def test_training_flops_are_three_forwards_like_the_counter(counted):
-    config, b, length, _, both = counted
+    config, b, length, dit_rows, _, both = counted
     # backward skips input grads of the first layers (data needs none), so the counter is just under 3x
-    assert training_flops(config, b, length) == pytest.approx(both, rel=0.02)
+    assert training_flops(config, b, length, dit_rows=dit_rows) == pytest.approx(both, rel=0.02)
 
 
 def test_causal_half_removes_half_of_the_lm_attention_matmuls(counted):
-    config, b, length, forward, _ = counted
+    config, b, length, _, forward, _ = counted
     counts = forward.get_flop_counts()
     lm_attention = sum(
         counts[m].get(torch.ops.aten.bmm, 0) for m in ("VoxCPM2.base_lm", "VoxCPM2.residual_lm")
@@ -103,7 +114,11 @@ def test_causal_half_removes_half_of_the_lm_attention_matmuls(counted):
 def test_batch_flops_read_the_padded_shape():
     config = preset("tiny")
     batch = make_batch(config, 3, 21)
-    assert batch_training_flops(config, batch) == training_flops(config, 3, 21)
+    dit_rows = 3 * (21 - 3 - 21 // 4)  # make_batch: text + audio_start, then audio, then 2 padding
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=dit_rows)
+    assert batch_training_flops(config, batch) < training_flops(config, 3, 21)
+    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])  # the DiT still runs one row
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1)
     batch["audio_feats"] = batch["audio_feats"][:, :, :2]
     with pytest.raises(ValueError, match="audio_feats must be"):
         batch_training_flops(config, batch)
@@ -183,7 +198,7 @@ def real_run(tmp_path_factory) -> tuple:
         line = {
             "step": step,
             "step_time_s": time.perf_counter() - start,
-            "shapes": [[2, 24 + 8 * step]],
+            "shapes": [[2, 24 + 8 * step, batch_dit_rows(batch)]],
             "real_tokens": int((batch["text_mask"] + batch["audio_mask"]).sum()),
         }
         if step != 2:  # step 2 exercises the fallback from shapes
@@ -215,7 +230,7 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
     figures = json.loads((out / "mfu.json").read_text())
     used = lines[1:]  # warmup_steps = 1
     seconds = sum(x["step_time_s"] for x in used)
-    flops = sum(training_flops(config, *x["shapes"][0]) for x in used)
+    flops = sum(training_flops(config, b, n, dit_rows=rows) for x in used for b, n, rows in x["shapes"])
     assert figures["steps_measured"] == 2 and figures["steps_skipped"] == 1
     assert figures["achieved_tflops_per_device"] == pytest.approx(flops / seconds / 1e12)
     assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / figures["peak_tflops"])

@@ -307,6 +307,22 @@ def test_cfm_loss_matches_upstream_under_same_seed(up, variant):
     torch.testing.assert_close(grads_ours, grads_theirs, atol=ATOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mean_mode", [False, True])
+def test_cfm_runs_the_dit_only_on_rows_with_loss_weight(up, mean_mode):
+    """Padded/text rows are skipped; a batch with no weighted row still runs one (FSDP collectives)."""
+    ours, _ = cfm_pair(up, mean_mode=mean_mode)
+    seen = []
+    ours.estimator.register_forward_hook(lambda _m, args, _out: seen.append(args[0].size(0)))
+    x1, mu, cond, tgt_mask = cfm_batch()
+    ours(x1, mu, cond, tgt_mask, 0.5)
+    none = torch.zeros_like(tgt_mask)
+    loss = ours(x1, mu.requires_grad_(), cond, none, 0.5)
+    assert seen == [5, 1]
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(mu.grad, torch.zeros_like(mu))
+
+
 def test_cfm_generator_leaves_global_rng_alone_and_repeats(up):
     ours, _ = cfm_pair(up, {"training_cfg_rate": 0.5})
     batch = cfm_batch()

@@ -3,13 +3,15 @@ artifact root) and against the embedded sqlite default.
 
 The data is the shipped sample through the real `ingest`; the exports are real tiny checkpoints from
 `init-model`; the training report, metrics.jsonl, eval.json and mfu.json are written here in the
-trainer's / evaluate's / mfu's formats (running those steps would cost minutes).
+trainer's / evaluate's / mfu's formats (running those steps would cost minutes). The live-tracking
+tests (`train.track`) train for real: the tiny model, a few steps, one process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +35,8 @@ from voxpipe.track.compare import compare
 from voxpipe.track.lineage import dvc_md5
 from voxpipe.track.register import register
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
+from voxpipe.train.checkpoint import latest_checkpoint
+from voxpipe.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "voxpipe-test"
@@ -318,3 +322,106 @@ def test_default_sqlite_store_without_server(pipeline, monkeypatch):
     assert json.loads((work / "mlflow_run.json").read_text())["run_id"] == reg["run_id"]
     rows = compare(CompareParams(work=str(work), format="csv", out=str(root / "local_compare"))).rows
     assert len(rows) == 1
+
+
+# -- train.track: the trainer logs live into the run `register` completes -------------------------------
+LIVE = "voxpipe-live"  # experiment and model name of the live runs, apart from A's and B's
+LIVE_STEPS = 4
+LIVE_SETTINGS = {"device": "cpu", "max_steps": LIVE_STEPS, "val_every": 2, "val_batches": 2,
+                 "max_tokens": 512, "lr": 2e-3, "warmup_steps": 1, "export_dtype": "float32"}
+
+
+def train_live(sample, out: Path, server: str, experiment: str = LIVE, **changes) -> dict:
+    """A real training with train.track on; its report.json. `work` (unused with a tracking URI) holds the
+    value of a secret env var, as any param might: it must reach MLflow redacted."""
+    train(TrainParams(
+        data=str(sample.encoded), model=str(sample.base_model), out=str(out), track=True, tracking_uri=server,
+        experiment=experiment, work=str(out.parent / SECRETS["MLFLOW_TRACKING_TOKEN"]),
+        **{**LIVE_SETTINGS, **changes},
+    ))
+    return json.loads((out / "report.json").read_text())
+
+
+def histories(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
+    """Every metric of the run → the steps of its points, sorted (a step twice = a duplicated point)."""
+    keys = client.get_run(run_id).data.metrics
+    return {k: sorted(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def assert_no_secrets(params: dict[str, str]) -> None:
+    text = json.dumps(params)
+    assert not any(SECRETS[k] in text for k in ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"))
+
+
+@pytest.fixture(scope="module")
+def live(server, encoded_sample, secrets_in_env, tmp_path_factory):
+    """Training logs live into the server; the run as training left it; then `register` on the outputs."""
+    root = tmp_path_factory.mktemp("live")
+    report = train_live(encoded_sample, root / "train", server)
+    client = MlflowClient(server)
+    trained = client.get_run(report["mlflow_run_id"])
+    during = histories(client, trained.info.run_id)
+    files = {"model": str(root / "train" / "export"), "train": str(root / "train"),
+             "eval": str(write_eval(root / "eval", 1.9, 2.0)), "mfu": str(write_mfu(root / "mfu", 0.01)),
+             "ingest": str(encoded_sample.ingest), "out": str(root / "register"), "work": str(root / "work")}
+    reg = run_register(files, tracking_uri=server, experiment=LIVE, model_name=LIVE)
+    return report, trained, during, reg, files
+
+
+def test_live_training_run_is_the_registered_run(live, server):
+    report, trained, during, reg, _ = live
+    client = MlflowClient(server)
+    steps = list(range(1, LIVE_STEPS + 1))
+    # while training: the scrubbed train params and every step's metrics
+    assert trained.data.params["train.lr"] == "0.002" and trained.data.params["train.track"] == "true"
+    assert trained.data.params["train.work"].endswith("/***")
+    assert_no_secrets(trained.data.params)
+    assert during["loss"] == steps and during["skipped"] == steps and during["val/loss"] == [2, 4]
+    # register completed that run: one run, each metric once per step, the base model's val point added
+    assert reg["run_id"] == report["mlflow_run_id"] and "train" in reg["logged"]
+    (run,) = client.search_runs([client.get_experiment_by_name(LIVE).experiment_id])
+    assert run.info.run_id == reg["run_id"] and run.info.status == "FINISHED"
+    after = histories(client, reg["run_id"])
+    assert all(len(points) == len(set(points)) for points in after.values()), after
+    assert after["loss"] == steps and after["val/loss"] == [0, 2, 4] and after["train/steps"] == [LIVE_STEPS]
+    assert after["eval/loss_model"] == [0] and after["mfu/mfu"] == [0]
+    assert_no_secrets(run.data.params)
+    assert run.data.params["train.lr"] == "0.002" and run.data.params["data.rows_kept"]
+
+
+def test_reregister_live_run_is_idempotent(live, server):
+    _, _, _, reg, files = live
+    client = MlflowClient(server)
+    before = histories(client, reg["run_id"])
+    (Path(files["work"]) / "mlflow_run.json").unlink()  # found again through the train report
+    again = run_register(files, tracking_uri=server, experiment=LIVE, model_name=LIVE)
+    assert (again["run_id"], again["version"], again["logged"]) == (reg["run_id"], reg["version"], [])
+    assert len(client.search_runs([client.get_experiment_by_name(LIVE).experiment_id])) == 1
+    assert histories(client, reg["run_id"]) == before
+
+
+def test_live_run_of_another_store_falls_back(live, tmp_path, monkeypatch):
+    """The train report names a run on the server; register into the embedded sqlite store makes its own."""
+    report, _, _, _, files = live
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work = tmp_path / "work"
+    reg = run_register({**files, "work": str(work), "out": str(tmp_path / "register")}, experiment=LIVE)
+    assert reg["created"] and reg["run_id"] != report["mlflow_run_id"]
+    steps = histories(MlflowClient(reg["tracking_uri"]), reg["run_id"])
+    assert steps["loss"] == list(range(1, LIVE_STEPS + 1)) and steps["val/loss"] == [0, 2, 4]
+
+
+def test_resumed_training_rejoins_its_run_once_per_step(server, encoded_sample, secrets_in_env, tmp_path):
+    """A crash after step 2's checkpoint: the rerun redoes steps 3-4 into the same run, which keeps one point
+    per step."""
+    experiment = f"{LIVE}-resume"
+    out = tmp_path / "train"
+    first = train_live(encoded_sample, out, server, experiment, checkpoint_every=2)
+    shutil.rmtree(latest_checkpoint(out / "checkpoints"))  # step-4: as if killed before it was saved
+    again = train_live(encoded_sample, out, server, experiment, checkpoint_every=2)
+    assert again["resumed_from"].endswith("step-2") and again["steps_run"] == 2
+    assert again["mlflow_run_id"] == first["mlflow_run_id"]
+    client = MlflowClient(server)
+    assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
+    steps = histories(client, first["mlflow_run_id"])
+    assert steps["loss"] == list(range(1, LIVE_STEPS + 1)) and steps["val/loss"] == [2, 4]

@@ -236,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"voxpipe {step.name}: error: {e}", file=sys.stderr)
         return 1
     summary = getattr(result, "summary", None)
-    if callable(summary):
-        print(summary())
+    text = summary() if callable(summary) else ""
+    if text:
+        print(text)
     return int(getattr(result, "exit_code", 0))
 
 

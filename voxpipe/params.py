@@ -146,6 +146,14 @@ class TrainParams(Section):
         description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)",
     )
     seed: int = 0
+    track: bool = Field(
+        False,
+        description="MLflow while training: params and every step's metrics live from rank 0, into the "
+        "run `register` then completes (off: metrics.jsonl only; `register` logs it afterwards)",
+    )
+    tracking_uri: str | None = Field(None, description="as register.tracking_uri")
+    experiment: str = Field("voxpipe", description="as register.experiment (keep them equal: one run)")
+    work: str = Field("work", description="as register.work: mlflow.db and mlruns/ when no tracking URI")
     lora: LoraParams = Field(default_factory=LoraParams)
 
 

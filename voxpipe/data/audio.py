@@ -38,7 +38,9 @@ def decode(source: bytes | str | Path, target_sr: int) -> np.ndarray:
     return to_mono_resampled(samples, sr, target_sr)
 
 
-def write_flac16(path: Path, samples: np.ndarray, sr: int) -> None:
-    """16-bit FLAC, clipped to [-1, 1] so resampler overshoot cannot wrap around."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(path, np.clip(samples, -1.0, 1.0), sr, format="FLAC", subtype="PCM_16")
+def flac16_bytes(pcm: np.ndarray, sr: int) -> bytes:
+    """int16 samples as FLAC bytes, encoded in memory: libsndfile fsyncs every file it closes,
+    which made ingest disk-bound when it wrote each clip straight to disk."""
+    buf = io.BytesIO()
+    sf.write(buf, pcm, sr, format="FLAC", subtype="PCM_16")
+    return buf.getvalue()

@@ -7,7 +7,6 @@ or pydantic): they start in a fraction of the time.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import unicodedata
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from voxpipe.data.audio import AudioDecodeError, decode
+from voxpipe.data.audio import AudioDecodeError, decode, flac16_bytes
 
 # Machine-readable quarantine reasons in the order the checks run; a row gets the first that applies.
 # `duplicate` is judged last, by the parent, because it depends on the rows before it.
@@ -166,13 +165,10 @@ def _store(x: np.ndarray, checks: RowChecks) -> tuple[str, str]:
     rel = f"audio/{digest[:2]}/{digest}.flac"
     path = Path(checks.out_dir, rel)
     if not _already_stored(path, digest):
-        # Encoded in memory: libsndfile fsyncs every file it closes, which made ingest disk-bound.
-        buf = io.BytesIO()
-        sf.write(buf, pcm, checks.sample_rate, format="FLAC", subtype="PCM_16")
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(buf.getvalue())
+        tmp.write_bytes(flac16_bytes(pcm, checks.sample_rate))
         os.replace(tmp, path)  # atomic: a clip is never seen half-written under its final name
     return digest, rel
 

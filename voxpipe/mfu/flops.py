@@ -10,10 +10,14 @@ Conventions (they decide every MFU figure, so they are fixed here and tested):
   only the lower triangle.
 - Training = 3 x forward (backward does two matmuls per forward matmul). Activation recompute
   is not model work and is not counted.
-- Every tower runs at the padded batch shape: B sequences of L in the base and residual LM;
-  B*L inner sequences of P+1 in the local encoder (a special token + P frames, bidirectional);
-  B*L inner sequences of 2 + 1 + P + P in the local DiT (base-LM and residual-LM conditions, the
-  time token, the previous patch, the noisy patch). Padding rows are computed, so they count.
+- The LMs, the local encoder and the heads run at the padded batch shape: B sequences of L in
+  the base and residual LM; B*L inner sequences of P+1 in the local encoder (a special token + P
+  frames, bidirectional). Padding rows are computed there, so they count.
+- The local DiT runs on `dit_rows` inner sequences of 2 + 1 + P + P (base-LM and residual-LM
+  conditions, the time token, the previous patch, the noisy patch): voxpipe's model feeds it only
+  the patch rows that carry loss weight (target audio), so a batch counts those
+  (`batch_training_flops`). `dit_rows=None` means all B*L rows: upstream's model computes them all,
+  and the published port's figure counts them all.
 - Not modelled: `dit_mean_mode` (its JVP roughly doubles the DiT's forward); all shipped
   configs have it off.
 """
@@ -56,12 +60,17 @@ def dit_inner_length(config: VoxCPM2Config) -> int:
 
 
 def forward_flops(
-    config: VoxCPM2Config, batch_size: int, seq_len: int, causal_half: bool = False
+    config: VoxCPM2Config,
+    batch_size: int,
+    seq_len: int,
+    causal_half: bool = False,
+    dit_rows: int | None = None,
 ) -> dict[str, int]:
     """Forward FLOPs per tower for a batch padded to [batch_size, seq_len] LM positions."""
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch shape must be positive, got B={batch_size}, L={seq_len}")
     rows = batch_size * seq_len  # one patch per LM position
+    dit_rows = rows if dit_rows is None else dit_rows
     p, d = config.patch_size, config.feat_dim
     hidden = config.lm_config.hidden_size
     enc, dit = config.encoder_config.hidden_dim, config.dit_config.hidden_dim
@@ -71,10 +80,10 @@ def forward_flops(
         "residual_lm": stack_flops(config.residual_lm_config(), batch_size, seq_len, causal_half),
         "local_encoder": _linear(rows * p, d, enc) + stack_flops(config.encoder_lm_config(), rows, p + 1),
         "local_dit": (
-            _linear(rows * p, d, dit) * 2  # in_proj (noisy patch) and cond_proj (previous patch)
-            + _linear(rows, dit, dit) * 4  # time_mlp and delta_time_mlp, two layers each
-            + stack_flops(config.dit_lm_config(), rows, dit_inner_length(config))
-            + _linear(rows * p, dit, d)  # out_proj
+            _linear(dit_rows * p, d, dit) * 2  # in_proj (noisy patch) and cond_proj (previous patch)
+            + _linear(dit_rows, dit, dit) * 4  # time_mlp and delta_time_mlp, two layers each
+            + stack_flops(config.dit_lm_config(), dit_rows, dit_inner_length(config))
+            + _linear(dit_rows * p, dit, d)  # out_proj
         ),
         "projections": (
             _linear(rows, enc, hidden)  # enc_to_lm_proj
@@ -86,9 +95,15 @@ def forward_flops(
     }
 
 
-def training_flops(config: VoxCPM2Config, batch_size: int, seq_len: int, causal_half: bool = False) -> float:
+def training_flops(
+    config: VoxCPM2Config,
+    batch_size: int,
+    seq_len: int,
+    causal_half: bool = False,
+    dit_rows: int | None = None,
+) -> float:
     """Model FLOPs of one forward + backward over a [batch_size, seq_len] batch (3 x forward)."""
-    per_tower = forward_flops(config, batch_size, seq_len, causal_half)
+    per_tower = forward_flops(config, batch_size, seq_len, causal_half, dit_rows)
     return float((1 + BACKWARD_FACTOR) * sum(per_tower.values()))
 
 
@@ -102,9 +117,14 @@ def batch_shape(batch: Mapping[str, torch.Tensor], config: VoxCPM2Config) -> tup
     return int(feats.size(0)), int(feats.size(1))
 
 
+def batch_dit_rows(batch: Mapping[str, torch.Tensor]) -> int:
+    """Patch rows the local DiT runs on: those with loss weight, at least one (see cfm.py)."""
+    return max(1, int((batch["loss_mask"] > 0).sum()))
+
+
 def batch_training_flops(config: VoxCPM2Config, batch: Mapping[str, torch.Tensor]) -> float:
-    """Training FLOPs of one micro-batch, from its tensors' padded shapes."""
-    return training_flops(config, *batch_shape(batch, config))
+    """Training FLOPs of one micro-batch: its padded shape, and the DiT on its loss-weighted rows."""
+    return training_flops(config, *batch_shape(batch, config), dit_rows=batch_dit_rows(batch))
 
 
 def tower_shares(per_tower: Mapping[str, float]) -> dict[str, float]:

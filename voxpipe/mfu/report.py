@@ -1,7 +1,7 @@
 """`voxpipe mfu`: model FLOPs utilisation of a finished training run.
 
 Reads the train step's report.json (devices, dtype) and metrics.jsonl (per optimizer step: wall
-time and model FLOPs or padded shapes; see /work/notes/mfu_interface.md), the checkpoint's
+time and model FLOPs or micro-batch shapes, as voxpipe/train/throughput.py writes them), the checkpoint's
 config.json (tower shapes), and writes mfu.json (a DVC metric), mfu.md and report.json.
 """
 
@@ -30,7 +30,7 @@ class StepRecord:
     flops: float  # all ranks, all micro-batches
     tokens: int | None  # padded LM positions, all ranks
     real_tokens: int | None  # positions holding text or audio, all ranks
-    shapes: tuple[tuple[int, int], ...]  # rank 0's micro-batch (B, L)
+    shapes: tuple[tuple[int, int, int | None], ...]  # rank 0's micro-batches (B, L, DiT rows or None = B*L)
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,19 @@ class MfuResult:
         )
 
 
-def _shapes(value: Any, where: str) -> tuple[tuple[int, int], ...]:
+def _shapes(value: Any, where: str) -> tuple[tuple[int, int, int | None], ...]:
     if value is None:
         return ()
     ok = isinstance(value, list) and all(
-        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and x > 0 for x in s) for s in value
+        isinstance(s, list) and len(s) in (2, 3) and all(isinstance(x, int) and x > 0 for x in s)
+        for s in value
     )
     if not ok:
-        raise StepError(f"{where}: 'shapes' must be a list of [batch_size, seq_len], got {value!r}")
-    return tuple((b, length) for b, length in value)
+        raise StepError(
+            f"{where}: 'shapes' must be a list of [batch_size, seq_len] or [batch_size, seq_len, dit_rows], "
+            f"got {value!r}"
+        )
+    return tuple((s[0], s[1], s[2] if len(s) == 3 else None) for s in value)
 
 
 def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepRecord]:
@@ -80,12 +84,12 @@ def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepR
         if row.get("flops") is not None:
             flops = float(row["flops"])
         elif shapes:
-            flops = world_size * sum(training_flops(config, b, length) for b, length in shapes)
+            flops = world_size * sum(training_flops(config, b, length, dit_rows=r) for b, length, r in shapes)
         else:
             raise StepError(f"{where}: a step line needs 'flops' or 'shapes' to count model FLOPs")
         tokens = row.get("tokens")
         if tokens is None and shapes:
-            tokens = world_size * sum(b * length for b, length in shapes)
+            tokens = world_size * sum(b * length for b, length, _ in shapes)
         step = int(row.get("step", number))
         records.append(StepRecord(step, float(step_time), flops, tokens, row.get("real_tokens"), shapes))
     return sorted(records, key=lambda r: r.step)
@@ -163,19 +167,20 @@ def compute(p: MfuParams) -> dict[str, Any]:
     if shapes:
         towers = {name: 0.0 for name in TOWERS}
         half = 0.0
-        for b, length in shapes:
-            for name, value in forward_flops(config, b, length).items():
+        for b, length, rows in shapes:
+            for name, value in forward_flops(config, b, length, dit_rows=rows).items():
                 towers[name] += value
-            half += training_flops(config, b, length, causal_half=True)
+            half += training_flops(config, b, length, causal_half=True, dit_rows=rows)
         figures["tower_shares"] = tower_shares(towers)
         # same run, the lower-triangle attention convention of other ports
         figures["mfu_causal_half"] = figures["mfu"] * half / (3 * sum(towers.values()))
         figures["mean_batch_shape"] = [
-            statistics.fmean(b for b, _ in shapes),
-            statistics.fmean(length for _, length in shapes),
+            statistics.fmean(s[0] for s in shapes),
+            statistics.fmean(s[1] for s in shapes),
         ]
     figures["conventions"] = {
-        "flops": "matmuls only, forward + backward = 3 x forward, padded shapes, no recompute",
+        "flops": "matmuls only, forward + backward = 3 x forward, padded shapes (the local DiT on the "
+        "loss-weighted patch rows it runs on), no recompute",
         "attention": "full L x L score square (what the MATH SDPA backend runs); mfu_causal_half halves it "
         "in the causal LMs",
         "local_encoder_inner_length": config.patch_size + 1,
@@ -277,7 +282,9 @@ def _published_section(check: dict[str, Any]) -> list[str]:
         f"L = {pub['seq_len']}), nor does 6 x params x tokens ({check['parameters'] / 1e9:.2f} B params: "
         f"{100 * naive['vs_published']:+.0f} %, because every LM position also runs 5 encoder and 11 DiT "
         f"inner tokens). Same run, same hardware: their {_pct(pub['mfu'])} is {_pct(ours['mfu'])} in "
-        "voxpipe's convention.",
+        "voxpipe's convention. This check counts the DiT on all B x L patch rows, as upstream's model runs "
+        "it; voxpipe's model runs the DiT only on the rows with loss weight (target audio), and the figures "
+        "of this run count only those.",
         "",
     ]
     return lines

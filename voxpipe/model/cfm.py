@@ -92,6 +92,20 @@ class ConditionalFlowMatching(nn.Module):
             )
         r, t = self._sample_r_t(n, ratio, device, generator)
         z = torch.randn(x1.shape, generator=generator, device=device, dtype=torch.float32)
+
+        weights = None
+        if tgt_mask is not None:
+            # Every draw above covers all N rows (RNG parity); the DiT then runs only on rows
+            # that carry loss weight: text, reference and padding rows would add exact zeros.
+            # One row is kept when none count, so every rank still runs the FSDP-sharded DiT.
+            weights = tgt_mask.squeeze(1).float()
+            rows = torch.nonzero(weights.amax(dim=1) > 0).squeeze(1)
+            if rows.numel() == 0:
+                rows = rows.new_zeros(1)
+            if rows.numel() < n:
+                x1, mu, cond, z, r, t, weights = (
+                    x.index_select(0, rows) for x in (x1, mu, cond, z, r, t, weights)
+                )
         t3 = t.view(-1, 1, 1)
         y = (1 - t3) * x1 + t3 * z
         v = z - x1
@@ -109,11 +123,10 @@ class ConditionalFlowMatching(nn.Module):
             u_pred = self.estimator(y, mu, t, cond, t - r).float()
             u_tgt = v
 
-        losses = F.mse_loss(u_pred, u_tgt.detach(), reduction="none").mean(dim=1)  # [N, P]
-        if tgt_mask is None:
+        losses = F.mse_loss(u_pred, u_tgt.detach(), reduction="none").mean(dim=1)  # [rows, P]
+        if weights is None:
             return losses.mean()
         # upstream's adaptive weighting with p=0 reduces to the mask itself
-        weights = tgt_mask.squeeze(1).float()
         return (weights * losses).sum() / torch.clamp(weights.sum(), min=1.0)
 
     # -- generation -----------------------------------------------------------------------------

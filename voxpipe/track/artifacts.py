@@ -46,6 +46,12 @@ class PipelineArtifacts:
         return md5_file(self.train_dir / "report.json") + md5_file(self.train_dir / "metrics.jsonl")
 
     @property
+    def live_run_id(self) -> str | None:
+        """The MLflow run the trainer logged into while training (`train.track`), as its report names it."""
+        run_id = self.train_report.get("mlflow_run_id")
+        return run_id if isinstance(run_id, str) and run_id else None
+
+    @property
     def eval_digest(self) -> str:
         return md5_file(self.eval_path) + "".join(md5_file(s) for s in self.samples)
 

@@ -11,7 +11,9 @@
   plots/loss_curve.png.
 
 Each part is logged once: a `voxpipe.logged.<part>` tag holds the digest it was logged for, so
-rerunning `register` (also after a failure half-way) adds nothing twice.
+rerunning `register` (also after a failure half-way) adds nothing twice. Training points go only
+where the run has no point of that metric at that step yet: with `train.track` the trainer logged
+most of them live into this run (live.py), and a step keeps one point.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def step_metrics(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
     return points
 
 
-def _log_metrics(client: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int]]) -> None:
+def log_metrics(client: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int]]) -> None:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -121,7 +123,16 @@ def _log_metrics(client: MlflowClient, run_id: str, points: Iterable[tuple[str, 
         client.log_batch(run_id, metrics=metrics[start : start + BATCH], synchronous=True)
 
 
-def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+def unheld(
+    client: MlflowClient, run_id: str, points: list[tuple[str, float, int]]
+) -> list[tuple[str, float, int]]:
+    """The points whose metric has no value at their step in the run yet."""
+    keys = {k for k, _, _ in points}
+    held = {key: {m.step for m in client.get_metric_history(run_id, key)} for key in keys}
+    return [(k, v, step) for k, v, step in points if step not in held[k]]
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     from mlflow.entities import Param
 
     items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
@@ -166,7 +177,7 @@ def log_pipeline_run(
     """Log every part not yet logged for its current content; returns the parts logged now."""
 
     def setup() -> None:
-        _log_params(client, run_id, params)
+        log_params(client, run_id, params)
         for k, v in run_tags(art).items():
             client.set_tag(run_id, k, scrub(v))
         if art.data is not None:
@@ -175,21 +186,21 @@ def log_pipeline_run(
             client.log_artifact(run_id, str(art.data.folder / "report.json"), "data")
 
     def train() -> None:
-        _log_metrics(client, run_id, step_metrics(art))
+        log_metrics(client, run_id, unheld(client, run_id, step_metrics(art)))
         client.log_artifact(run_id, str(art.train_dir / "report.json"), "train")
         client.log_artifact(run_id, str(art.train_dir / "metrics.jsonl"), "train")
         png = loss_curve(art.metrics, art.train_report.get("val_curve") or [], plots / "loss_curve.png")
         client.log_artifact(run_id, str(png), "plots")
 
     def evaluation() -> None:
-        _log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()])
+        log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()])
         _log_folder_files(client, run_id, art.eval_path.parent, "eval")
         samples = art.eval_path.parent / "samples"
         if art.samples:
             client.log_artifacts(run_id, str(samples), "eval/samples")
 
     def mfu() -> None:
-        _log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.mfu, "mfu/").items()])
+        log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.mfu, "mfu/").items()])
         _log_folder_files(client, run_id, art.mfu_path.parent, "mfu")
 
     parts = (

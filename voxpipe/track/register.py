@@ -1,9 +1,10 @@
 """`voxpipe register`: the pipeline run into MLflow, then its export into the model registry.
 
 Reads the run's artifacts (export, train report + metrics, eval.json + samples, mfu.json, ingest
-folder), finds or creates the pipeline's MLflow run (tracking.py), logs what is not logged yet
-(record.py), registers the export (registry.py) and writes `registered.json`. Rank-free: it runs
-once, after training, so only one process ever writes the run.
+folder), finds or creates the pipeline's MLflow run (tracking.py; with `train.track` the run the
+trainer logged into live), logs what is not logged yet (record.py), registers the export
+(registry.py) and writes `registered.json`. Rank-free: it runs once, after training (the trainer's
+live logging is over by then), so one process writes the run at a time.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def register(params: Params) -> RegisterResult:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
         experiment = experiment_id(client, p.experiment, local_artifact_root(uri, work))
-        ref = pipeline_run(client, experiment, work, key, uri, p.run_name)
+        ref = pipeline_run(client, experiment, work, key, uri, p.run_name, art.live_run_id)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out)
         reg = register_export(client, p.model_name, ref.run_id, art, extra)
         client.set_terminated(ref.run_id, "FINISHED")
@@ -73,7 +74,7 @@ def register(params: Params) -> RegisterResult:
         "created": reg.created,
         "decision": reg.decision.as_dict(),
         "run_id": ref.run_id,
-        "experiment_id": experiment,
+        "experiment_id": ref.experiment_id,
         "model_uri": f"models:/{reg.name}/{reg.version}",
         "logged_model_uri": reg.model_source,
         "tracking_uri": redact_uri(uri),

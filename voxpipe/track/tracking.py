@@ -8,11 +8,14 @@ them (MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN); a password in
 
 One pipeline run = one MLflow run. Its identity is the pipeline key: a digest of what the run
 records (params incl. the data version, export, training, eval and MFU reports, KFP run id), so a
-run never mixes results of different executions. The run is found, in order,
-through $MLFLOW_RUN_ID (an orchestrator that made the run itself), `<work>/mlflow_run.json` (the
-last run this work folder logged to), or the `voxpipe.pipeline_key` tag in the experiment; else it
-is created and `<work>/mlflow_run.json` rewritten. So rerunning `register` on unchanged files logs
-into the same run, and any change of data, params or results starts a new one.
+run never mixes results of different executions. The run is found, in order, through
+$MLFLOW_RUN_ID (an orchestrator that made the run itself), the trainer's live run (`train.track`:
+its id is the train report's `mlflow_run_id`; taken when this store holds it in this experiment and
+no other pipeline key has claimed it, so a run id from another store or a second evaluation of the
+same training falls through), `<work>/mlflow_run.json` (the last run this work folder logged to), or
+the `voxpipe.pipeline_key` tag in the experiment; else it is created. The run found is tagged with
+the key and `<work>/mlflow_run.json` rewritten. So rerunning `register` on unchanged files logs into
+the same run, and any change of data, params or results starts a new one.
 """
 
 from __future__ import annotations
@@ -145,6 +148,14 @@ class RunRef:
     created: bool
 
 
+def orchestrator_run(client: MlflowClient) -> RunRef | None:
+    """$MLFLOW_RUN_ID: the run an orchestrator made for this pipeline run (an error if the store lacks it)."""
+    explicit = os.environ.get("MLFLOW_RUN_ID")
+    if not explicit:
+        return None
+    return RunRef(explicit, client.get_run(explicit).info.experiment_id, created=False)
+
+
 def pipeline_run(
     client: MlflowClient,
     experiment: str,
@@ -152,29 +163,59 @@ def pipeline_run(
     key: str,
     tracking_uri: str,
     run_name: str | None,
+    trained_in: str | None = None,
 ) -> RunRef:
-    """The MLflow run of the pipeline run with this key (see the module docstring for the order)."""
-    explicit = os.environ.get("MLFLOW_RUN_ID")
-    if explicit:
-        run = client.get_run(explicit)
-        return RunRef(explicit, run.info.experiment_id, created=False)
+    """The MLflow run of the pipeline run with this key (see the module docstring for the order);
+    `trained_in` is the trainer's live run id from the train report."""
+    explicit = orchestrator_run(client)
+    if explicit is not None:
+        return explicit
     record_path = work / RUN_FILE
-    record = _read_record(record_path)
     place = {"tracking_uri": redact_uri(tracking_uri), "experiment_id": experiment}
+    run_id = (
+        _live_run(client, trained_in, experiment, key)
+        or _recorded_run(client, read_record(record_path), key, place)
+        or _tagged_run(client, experiment, key)
+    )
+    if run_id is None:
+        ref = RunRef(client.create_run(experiment, run_name=run_name, tags={KEY_TAG: key}).info.run_id,
+                     experiment, created=True)
+    else:
+        client.set_tag(run_id, KEY_TAG, key)  # a no-op except on the trainer's live run: claimed now
+        ref = RunRef(run_id, experiment, created=False)
+    write_json(record_path, {"run_id": ref.run_id, "key": key, **place})
+    return ref
+
+
+def _live_run(client: MlflowClient, run_id: str | None, experiment: str, key: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    if run_id is None:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None  # trained against another store (or the run is gone): not ours to adopt
+    claimed = run.data.tags.get(KEY_TAG)
+    usable = run.info.lifecycle_stage == "active" and run.info.experiment_id == experiment
+    return run_id if usable and claimed in (None, key) else None
+
+
+def _recorded_run(
+    client: MlflowClient, record: dict[str, Any] | None, key: str, place: dict[str, str]
+) -> str | None:
     if record and record.get("key") == key and all(record.get(k) == v for k, v in place.items()):
-        if _is_active(client, record["run_id"]):
-            return RunRef(record["run_id"], experiment, created=False)
+        if run_is_active(client, record["run_id"]):
+            return record["run_id"]
+    return None
+
+
+def _tagged_run(client: MlflowClient, experiment: str, key: str) -> str | None:
     found = client.search_runs(
         [experiment], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=1,
         order_by=["attributes.start_time DESC"],
     )
-    if found:
-        ref = RunRef(found[0].info.run_id, experiment, created=False)
-    else:
-        run = client.create_run(experiment, run_name=run_name, tags={KEY_TAG: key})
-        ref = RunRef(run.info.run_id, experiment, created=True)
-    write_json(record_path, {"run_id": ref.run_id, "key": key, **place})
-    return ref
+    return found[0].info.run_id if found else None
 
 
 @contextmanager
@@ -197,7 +238,7 @@ def active_run(run_id: str) -> Iterator[None]:
 _QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
-def _read_record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -205,7 +246,7 @@ def _read_record(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _is_active(client: MlflowClient, run_id: str) -> bool:
+def run_is_active(client: MlflowClient, run_id: str) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:

@@ -74,6 +74,18 @@ def load_base_weights(model: nn.Module, base_dir: Path, rt: Runtime) -> None:
         raise StepError(f"{base_dir}: keys not loaded: {not_loaded}, unexpected: {result.unexpected_keys}")
 
 
+def shard_model(model: VoxCPM2, rt: Runtime, dtype: torch.dtype, activation_checkpointing: bool) -> None:
+    """`fully_shard` every decoder layer, then the root: params in `dtype`, gradients reduced in fp32."""
+    layers = model.layers_to_shard()
+    if activation_checkpointing:
+        for layer in layers:
+            checkpoint(layer)  # composable: keeps parameter names, so checkpoints stay portable
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mesh=rt.mesh, mp_policy=policy)
+    fully_shard(model, mesh=rt.mesh, mp_policy=policy)
+
+
 def build_model(
     config: VoxCPM2Config,
     base_dir: Path,
@@ -89,14 +101,7 @@ def build_model(
         model = VoxCPM2(config)
     if lora_params.enabled:
         lora.apply_lora(model, lora_params)
-    layers = model.layers_to_shard()
-    if activation_checkpointing:
-        for layer in layers:
-            checkpoint(layer)  # composable: keeps parameter names, so checkpoints stay portable
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in layers:
-        fully_shard(layer, mesh=rt.mesh, mp_policy=policy)
-    fully_shard(model, mesh=rt.mesh, mp_policy=policy)
+    shard_model(model, rt, dtype, activation_checkpointing)
     model.to_empty(device=rt.device)
     # Buffers would be garbage after to_empty; ours computes RoPE per call and registers none.
     buffers = [name for name, _ in model.named_buffers()]

@@ -63,8 +63,11 @@ class TrainResult:
     stopped_early: bool
     report: dict[str, Any] = field(default_factory=dict)
     exit_code: int = 0
+    is_main: bool = True  # under torchrun only rank 0 prints the summary
 
     def summary(self) -> str:
+        if not self.is_main:
+            return ""
         r = self.report
         head = f"train: {r['steps_run']} steps this run (step {self.steps}/{r['max_steps']})"
         if self.stopped_early:
@@ -85,7 +88,7 @@ def _seed_everything(seed: int, rank: int) -> None:
     np.random.seed(s % 2**32)
 
 
-def _optimizer(model: nn.Module, p: TrainParams, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, p: TrainParams, device: torch.device) -> torch.optim.AdamW:
     """AdamW; no weight decay on vectors (norm gains, biases). fused on accelerators, foreach on CPU."""
     decay, no_decay = [], []
     for param in model.parameters():
@@ -99,7 +102,8 @@ def _optimizer(model: nn.Module, p: TrainParams, device: torch.device) -> torch.
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=p.lr, **fast)
 
 
-def _grad_norm(model: nn.Module, max_norm: float) -> float:
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip to `max_norm` over all ranks' shards (DTensor-aware); returns the norm before clipping."""
     params = [q for q in model.parameters() if q.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     if isinstance(norm, DTensor):
@@ -152,7 +156,7 @@ class Trainer:
             self.config, self.base, rt, dtype=self.dtype, lora_params=p.lora,
             activation_checkpointing=p.activation_checkpointing, seed=p.seed,
         )
-        self.optimizer = _optimizer(self.model, p, rt.device)
+        self.optimizer = build_optimizer(self.model, p, rt.device)
         self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, p.max_steps)
         self.counters = Counters()
         self.step = 0
@@ -198,7 +202,7 @@ class Trainer:
             losses, weight = _weighted_losses(out, batch)
             sums = [sums[0] + losses[0], sums[1] + losses[1], sums[2] + weight]
             meter.count(batch)
-        grad_norm = _grad_norm(self.model, p.clip_norm)
+        grad_norm = clip_gradients(self.model, p.clip_norm)
         diff, stop, weight = _all_sum(sums, rt.device)
         weight = max(weight, 1.0)
         finite = math.isfinite(diff) and math.isfinite(stop) and math.isfinite(grad_norm)
@@ -249,7 +253,7 @@ class Trainer:
         start_wall = time.perf_counter()
         self._resume()
         first_step = self.step
-        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p.model_dump())
+        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p)
         if not self.val_curve and self.data.has_val:
             self._validate()  # the untrained base: the first point of the convergence curve
         bar = tqdm(total=p.max_steps, initial=self.step, disable=not rt.is_main, desc="train", unit="step")
@@ -280,10 +284,10 @@ class Trainer:
                 self.model, self.config, self.base, self.out / "export", rt, lora_params=p.lora,
                 dtype=torch.float32 if p.export_dtype == "float32" else torch.bfloat16,
             )
-        report = self._report(first_step, time.perf_counter() - start_wall, stopped)
-        return TrainResult(self.out, self.step, stopped, report)
+        report = self._report(first_step, time.perf_counter() - start_wall, stopped, log.run_id)
+        return TrainResult(self.out, self.step, stopped, report, is_main=rt.is_main)
 
-    def _report(self, first_step: int, wall: float, stopped: bool) -> dict[str, Any]:
+    def _report(self, first_step: int, wall: float, stopped: bool, run_id: str | None) -> dict[str, Any]:
         c = self.counters
         report = {
             "steps": self.step,
@@ -303,9 +307,12 @@ class Trainer:
             "world_size": self.rt.world_size,
             "device_type": self.rt.device.type,
             "device_name": _device_name(self.rt.device),
+            # a CPU "device" is one process: `voxpipe mfu` measures its peak with these threads
+            "cpu_threads": torch.get_num_threads() if self.rt.device.type == "cpu" else None,
             "dtype": str(self.dtype).removeprefix("torch."),
             "lora": self.p.lora.enabled,
             "resumed_from": self.resumed_from,
+            "mlflow_run_id": run_id,  # train.track: the live MLflow run that `register` completes
             "params": self.p.model_dump(),
         }
         if self.rt.is_main:

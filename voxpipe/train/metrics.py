@@ -1,20 +1,18 @@
-"""Per-step metrics: metrics.jsonl (one JSON object per optimizer step) and, optionally, MLflow.
+"""Per-step metrics: metrics.jsonl (one JSON object per optimizer step) and, with `train.track`, MLflow.
 
 Only rank 0 writes. On resume the lines after the resumed step are dropped, so the file reads
-as one uninterrupted history. MLflow is a tiny optional hook here (used only when
-MLFLOW_TRACKING_URI is set and mlflow is importable); proper run tracking lives elsewhere.
+as one uninterrupted history. metrics.jsonl is the record; the live MLflow run (track/live.py, the
+pipeline run's run that `register` completes) is imported only when tracking is on.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from voxpipe.params import TrainParams
 from voxpipe.report import atomic_write_text
 
 
@@ -25,35 +23,27 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool, resume_step: int, params: dict[str, Any]):
+    def __init__(self, path: Path, enabled: bool, resume_step: int, p: TrainParams):
         self.path = path
         self.enabled = enabled
-        self._mlflow = None
-        self._owns_run = False
+        self.live = None
         if not enabled:
             return
+        if p.track:
+            from voxpipe.track.live import LiveRun
+
+            self.live = LiveRun(p, path.parent, resume_step)
         kept = []
         if resume_step and path.is_file():
             kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
         atomic_write_text(path, "".join(line + "\n" for line in kept))
         self._file = path.open("a")
-        if os.environ.get("MLFLOW_TRACKING_URI") and importlib.util.find_spec("mlflow") is not None:
-            self._mlflow = importlib.import_module("mlflow")
-            if self._mlflow.active_run() is None:
-                self._mlflow.start_run()
-                self._owns_run = True
-            self._mlflow.log_params(_flatten(params, "train."))
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this training logs into (None: tracking off, or not rank 0)."""
+        return self.live.run_id if self.live is not None else None
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -61,12 +51,24 @@ class MetricsLog:
         clean = {k: finite_or_none(v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
-        if self._mlflow is not None:
-            numbers = {k: v for k, v in clean.items() if isinstance(v, int | float) and k != "step"}
-            self._mlflow.log_metrics(numbers, step=record["step"])
+        if self.live is not None:
+            self.live.log(clean)
 
     def close(self) -> None:
         if self.enabled:
             self._file.close()
-        if self._owns_run:
-            self._mlflow.end_run()
+            write_curve_csv(self.path, self.path.with_name(CURVE_CSV))
+
+
+CURVE_CSV = "train_curve.csv"
+CURVE_COLUMNS = ("step", "loss", "loss/diff", "loss/stop", "lr", "grad_norm")
+
+
+def write_curve_csv(metrics: Path, out: Path) -> None:
+    """The per-step training curve as CSV (`dvc plots` reads CSV, not JSON lines); empty cell = non-finite."""
+    lines = [",".join(CURVE_COLUMNS)]
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        if "loss" in row:  # an optimizer step, not a validation-only line
+            lines.append(",".join("" if row.get(k) is None else str(row[k]) for k in CURVE_COLUMNS))
+    atomic_write_text(out, "\n".join(lines) + "\n")

@@ -75,10 +75,13 @@ class Throughput:
     def count(self, batch: dict[str, torch.Tensor]) -> None:
         b, length = batch["text_tokens"].shape
         real = int(((batch["text_mask"] > 0) | (batch["audio_mask"] > 0)).sum())
-        flops = self.flops_model.training_flops(self.config, b, length) if self.flops_model else 0.0
+        flops, shape = 0.0, [b, length]
+        if self.flops_model:
+            flops = self.flops_model.batch_training_flops(self.config, batch)
+            shape.append(self.flops_model.batch_dit_rows(batch))
         for i, value in enumerate((b * length, real, b, flops)):
             self._counts[i] += value
-        self._shapes.append([b, length])
+        self._shapes.append(shape)
 
     def finish(self, rt: Runtime) -> dict[str, Any]:
         _sync(rt.device)
