@@ -17,6 +17,10 @@ import numpy as np
 from voxpipe.errors import StepError
 
 SAMPLE_RATE = 16000
+# Active HMMs per frame (pocketsphinx's default 30000). On the sample's real clips 3000 decodes 2x
+# faster for WER 0.82 instead of 0.78, and on the noise of a model that does not stop yet 3x
+# faster: there the default spends ~0.7 s per audio second searching.
+MAX_HMM_PER_FRAME = 3000
 
 
 class Transcriber:
@@ -26,7 +30,7 @@ class Transcriber:
         except ImportError as e:
             raise StepError(f"WER needs pocketsphinx ({e}): `pip install -e '.[eval]'` (or set evaluate.asr "
                             "to false)") from e
-        self._decoder = Decoder(samprate=SAMPLE_RATE, loglevel="FATAL")
+        self._decoder = Decoder(samprate=SAMPLE_RATE, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
 
     def transcribe(self, wav: np.ndarray) -> str:
         """Text of a 16 kHz mono float clip ("" when nothing was recognised)."""
