@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.fixed_seed_loss import fixed_seed_loss
+from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import TrainParams
 from voxpipe.report import write_report
@@ -306,7 +307,7 @@ class Trainer:
             "rows_too_long": self.data.rows_too_long,
             "world_size": self.rt.world_size,
             "device_type": self.rt.device.type,
-            "device_name": _device_name(self.rt.device),
+            "device_name": device_name(self.rt.device),
             # a CPU "device" is one process: `voxpipe mfu` measures its peak with these threads
             "cpu_threads": torch.get_num_threads() if self.rt.device.type == "cpu" else None,
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -318,14 +319,6 @@ class Trainer:
         if self.rt.is_main:
             write_report(self.out, report)
         return report
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "npu":
-        return torch.npu.get_device_name(device)
-    return "cpu"
 
 
 def train(p: TrainParams) -> TrainResult:
