@@ -28,7 +28,7 @@ import time
 import torch
 from mfu_cpu import padded_batch
 
-from voxpipe.mfu.flops import batch_dit_rows, batch_training_flops, training_flops
+from voxpipe.mfu.flops import batch_dit_rows, training_flops
 from voxpipe.mfu.peak import device_name, peak_flops
 from voxpipe.mfu.published import frames_only_flops
 from voxpipe.model.config import preset
@@ -94,8 +94,9 @@ def main() -> None:
 
         step_time = statistics.median(times)
         peak, peak_source = peak_flops(rt.device, dtype)
+        dit_rows = batch_dit_rows(batch)
         flops = {
-            "mfu": batch_training_flops(config, batch),
+            "mfu": training_flops(config, args.batch, args.seq_len, dit_rows=dit_rows),
             "mfu_dit_every_row": training_flops(config, args.batch, args.seq_len),
             "mfu_published_convention": frames_only_flops(config, args.batch, args.seq_len),
         }
@@ -109,7 +110,7 @@ def main() -> None:
             "parameters": parameters,
             "param_dtype": "bfloat16",
             "batch_shape": [args.batch, args.seq_len],
-            "dit_rows": batch_dit_rows(batch),
+            "dit_rows": dit_rows,
             "activation_checkpointing": args.activation_checkpointing,
             "steps_timed": len(times),
             "step_time_s_median": step_time,

@@ -30,11 +30,10 @@ from voxpipe.track.tracking import (
     local_artifact_root,
     orchestrator_run,
     pipeline_key,
-    read_record,
+    recorded_run,
     redact_params,
     redact_uri,
     resolve_tracking_uri,
-    run_is_active,
     scrub,
     session,
 )
@@ -80,10 +79,9 @@ def _join_or_create(client: MlflowClient, record_path: Path, place: dict[str, st
     explicit = orchestrator_run(client)
     if explicit is not None:
         return explicit.run_id
-    record = read_record(record_path)
-    if resume_step and record and all(record.get(k) == v for k, v in place.items()):
-        if run_is_active(client, record["run_id"]):
-            return record["run_id"]
+    resumed = recorded_run(client, record_path, place) if resume_step else None
+    if resumed is not None:
+        return resumed
     run_id = client.create_run(place["experiment_id"]).info.run_id
     write_json(record_path, {"run_id": run_id, **place})
     return run_id

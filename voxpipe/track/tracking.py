@@ -174,7 +174,7 @@ def pipeline_run(
     place = {"tracking_uri": redact_uri(tracking_uri), "experiment_id": experiment}
     run_id = (
         _live_run(client, trained_in, experiment, key)
-        or _recorded_run(client, read_record(record_path), key, place)
+        or recorded_run(client, record_path, {"key": key, **place})
         or _tagged_run(client, experiment, key)
     )
     if run_id is None:
@@ -201,11 +201,11 @@ def _live_run(client: MlflowClient, run_id: str | None, experiment: str, key: st
     return run_id if usable and claimed in (None, key) else None
 
 
-def _recorded_run(
-    client: MlflowClient, record: dict[str, Any] | None, key: str, place: dict[str, str]
-) -> str | None:
-    if record and record.get("key") == key and all(record.get(k) == v for k, v in place.items()):
-        if run_is_active(client, record["run_id"]):
+def recorded_run(client: MlflowClient, record_path: Path, expected: dict[str, str]) -> str | None:
+    """The active run a record file names, if the record holds every `expected` field as given."""
+    record = _read_record(record_path)
+    if record and all(record.get(k) == v for k, v in expected.items()):
+        if _run_is_active(client, record["run_id"]):
             return record["run_id"]
     return None
 
@@ -238,7 +238,7 @@ def active_run(run_id: str) -> Iterator[None]:
 _QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
+def _read_record(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -246,7 +246,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def run_is_active(client: MlflowClient, run_id: str) -> bool:
+def _run_is_active(client: MlflowClient, run_id: str) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:

@@ -77,8 +77,9 @@ class Throughput:
         real = int(((batch["text_mask"] > 0) | (batch["audio_mask"] > 0)).sum())
         flops, shape = 0.0, [b, length]
         if self.flops_model:
-            flops = self.flops_model.batch_training_flops(self.config, batch)
-            shape.append(self.flops_model.batch_dit_rows(batch))
+            dit_rows = self.flops_model.batch_dit_rows(batch)
+            flops = self.flops_model.training_flops(self.config, b, length, dit_rows=dit_rows)
+            shape.append(dit_rows)
         for i, value in enumerate((b * length, real, b, flops)):
             self._counts[i] += value
         self._shapes.append(shape)
