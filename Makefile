@@ -9,7 +9,13 @@ DVC := PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc
 # the figures `make demo` shows (`dvc metrics show`: all of eval.json and mfu.json)
 HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|speaker_similarity_mean$$|stop_failure_rate$$|^wer$$|^mfu$$|tokens_per_s_per_device$$'
 
-.PHONY: help install test lint demo repro compile images mlflow-ui clean
+# RECIPE=NAME (demo, repro, compile): recipes/NAME.yaml layered on params.yaml. For DVC it is written into
+# params.yaml first, so `dvc repro` tracks every value it sets (`git diff params.yaml` shows them,
+# `git checkout params.yaml` undoes it).
+RECIPE ?=
+APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
+
+.PHONY: help install test lint demo repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -26,12 +32,13 @@ install: $(STAMP)  ## create .venv: voxpipe, its dev tools, DVC and the KFP SDK
 
 lint: $(STAMP)  ## ruff over the code, hadolint over images/
 	$(BIN)/ruff check voxpipe components pipelines tests benchmarks data/sample
-	$(BIN)/hadolint images/Dockerfile.*
+	$(BIN)/hadolint images/Dockerfile
 
 test: lint  ## ruff + the whole pytest suite
 	$(BIN)/pytest -q
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are
+	$(APPLY_RECIPE)
 	@start=$$(date +%s); $(DVC) repro && echo "dvc repro took $$(( $$(date +%s) - start )) s"
 	@echo; $(DVC) exp show --md --drop ".*" --keep $(HEADLINE)
 	@$(BIN)/python -c 'import json; r = json.load(open("work/register/registered.json")); \
@@ -40,16 +47,24 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000 (runs, metrics, audio, the model registry)"
 
-repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed
+repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed (RECIPE=NAME: a recipe)
+	$(APPLY_RECIPE)
 	$(DVC) repro
 
-compile: $(STAMP)  ## compile the Kubeflow pipeline to pipelines/finetune.yaml (commit it)
-	$(BIN)/python -m pipelines.finetune pipelines/finetune.yaml
+compile: $(STAMP)  ## compile the Kubeflow pipeline to pipelines/finetune.yaml (RECIPE=NAME: work/finetune-NAME.yaml)
+	$(BIN)/python -m pipelines.finetune $(if $(RECIPE),--recipe $(RECIPE) work/finetune-$(RECIPE).yaml,pipelines/finetune.yaml)
 
-images:  ## docker build the cpu, cuda and npu images (needs a container engine)
+images:  ## docker build the cpu, cuda and npu images from images/Dockerfile (needs a container engine)
 	for device in cpu cuda npu; do \
-	  docker build -f images/Dockerfile.$$device -t voxpipe:$(VERSION)-$$device . || exit 1; \
+	  docker build -f images/Dockerfile --build-arg DEVICE=$$device \
+	    --build-arg VOXPIPE_GIT_COMMIT=$$(git rev-parse HEAD) -t voxpipe:$(VERSION)-$$device . || exit 1; \
 	done
+
+image-test: $(STAMP)  ## build the cpu image with buildah (no engine needed), run the steps inside it
+	@start=$$(date +%s); images/buildah-build.sh cpu voxpipe:$(VERSION)-cpu \
+	  && echo "image build took $$(( $$(date +%s) - start )) s"
+	@buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' localhost/voxpipe:$(VERSION)-cpu
+	VOXPIPE_IMAGE=localhost/voxpipe:$(VERSION)-cpu $(BIN)/pytest -q --durations=0 tests/test_image.py
 
 mlflow-ui: $(STAMP)  ## MLflow UI over the local runs and registry (work/mlflow.db) on port 5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///work/mlflow.db --host 127.0.0.1 --port 5000

@@ -1,42 +1,56 @@
-"""Training step time and MFU of the real `voxcpm2` shape on an accelerator (random weights); prints JSON.
+"""Training step time, MFU and memory of the real `voxcpm2` shape on one accelerator; prints one JSON.
 
-What runs is the trainer's own path (voxpipe.train): FSDP2 `fully_shard` per decoder layer and
-the root with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), the trainer's AdamW
-(fused) and DTensor-aware clipping at 1.0, on synthetic right-padded batches [B, L] shaped like
-the encoded data (per row a quarter text + audio_start, then target audio patches, then a little
-padding; see mfu_cpu.py). Weights are the model's own random init; nothing is read or written.
+Everything the GPU/NPU check of docs/accelerators.md asks for, in one process (random weights,
+nothing read or written): the trainer's own path (voxpipe.train: FSDP2 world of 1, `fully_shard`
+per decoder layer and the root with MixedPrecisionPolicy(bf16, fp32 reduce), `model.kernels`, the
+trainer's fused AdamW and DTensor-aware clip at 1.0, the host-found encoder/DiT rows) on
+synthetic right-padded batches [B, L] shaped like encoded data (a quarter text + audio_start,
+then target patches, then a little padding; see mfu_cpu.py).
 
-MFU, each against the device's bf16 dense peak from voxpipe.mfu.peak's table:
-- `mfu`: voxpipe's convention, the one `voxpipe mfu` reports: matmul FLOPs of what the model
-  runs, full attention square, the local DiT on the loss-weighted patch rows only;
-- `mfu_dit_every_row`: the same with the DiT counted on all B x L rows (what upstream's model runs);
-- `mfu_published_convention`: the port's convention behind its 24.6 % on an Ascend 910C die at
-  B=4, L=830 (the four stacks only, local towers over audio frames; voxpipe/mfu/published.py).
+1. `runs`: eager vs `train.compile` (torch.compile per block) at --batch x --seq-len: median
+   step time, tokens/s, MFU and peak memory. MFU, against the device's bf16 dense peak:
+   - `mfu`: voxpipe's convention (`voxpipe mfu`): matmul FLOPs of what the model runs, full
+     attention square, the local encoder on audio rows and the DiT on loss rows;
+   - `mfu_every_row`: the same with the encoder and DiT on all B x L rows (upstream's model);
+   - `mfu_published_convention`: the port's convention behind its 24.6 % on an Ascend 910C die
+     at B=4, L=830 (the four stacks only, local towers over audio frames; mfu/published.py).
+2. `memory`: peak memory per micro-batch 1..--table-max, full fine-tuning vs LoRA (eager).
+3. `largest_micro_batch`: per mode, the largest micro-batch that trained without running out of
+   memory (the table, then --search-step increments up to --search-max).
 
     .venv/bin/python benchmarks/accel_step.py [--device auto] [--preset voxcpm2] [--batch 4] [--seq-len 830]
-        [--steps 20] [--warmup 3] [--activation-checkpointing]
+        [--steps 10] [--warmup 3] [--kernels auto] [--no-compile] [--table-max 8] [--search-max 32]
+    benchmarks/gpu_check.sh   # the whole check under a time limit, JSON to stdout
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from mfu_cpu import padded_batch
 
-from voxpipe.mfu.flops import batch_dit_rows, training_flops
-from voxpipe.mfu.peak import device_name, peak_flops
+from voxpipe.mfu.flops import batch_training_flops, training_flops
+from voxpipe.mfu.peak import UnknownPeakError, device_name, peak_flops
 from voxpipe.mfu.published import frames_only_flops
 from voxpipe.model.config import preset
-from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import TrainParams
-from voxpipe.train.device import distributed_runtime
+from voxpipe.model.npu import resolve_kernels, use_npu_kernels
+from voxpipe.model.voxcpm2 import VoxCPM2, host_rows
+from voxpipe.params import LoraParams, TrainParams
+from voxpipe.train import lora
+from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.fsdp import shard_model
 from voxpipe.train.loop import build_optimizer, clip_gradients
+from voxpipe.train.throughput import peak_memory
+
+DTYPE = torch.bfloat16
 
 
 def log(msg: str) -> None:
@@ -48,82 +62,203 @@ def synchronize(device: torch.device) -> None:
         getattr(torch, device.type).synchronize(device)
 
 
+def reset_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type != "cpu":
+        getattr(torch, device.type).empty_cache()
+        getattr(torch, device.type).reset_peak_memory_stats(device)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+class Setup:
+    """One model + optimizer as the trainer builds it (random init, built on the device)."""
+
+    def __init__(self, rt: Runtime, config, args: argparse.Namespace, *, use_lora: bool, compile_blocks: bool
+                 ) -> None:
+        torch.manual_seed(0)
+        self.rt = rt
+        with torch.device(rt.device):
+            self.model = VoxCPM2(config)
+        if use_lora:
+            lora.apply_lora(self.model, LoraParams(enabled=True))
+            lora.reset_lora_parameters(self.model, seed=0)
+        use_npu_kernels(self.model, resolve_kernels(args.kernels, rt.device))
+        shard_model(self.model, rt, DTYPE, args.activation_checkpointing, compile_blocks)
+        self.params = TrainParams()
+        self.optimizer = build_optimizer(self.model, self.params, rt.device)
+
+    def step(self, batch: dict[str, torch.Tensor], progress: float) -> tuple[float, float]:
+        """(seconds, loss) of one optimizer step, device synchronized at both ends."""
+        device = self.rt.device
+        synchronize(device)
+        begin = time.perf_counter()
+        moved = {k: v.to(device, non_blocking=True) for k, v in {**batch, **host_rows(batch)}.items()}
+        out = self.model(**moved, progress=progress)
+        loss = out["loss/diff"] + out["loss/stop"]
+        loss.backward()
+        clip_gradients(self.model, self.params.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())  # the step's one read, as in the trainer
+        synchronize(device)
+        return time.perf_counter() - begin, value
+
+    def close(self) -> None:
+        del self.model, self.optimizer
+        reset_memory(self.rt.device)
+
+
+def timed_run(
+    rt: Runtime, config, args: argparse.Namespace, peak: float | None, compile_blocks: bool
+) -> dict[str, Any]:
+    """Step time, MFU in three conventions and peak memory at --batch x --seq-len."""
+    reset_memory(rt.device)
+    start = time.perf_counter()
+    setup = Setup(rt, config, args, use_lora=False, compile_blocks=compile_blocks)
+    batch = padded_batch(config, args.batch, args.seq_len)
+    times, losses = [], []
+    total = args.warmup + args.steps
+    for step in range(total):
+        took, loss = setup.step(batch, step / total)
+        losses.append(loss)
+        note = " (warm-up)" if step < args.warmup else ""
+        mode = "compile" if compile_blocks else "eager"
+        log(f"{mode} step {step + 1}: {took:.3f} s, loss {loss:.4f}{note}")
+        if step >= args.warmup:
+            times.append(took)
+    memory, memory_kind = peak_memory(rt.device)
+    parameters = sum(p.numel() for p in setup.model.parameters())
+    setup.close()
+    step_time = statistics.median(times)
+    flops = {
+        "mfu": batch_training_flops(config, batch),
+        "mfu_every_row": training_flops(config, args.batch, args.seq_len),
+        "mfu_published_convention": frames_only_flops(config, args.batch, args.seq_len),
+    }
+    return {
+        "compile": compile_blocks,
+        "parameters": parameters,
+        "seconds_to_first_step_done": round(time.perf_counter() - start - sum(times), 2),
+        "steps_timed": len(times),
+        "step_time_s_median": step_time,
+        "step_time_s_min": min(times),
+        "tokens_per_s": args.batch * args.seq_len / step_time,
+        "tflops_per_step": {k: v / 1e12 for k, v in flops.items()},
+        "achieved_tflops": flops["mfu"] / step_time / 1e12,
+        **{k: (v / step_time / peak if peak else None) for k, v in flops.items()},
+        "peak_memory_gib": memory,
+        "peak_memory_kind": memory_kind,
+        "loss_first_last": [losses[0], losses[-1]],
+    }
+
+
+def memory_point(rt: Runtime, config, args: argparse.Namespace, batch_size: int, use_lora: bool) -> dict:
+    """Peak memory of two optimizer steps at one micro-batch size (None where it ran out of memory)."""
+    reset_memory(rt.device)
+    setup = None
+    try:
+        setup = Setup(rt, config, args, use_lora=use_lora, compile_blocks=False)
+        batch = padded_batch(config, batch_size, args.seq_len)
+        took = min(setup.step(batch, 0.0)[0] for _ in range(2))
+        memory, _ = peak_memory(rt.device)
+        return {"micro_batch": batch_size, "fits": True, "peak_memory_gib": memory, "step_time_s": took}
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        return {"micro_batch": batch_size, "fits": False, "peak_memory_gib": None, "step_time_s": None}
+    finally:
+        if setup is not None:
+            setup.close()
+        reset_memory(rt.device)
+
+
+def memory_table(rt: Runtime, config, args: argparse.Namespace) -> tuple[dict, dict]:
+    """Micro-batch 1..table_max for full fine-tuning and LoRA, then a search for the largest that fits."""
+    table: dict[str, list[dict]] = {}
+    largest: dict[str, Any] = {}
+    for mode, use_lora in (("full", False), ("lora", True)):
+        rows = []
+        for b in range(1, args.table_max + 1):
+            rows.append(memory_point(rt, config, args, b, use_lora))
+            log(f"memory {mode} B={b}: {rows[-1]}")
+            if not rows[-1]["fits"]:
+                break
+        b = args.table_max + args.search_step
+        while rows[-1]["fits"] and b <= args.search_max:
+            rows.append(memory_point(rt, config, args, b, use_lora))
+            log(f"memory {mode} B={b}: {rows[-1]}")
+            b += args.search_step
+        fitting = [r["micro_batch"] for r in rows if r["fits"]]
+        table[mode] = rows
+        largest[mode] = {
+            "micro_batch": max(fitting) if fitting else 0,
+            "searched_up_to": rows[-1]["micro_batch"],
+            "bounded_by": "out of memory" if not rows[-1]["fits"] else "--search-max",
+        }
+    return table, largest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
     ap.add_argument("--preset", default="voxcpm2", choices=["tiny", "small", "voxcpm2"])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=830)
-    ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, kernel choice)")
+    ap.add_argument("--steps", type=int, default=10, help="timed optimizer steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, compile)")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "fused", "eager"], help="model.kernels")
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="skip the train.compile run")
+    ap.add_argument("--table-max", type=int, default=8, help="memory table: micro-batch 1..N")
+    ap.add_argument("--search-step", type=int, default=4)
+    ap.add_argument("--search-max", type=int, default=32, help="largest micro-batch tried (0: no table)")
+    ap.add_argument("--partial", default="", help="also rewrite this JSON file after each part (a time limit "
+                    "that stops the run keeps what was measured)")
     args = ap.parse_args()
 
     with distributed_runtime(args.device) as rt:
         config = preset(args.preset)
-        dtype = torch.bfloat16
-        torch.manual_seed(0)
-        start = time.perf_counter()
-        with torch.device(rt.device):
-            model = VoxCPM2(config)
-        shard_model(model, rt, dtype, args.activation_checkpointing)
-        params = TrainParams()
-        optimizer = build_optimizer(model, params, rt.device)
-        parameters = sum(p.numel() for p in model.parameters())
-        built = time.perf_counter() - start
-        log(f"{args.preset}: {parameters / 1e9:.3f} B parameters on {rt.device}, built in {built:.1f} s")
-
-        batch = {k: v.to(rt.device) for k, v in padded_batch(config, args.batch, args.seq_len).items()}
-        times, losses = [], []
-        for step in range(args.warmup + args.steps):
-            synchronize(rt.device)
-            begin = time.perf_counter()
-            out = model(**batch, progress=step / (args.warmup + args.steps))
-            loss = out["loss/diff"] + out["loss/stop"]
-            loss.backward()
-            clip_gradients(model, params.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            synchronize(rt.device)
-            took = time.perf_counter() - begin
-            losses.append(float(loss.detach()))
-            note = " (warm-up)" if step < args.warmup else ""
-            log(f"step {step + 1}: {took:.3f} s, loss {losses[-1]:.4f}{note}")
-            if step >= args.warmup:
-                times.append(took)
-
-        step_time = statistics.median(times)
-        peak, peak_source = peak_flops(rt.device, dtype)
-        dit_rows = batch_dit_rows(batch)
-        flops = {
-            "mfu": training_flops(config, args.batch, args.seq_len, dit_rows=dit_rows),
-            "mfu_dit_every_row": training_flops(config, args.batch, args.seq_len),
-            "mfu_published_convention": frames_only_flops(config, args.batch, args.seq_len),
-        }
-        accelerator = getattr(torch, rt.device.type) if rt.device.type != "cpu" else None
-        memory = accelerator.max_memory_allocated(rt.device) if accelerator else None
-        result = {
+        try:
+            peak, peak_source = peak_flops(rt.device, DTYPE)
+        except UnknownPeakError as e:
+            peak, peak_source = None, str(e)
+        log(f"{args.preset} on {device_name(rt.device)}, peak {peak_source}")
+        result: dict[str, Any] = {
             "benchmark": "accel_step",
             "device": device_name(rt.device),
             "world_size": rt.world_size,
             "preset": args.preset,
-            "parameters": parameters,
             "param_dtype": "bfloat16",
+            "kernels": resolve_kernels(args.kernels, rt.device).label,
             "batch_shape": [args.batch, args.seq_len],
-            "dit_rows": dit_rows,
             "activation_checkpointing": args.activation_checkpointing,
-            "steps_timed": len(times),
-            "step_time_s_median": step_time,
-            "step_time_s_min": min(times),
-            "tokens_per_s": args.batch * args.seq_len / step_time,
-            "peak_tflops": peak / 1e12,
+            "peak_tflops": peak / 1e12 if peak else None,
             "peak_source": peak_source,
-            "tflops_per_step": {k: v / 1e12 for k, v in flops.items()},
-            **{k: v / step_time / peak for k, v in flops.items()},
+            "goal_mfu": 0.40,
             "reference_mfu_published_convention": 0.246,
-            "max_memory_allocated_gib": memory / 2**30 if memory is not None else None,
-            "loss_first_last": [losses[0], losses[-1]],
+            "runs": [],
+            "compile_speedup": None,
+            "memory_seq_len": args.seq_len,
+            "memory": {},
+            "largest_micro_batch": {},
         }
+
+        def emit() -> None:
+            if args.partial and rt.is_main:
+                Path(args.partial).write_text(json.dumps(result, indent=2))
+
+        for compile_blocks in (False, True)[: 1 if args.no_compile else 2]:
+            result["runs"].append(timed_run(rt, config, args, peak, compile_blocks))
+            emit()
+        if len(result["runs"]) == 2:
+            eager, compiled = result["runs"]
+            result["compile_speedup"] = eager["step_time_s_median"] / compiled["step_time_s_median"]
+        if args.search_max:
+            result["memory"], result["largest_micro_batch"] = memory_table(rt, config, args)
+        emit()
         if rt.is_main:
             print(json.dumps(result, indent=2))
 

@@ -1,12 +1,19 @@
-"""AudioVAE encoding throughput: length-sorted batches (`voxpipe encode`) vs one clip per call; prints JSON.
+"""AudioVAE encoding throughput; prints JSON. Two comparisons:
 
-One clip per call is upstream's way (its training packer encodes each clip on every step).
-Both sides use the same random weights of the chosen preset's VAE config, the same clips (the
-shipped sample's speech, decoded to 16 kHz once, outside the timing), the same padding to a
-multiple of 2560 samples and the same device; only the grouping differs. Each figure is the best
-of `--repeats` timed passes after one warm-up pass.
+Batching (default): length-sorted batches (`voxpipe encode`) vs one clip per call, upstream's way
+(its training packer encodes each clip on every step). Both sides use the same random weights of
+the chosen preset's VAE config, the same clips (the shipped sample's speech, decoded to 16 kHz
+once, outside the timing), the same padding to a multiple of 2560 samples and the same device;
+only the grouping differs. Each figure is the best of `--repeats` timed passes after one warm-up.
+
+Ranks (`--ranks 1 2`): the real `voxpipe encode` under `torchrun --nproc_per_node=N`, one run per
+N on a fresh output folder, on the sample's clips written as FLAC with a manifest, with a
+random-init checkpoint of each `--presets`. The rate is the encode phase's (run.json: planning,
+decoding, the VAE and the ranks' final exchange; not process start-up or loading the model), and
+every row's latents must equal the 1-rank run's bit for bit.
 
     .venv/bin/python benchmarks/encode.py [--preset tiny] [--clips 20] [--batch-seconds 8 60] [--threads 1]
+    .venv/bin/python benchmarks/encode.py --ranks 1 2 [--presets tiny small] [--clips 64]
 """
 
 from __future__ import annotations
@@ -14,7 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,9 +32,12 @@ import pyarrow.parquet as pq
 import torch
 
 from voxpipe.data.audio import decode
+from voxpipe.data.dataset import EncodedDataset
 from voxpipe.data.encode import encode_batch, plan_batches
 from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import preset
+from voxpipe.model.io import init_model
+from voxpipe.params import ModelParams
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
@@ -33,14 +46,78 @@ def log(msg: str) -> None:
     print(f"[bench encode] {msg}", file=sys.stderr, flush=True)
 
 
-def sample_clips(n: int) -> list:
-    clips = []
+def sample_rows(n: int) -> list[dict]:
+    rows: list[dict] = []
     for f in sorted(SAMPLE.glob("*.parquet")):
-        for row in pq.read_table(f, columns=["audio"]).to_pylist():
-            clips.append(decode(row["audio"]["bytes"], 16000))
-            if len(clips) == n:
-                return clips
-    return clips
+        rows += pq.read_table(f, columns=["audio", "text"]).to_pylist()
+    return rows[:n]
+
+
+def sample_clips(n: int) -> list:
+    return [decode(row["audio"]["bytes"], 16000) for row in sample_rows(n)]
+
+
+def write_manifest(folder: Path, n: int) -> Path:
+    """The sample's first n clips as 16 kHz FLAC files plus a manifest pointing at them."""
+    import soundfile as sf
+
+    lines = []
+    for i, row in enumerate(sample_rows(n)):
+        path = folder / "audio" / f"{i:04d}.flac"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(path, decode(row["audio"]["bytes"], 16000), 16000)
+        lines.append(json.dumps({"id": f"{i:04d}", "audio": str(path), "text": row["text"]}) + "\n")
+    manifest = folder / "clips.jsonl"
+    manifest.write_text("".join(lines))
+    return manifest
+
+
+def run_ranks(nproc: int, manifest: Path, base: Path, out: Path) -> tuple[dict, float]:
+    """`voxpipe encode` under torchrun; (run.json, wall seconds of the whole command)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "voxpipe.cli", "encode", "--manifest", str(manifest), "--model-base", str(base),
+           "--out", str(out), "--device", "cpu"]
+    wall = time.perf_counter()
+    # from the manifest's folder, so no params.yaml is read
+    done = subprocess.run(cmd, cwd=manifest.parent, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(SAMPLE.parents[1])})
+    wall = time.perf_counter() - wall
+    if done.returncode:
+        sys.exit(f"torchrun --nproc_per_node={nproc} failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads((out / "run.json").read_text()), wall
+
+
+def bit_identical(a: Path, b: Path) -> bool:
+    da, db = EncodedDataset(a, "clips"), EncodedDataset(b, "clips")
+    return [r["id"] for r in da.rows] == [r["id"] for r in db.rows] and all(
+        torch.equal(da[i].latents, db[i].latents) for i in range(len(da))
+    )
+
+
+def ranks(args: argparse.Namespace) -> dict:
+    result: dict = {"benchmark": "encode_ranks", "clips": args.clips, "cpu_count": os.cpu_count(),
+                    "note": "one run each on a shared 2-core machine loaded by other work", "presets": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        manifest = write_manifest(work / "data", args.clips)
+        for name in args.presets:
+            base = work / f"base-{name}"
+            init_model(ModelParams(preset=name, out=str(base)))
+            runs = {}
+            for n in args.ranks:
+                run, wall = run_ranks(n, manifest, base, work / f"out-{name}-{n}")
+                log(f"{name} VAE, {n} rank(s): {run['clips_per_s']} clips/s, {wall:.1f} s wall")
+                runs[n] = {"clips_per_s": run["clips_per_s"], "encode_seconds": run["encode_seconds"],
+                           "audio_seconds": run["audio_seconds_encoded"],
+                           "command_wall_seconds": round(wall, 2),
+                           "clips_per_rank": [r["clips_encoded"] for r in run["ranks"]]}
+            first = args.ranks[0]
+            for n in args.ranks[1:]:
+                runs[n]["speedup"] = round(runs[n]["clips_per_s"] / runs[first]["clips_per_s"], 3)
+                runs[n][f"latents_bit_identical_to_{first}_rank"] = bit_identical(
+                    work / f"out-{name}-{n}", work / f"out-{name}-{first}")
+            result["presets"].append({"preset": name, "ranks": runs})
+    return result
 
 
 def best_of(fn, repeats: int) -> tuple[float, float]:
@@ -62,7 +139,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--ranks", type=int, nargs="+", help="compare `voxpipe encode` under torchrun at these N")
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     args = ap.parse_args()
+    if args.ranks:
+        print(json.dumps(ranks(args), indent=2))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -17,7 +17,13 @@ import time
 
 import torch
 
-from voxpipe.mfu.flops import batch_dit_rows, forward_flops, tower_shares, training_flops
+from voxpipe.mfu.flops import (
+    batch_dit_rows,
+    batch_enc_rows,
+    batch_training_flops,
+    forward_flops,
+    tower_shares,
+)
 from voxpipe.mfu.peak import measure_cpu_gemm_peak
 from voxpipe.model.config import preset
 from voxpipe.model.voxcpm2 import VoxCPM2
@@ -79,8 +85,8 @@ def main() -> None:
         if step:
             times.append(took)
 
-    dit_rows = batch_dit_rows(batch)
-    flops = training_flops(config, args.batch, args.seq_len, dit_rows=dit_rows)
+    rows = {"dit_rows": batch_dit_rows(batch), "enc_rows": batch_enc_rows(batch)}
+    flops = batch_training_flops(config, batch)
     step_time = sum(times) / len(times)
     achieved = flops / step_time
     print(
@@ -101,7 +107,7 @@ def main() -> None:
                 "load_avg_1m": os.getloadavg()[0],  # other processes on the cores skew both figures
                 "tokens_per_s": args.batch * args.seq_len / step_time,
                 "tower_shares": tower_shares(
-                    forward_flops(config, args.batch, args.seq_len, dit_rows=dit_rows)
+                    forward_flops(config, args.batch, args.seq_len, **rows)
                 ),
             },
             indent=2,

@@ -46,7 +46,7 @@ from voxpipe.data.encode import encode  # noqa: E402
 from voxpipe.data.ingest import ingest  # noqa: E402
 from voxpipe.data.manifest import build_manifest  # noqa: E402
 from voxpipe.model.io import init_model  # noqa: E402
-from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, TrainParams  # noqa: E402
+from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params, TrainParams  # noqa: E402
 from voxpipe.train.device import distributed_runtime  # noqa: E402
 from voxpipe.train.loop import Trainer  # noqa: E402
 from voxpipe.train.signals import TerminationFlag  # noqa: E402
@@ -63,8 +63,8 @@ def prepare(work: Path) -> tuple[Path, Path, float]:
     build_manifest(ManifestParams(input=[str(work / "ingest" / "raw.jsonl")], out=str(work / "manifest")))
     init_model(ModelParams(preset="small", out=str(work / "base"), dtype="float32"))
     start = time.perf_counter()
-    encode(EncodeParams(manifest=[str(work / "manifest" / "train.jsonl")], model=str(work / "base"),
-                        out=str(work / "encoded"), device="cpu"))
+    encode(Params(model={"base": str(work / "base")}, encode=EncodeParams(
+        manifest=[str(work / "manifest" / "train.jsonl")], out=str(work / "encoded"), device="cpu")))
     return work / "base", work / "encoded", time.perf_counter() - start
 
 
@@ -184,14 +184,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=640, help="our token budget per micro-batch")
     parser.add_argument("--batch-size", type=int, default=8, help="upstream's fixed batch size")
+    parser.add_argument("--kernels", default="auto", choices=["auto", "fused", "eager"], help="model.kernels")
+    parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile each block")
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = Path(tmp)
         log("preparing data: ingest, manifest, init-model small, encode")
         base, encoded, encode_s = prepare(work)
-        params = TrainParams(data=str(encoded), model=str(base), out=str(work / "ours"), device="cpu",
-                             dtype="float32", lr=LR, warmup_steps=0, max_tokens=args.max_tokens)
+        params = Params(model={"base": str(base), "kernels": args.kernels}, train=TrainParams(
+            data=str(encoded), out=str(work / "ours"), device="cpu", dtype="float32", lr=LR, warmup_steps=0,
+            max_tokens=args.max_tokens, compile=args.compile))
         with distributed_runtime("cpu") as rt, TerminationFlag() as flag:
             trainer = Trainer(params, rt, flag)  # the trainer's own step: data, FSDP2 model, clip, AdamW
             e2e = upstream_end_to_end(base, encoded, args.batch_size)
@@ -208,6 +211,8 @@ def main() -> None:
         result = {
             "preset": "small",
             "device": "cpu",
+            "kernels": trainer.kernels.label,
+            "compile": args.compile,
             "threads": torch.get_num_threads(),
             "train_rows": len(lengths),
             "one_time_encode_s": round(encode_s, 2),

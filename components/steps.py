@@ -18,15 +18,16 @@ def component(func):
 
 
 @component
-def ingest(workspace: str, data_version: str, params: dict, data: Output[Dataset]):
-    """parquet → 16 kHz FLAC + raw.jsonl. `data_version` must be the DVC md5 of `params["input"]`
-    (what `dvc add` records): KFP's cache sees parameters, not the files behind a path."""
+def ingest_plan(workspace: str, data_version: str, params: dict, plan: Output[Dataset]) -> list:
+    """Sharded ingest, 1/3: the inputs split into `params["shards"]` shards of about equal audio volume;
+    returns the shard indices, one fan-out task each. `data_version` must be the DVC md5 of
+    `params["input"]` (what `dvc add` records): KFP's cache sees parameters, not the files behind a path."""
     from pathlib import Path
 
     from voxpipe.params import IngestParams
     from voxpipe.track.lineage import dvc_md5
 
-    folder = step_folder(workspace, "ingest", data.uri)
+    folder = step_folder(workspace, "ingest-plan", plan.uri)
     section = wire("ingest", params, out=folder)
     inputs = section.get("input", IngestParams().input)
     missing = [p for p in inputs if not (Path(workspace) / p).exists()]
@@ -38,8 +39,34 @@ def ingest(workspace: str, data_version: str, params: dict, data: Output[Dataset
             f"data_version {data_version!r} does not match the data: ingest.input {inputs} has DVC md5 "
             f"{actual!r}. Pass data_version={actual!r} (KFP caches on it)."
         )
-    run_voxpipe("ingest", workspace, {"ingest": section})
-    publish(data, folder, data_version=data_version)
+    run_voxpipe("ingest-plan", workspace, {"ingest": section})
+    return list(range(len(publish(plan, folder, report="plan.json", data_version=data_version)["shards"])))
+
+
+@component
+def ingest_shard(workspace: str, params: dict, plan: Input[Dataset], index: int, shard: Output[Dataset]):
+    """Sharded ingest, 2/3: one shard of the plan → its own folder (FLAC clips, raw.jsonl, quarantine)."""
+    import os
+
+    folder = step_folder(workspace, "ingest-shard", shard.uri)
+    plan_file = os.path.join(plan.metadata["path"], "plan.json")
+    run_voxpipe("ingest-shard", workspace, {"ingest": wire("ingest", params, plan=plan_file, shard=index,
+                                                           out=folder)})
+    publish(shard, folder)
+
+
+@component
+def ingest_merge(workspace: str, params: dict, plan: Input[Dataset], shards: Input[list[Dataset]],
+                 data: Output[Dataset]):
+    """Sharded ingest, 3/3: the shards merged (duplicates across shards, global accounting) into the
+    raw.jsonl + audio/ a single `voxpipe ingest` writes, byte for byte."""
+    import os
+
+    folder = step_folder(workspace, "ingest", data.uri)
+    section = wire("ingest", params, plan=os.path.join(plan.metadata["path"], "plan.json"),
+                   shard_dirs=[s.metadata["path"] for s in shards], out=folder)
+    run_voxpipe("ingest-merge", workspace, {"ingest": section})
+    publish(data, folder, data_version=plan.metadata["data_version"])
 
 
 @component
@@ -75,6 +102,16 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
 
 
 @component
+def validate(workspace: str, ingest: dict, manifest: Input[Dataset]):
+    """The train manifest checked against ingest's sample rate and duration bounds, before any
+    accelerator time is spent: the task fails, listing every problem, when it is not usable."""
+    import os
+
+    rows = os.path.join(manifest.metadata["path"], "train.jsonl")
+    run_voxpipe("validate", workspace, {"validate": {"manifest": rows}, "ingest": wire("ingest", ingest)})
+
+
+@component
 def encode(workspace: str, params: dict, manifest: Input[Dataset], base_model: Input[Model],
            encoded: Output[Dataset]):
     """Manifests → AudioVAE latents + token ids (safetensors shards)."""
@@ -82,29 +119,32 @@ def encode(workspace: str, params: dict, manifest: Input[Dataset], base_model: I
 
     folder = step_folder(workspace, "encode", encoded.uri)
     rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
-    section = wire("encode", params, manifest=rows, model=base_model.metadata["path"], out=folder)
-    run_voxpipe("encode", workspace, {"encode": section})
+    section = wire("encode", params, manifest=rows, out=folder)
+    run_voxpipe("encode", workspace, {"encode": section, "model": {"base": base_model.metadata["path"]}})
     publish(encoded, folder)
 
 
 @component
-def train(workspace: str, params: dict, launch: dict, volcano: bool, image: str, accelerator: str,
-          node_selector: dict, tolerations: list, pvc_name: str, encoded: Input[Dataset],
-          base_model: Input[Model], model: Output[Model], metrics: Output[Metrics]):
+def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_uri: str, volcano: bool,
+          image: str, accelerator: str, node_selector: dict, tolerations: list, pvc_name: str,
+          encoded: Input[Dataset], base_model: Input[Model], model: Output[Model], metrics: Output[Metrics]):
     """FSDP2 fine-tuning. `volcano`: as a gang-scheduled Volcano Job (`voxpipe launch-train`: submit,
     watch, fail with the failing pod's log), torchrun in every pod; else in this process (kfp.local,
     a one-node CPU cluster)."""
     import os
 
     folder = step_folder(workspace, "train", model.uri)
-    section = wire("train", params, data=encoded.metadata["path"], model=base_model.metadata["path"],
-                   out=folder)
+    sections = {
+        "train": wire("train", params, data=encoded.metadata["path"], out=folder),
+        "model": {"base": base_model.metadata["path"]},
+        "tracking": wire("tracking", tracking, uri=tracking_uri, work=folder),
+    }
     if volcano:
         cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
                        tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
-        run_voxpipe("launch-train", workspace, {"train": section, "launch": cluster})
+        run_voxpipe("launch-train", workspace, {**sections, "launch": cluster})
     else:
-        run_voxpipe("train", workspace, {"train": section})
+        run_voxpipe("train", workspace, sections)
     report = publish(model, folder, export=os.path.join(folder, "export"))
     val = report["val_curve"][-1] if report["val_curve"] else {}
     log_numbers(metrics, {**report["final"], **val, "steps": report["steps"],
@@ -112,13 +152,15 @@ def train(workspace: str, params: dict, launch: dict, volcano: bool, image: str,
 
 
 @component
-def evaluate(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
+def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], base_model: Input[Model],
              encoded: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]):
-    """Fixed-seed loss and voice metrics of the fine-tune against its base model."""
+    """Fixed-seed loss and voice metrics of the fine-tune against its base model, in the trainer's
+    val batches (`train["max_tokens"]`)."""
     folder = step_folder(workspace, "evaluate", results.uri)
-    section = wire("evaluate", params, model=model.metadata["export"], baseline=base_model.metadata["path"],
-                   data=encoded.metadata["path"], out=folder)
-    run_voxpipe("evaluate", workspace, {"evaluate": section})
+    section = wire("evaluate", params, model=model.metadata["export"], data=encoded.metadata["path"],
+                   out=folder)
+    run_voxpipe("evaluate", workspace, {"evaluate": section, "model": {"base": base_model.metadata["path"]},
+                                        "train": wire("train", train)})
     log_numbers(metrics, publish(results, folder, report="eval.json"))
 
 
@@ -129,15 +171,15 @@ def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Mod
     import os
 
     folder = step_folder(workspace, "mfu", results.uri)
-    section = wire("mfu", params, model=base_model.metadata["path"],
-                   train_report=os.path.join(model.metadata["path"], "report.json"), metrics=None, out=folder)
-    run_voxpipe("mfu", workspace, {"mfu": section})
+    report = os.path.join(model.metadata["path"], "report.json")
+    section = wire("mfu", params, train_report=report, metrics=None, out=folder)
+    run_voxpipe("mfu", workspace, {"mfu": section, "model": {"base": base_model.metadata["path"]}})
     log_numbers(metrics, publish(results, folder, report="mfu.json"))
 
 
 @component
-def register(workspace: str, params: dict, tracking_uri: str, kfp_run_id: str, data: Input[Dataset],
-             model: Input[Model], evaluation: Input[Dataset], mfu: Input[Dataset],
+def register(workspace: str, params: dict, tracking: dict, tracking_uri: str, kfp_run_id: str,
+             data: Input[Dataset], model: Input[Model], evaluation: Input[Dataset], mfu: Input[Dataset],
              registered: Output[Artifact]):
     """The run into MLflow and the export into its registry (@candidate; @champion when it wins).
     `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run."""
@@ -148,9 +190,9 @@ def register(workspace: str, params: dict, tracking_uri: str, kfp_run_id: str, d
     section = wire(
         "register", params, model=model.metadata["export"], train=model.metadata["path"],
         eval=os.path.join(evaluation.metadata["path"], "eval.json"),
-        mfu=os.path.join(mfu.metadata["path"], "mfu.json"), ingest=data.metadata["path"],
-        out=folder, work=folder, tracking_uri=tracking_uri,
+        mfu=os.path.join(mfu.metadata["path"], "mfu.json"), ingest=data.metadata["path"], out=folder,
     )
-    run_voxpipe("register", workspace, {"register": section})
+    cluster_tracking = wire("tracking", tracking, uri=tracking_uri, work=folder)
+    run_voxpipe("register", workspace, {"register": section, "tracking": cluster_tracking})
     done = publish(registered, folder, report="registered.json")
     registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")})

@@ -1,6 +1,6 @@
 """The fine-tuning pipeline for Kubeflow Pipelines: the voxpipe steps wired by their artifacts.
 
-    python -m pipelines.finetune [OUT.yaml]     # `make compile`: pipelines/finetune.yaml
+    python -m pipelines.finetune [--recipe NAME] [OUT.yaml]   # `make compile`: pipelines/finetune.yaml
 
 Its parameters mirror params.yaml: one dict per section, defaulting to params.yaml's values, minus
 the paths the pipeline wires between steps. Bulk data lives on the workspace PVC, mounted by every
@@ -9,54 +9,73 @@ required parameter and `ingest` checks it against the files, so KFP's cache, whi
 and not the files behind a path, reruns the pipeline when the data changes.
 """
 
+import argparse
 import ast
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kfp import compiler, dsl, kubernetes
 
 from components import steps
 from components.shared import CPU_IMAGE
-from voxpipe.params import LaunchParams, Params
+from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
+from voxpipe.params import LaunchParams, Params, load_params
+from voxpipe.secrets import SECRET_ENV_NAMES
 
 LAUNCH = LaunchParams()
 WORKSPACE = LAUNCH.mount_path  # where every task mounts the workspace PVC
 MLFLOW_SERVICE = "http://mlflow:5000"  # manifests/namespaced/mlflow-service.yaml
 # keys each component sets itself, from the previous steps' artifacts and the cluster parameters
 WIRED = {
-    "ingest": {"out"},
+    "ingest": {"out", "plan", "shard", "shard_dirs"},
     "manifest": {"input", "out"},
-    "model": {"out"},
-    "encode": {"manifest", "model", "out"},
-    "train": {"data", "model", "out"},
-    "evaluate": {"model", "baseline", "data", "out"},
-    "mfu": {"model", "train_report", "metrics", "out"},
-    "register": {"model", "eval", "mfu", "train", "ingest", "out", "work", "tracking_uri"},
+    "model": {"out", "base"},  # base: the base_model parameter
+    "encode": {"manifest", "out"},
+    "train": {"data", "out"},
+    "evaluate": {"model", "data", "out"},
+    "mfu": {"train_report", "metrics", "out"},
+    "register": {"model", "eval", "mfu", "train", "ingest", "out"},
+    "tracking": {"uri", "work"},
     "launch": {"image", "accelerator", "node_selector", "tolerations", "pvc", "mount_path", "dry_run"},
 }
 
 
-def section_defaults(section: str, **changes: Any) -> dict[str, Any]:
-    """params.yaml's defaults of a section, without the wired keys and the nulls (a KFP struct has no
-    null; a missing key takes the schema's default)."""
-    values = {**Params().model_dump(by_alias=True)[section], **changes}
+def section_defaults(section: str, params: Params | None = None) -> dict[str, Any]:
+    """params.yaml's defaults of a section (or those of `params`), without the wired keys and the nulls
+    (a KFP struct has no null; a missing key takes the schema's default)."""
+    values = (params or Params()).model_dump(by_alias=True)[section]
     return {k: v for k, v in values.items() if k not in WIRED[section] and v is not None}
 
 
 SECTIONS = ("ingest", "manifest", "model", "encode", "train", "evaluate", "mfu", "launch")
 INGEST, MANIFEST, MODEL, ENCODE, TRAIN, EVALUATE, MFU, LAUNCH_SECTION = map(section_defaults, SECTIONS)
-REGISTER = section_defaults("register")
-HEADER_DICT = re.compile(r"^(#\s+\w+: (?:dict|list) \[Default: )(.*)\]$")
+REGISTER, TRACKING = section_defaults("register"), section_defaults("tracking")
+DICT_DEFAULTS = {name: section_defaults(name) for name in (*SECTIONS, "register", "tracking")}
+HEADER_DICT = re.compile(r"^(#\s+(\w+): (?:dict|list) \[Default: )(.*)\]$")
 NODE_SELECTOR: dict[str, str] = dict(LAUNCH.node_selector)
 TOLERATIONS: list[dict[str, Any]] = list(LAUNCH.tolerations)
 
 
+def with_secrets(task: dsl.PipelineTask) -> None:
+    """params.yaml's launch.secret_env as env from the Secrets (by reference), their names for voxpipe's
+    redaction, and the label the MLflow NetworkPolicy admits."""
+    by_secret: dict[str, dict[str, str]] = {}
+    for env, ref in LAUNCH.secret_env.items():
+        secret, _, key = ref.partition("/")
+        by_secret.setdefault(secret, {})[key] = env
+    for secret, keys in sorted(by_secret.items()):
+        kubernetes.use_secret_as_env(task, secret, keys)
+    task.set_env_variable(SECRET_ENV_NAMES, ",".join(sorted(LAUNCH.secret_env)))
+    for key, value in MLFLOW_CLIENT_LABEL.items():
+        kubernetes.add_pod_label(task, key, value)
+
+
 @dsl.pipeline(
     name="voxpipe-finetune",
-    description="Fine-tune VoxCPM2: ingest, manifest, base model, encode, FSDP2 training (a Volcano job), "
-    "evaluate, MFU, MLflow registration.",
+    description="Fine-tune VoxCPM2: ingest, manifest, validate, base model, encode, FSDP2 training (a "
+    "Volcano job), evaluate, MFU, MLflow registration.",
 )
 def finetune(
     data_version: str,
@@ -79,6 +98,7 @@ def finetune(
     mfu: dict = MFU,
     launch: dict = LAUNCH_SECTION,
     register: dict = REGISTER,
+    tracking: dict = TRACKING,
 ) -> dsl.Artifact:
     """data_version: the DVC md5 of ingest.input (`dvc add` records it); workspace: where the tasks
     see the PVC (change it only for kfp.local); base_model: a checkpoint folder on the workspace
@@ -86,31 +106,45 @@ def finetune(
     and evaluate (one each) and by every training pod; node_selector / tolerations: for those pods;
     volcano: false trains inside the train task (kfp.local, a small CPU cluster); mlflow_tracking_uri:
     where register logs (credentials: the MLFLOW_TRACKING_* env of the pod, never a parameter)."""
-    data = steps.ingest(workspace=workspace, data_version=data_version, params=ingest)
+    # ingest fans out: one task per shard of the plan (ingest.shards of them), then one merge
+    planned = steps.ingest_plan(workspace=workspace, data_version=data_version, params=ingest)
+    with dsl.ParallelFor(planned.outputs["Output"]) as index:
+        shard = steps.ingest_shard(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
+                                   index=index)
+    data = steps.ingest_merge(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
+                              shards=dsl.Collected(shard.outputs["shard"]))
     rows = steps.manifest(workspace=workspace, params=manifest, data=data.outputs["data"])
+    checked = steps.validate(workspace=workspace, ingest=ingest, manifest=rows.outputs["manifest"])
     base = steps.init_model(workspace=workspace, params=model, base_model=base_model)
     encoded = steps.encode(workspace=workspace, params=encode, manifest=rows.outputs["manifest"],
-                           base_model=base.outputs["model"])
+                           base_model=base.outputs["model"]).after(checked)
     tuned = steps.train(
-        workspace=workspace, params=train, launch=launch, volcano=volcano, image=accelerator_image,
+        workspace=workspace, params=train, launch=launch, tracking=tracking, tracking_uri=mlflow_tracking_uri,
+        volcano=volcano, image=accelerator_image,
         accelerator=accelerator, node_selector=node_selector, tolerations=tolerations, pvc_name=pvc_name,
         encoded=encoded.outputs["encoded"], base_model=base.outputs["model"],
     )
-    evaluation = steps.evaluate(workspace=workspace, params=evaluate, model=tuned.outputs["model"],
-                                base_model=base.outputs["model"], encoded=encoded.outputs["encoded"])
+    evaluation = steps.evaluate(workspace=workspace, params=evaluate, train=train,
+                                model=tuned.outputs["model"], base_model=base.outputs["model"],
+                                encoded=encoded.outputs["encoded"])
     utilisation = steps.mfu(workspace=workspace, params=mfu, model=tuned.outputs["model"],
                             base_model=base.outputs["model"])
     registered = steps.register(
-        workspace=workspace, params=register, tracking_uri=mlflow_tracking_uri,
+        workspace=workspace, params=register, tracking=tracking, tracking_uri=mlflow_tracking_uri,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         data=data.outputs["data"], model=tuned.outputs["model"], evaluation=evaluation.outputs["results"],
         mfu=utilisation.outputs["results"],
     )
     registered.set_caching_options(False)  # a new pipeline run is a new MLflow run and model version
 
-    for task in (data, rows, base, encoded, tuned, evaluation, utilisation, registered):
+    tasks = (planned, shard, data, rows, checked, base, encoded, tuned, evaluation, utilisation, registered)
+    for task in tasks:
         task.set_container_image(cpu_image)
         kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=WORKSPACE)
+        # the rest of "restricted" (no escalation, drop ALL, RuntimeDefault seccomp) is KFP's default
+        kubernetes.set_security_context(task, run_as_non_root=True)
+    for task in (tuned, registered):  # MLflow clients; train also signs checkpoints when not on Volcano
+        with_secrets(task)
     for task in (encoded, evaluation):  # the AudioVAE and generation run on one accelerator
         task.set_container_image(accelerator_image)
         task.set_accelerator_type(accelerator).set_accelerator_limit(1)
@@ -125,20 +159,44 @@ def _sorted(value: Any) -> Any:
     return [_sorted(v) for v in value] if isinstance(value, list) else value
 
 
-def compile_pipeline(path: str) -> None:
-    """Compile to `path`. KFP prints dict defaults into the header comment in protobuf map order,
-    which changes from process to process; sorted here so the committed YAML only changes with the
-    pipeline."""
-    compiler.Compiler().compile(finetune, path)
+def recipe_arguments(recipe: str) -> dict[str, Any]:
+    """The pipeline's parameter defaults for a recipe: params.yaml with recipes/<recipe>.yaml layered on,
+    as `voxpipe <step> --recipe` reads it."""
+    params = load_params(recipe=recipe)
+    arguments: dict[str, Any] = {name: section_defaults(name, params) for name in (*SECTIONS, "register",
+                                                                                   "tracking")}
+    launch = params.launch
+    arguments.update(accelerator=launch.accelerator, accelerator_image=launch.image,
+                     node_selector=dict(launch.node_selector), tolerations=list(launch.tolerations))
+    if params.model.base != params.model.out:  # a real checkpoint, not init-model's
+        arguments["base_model"] = params.model.base
+    return arguments
+
+
+def compile_pipeline(path: str, recipe: str | None = None) -> None:
+    """Compile to `path` (with a recipe's values as the parameter defaults). KFP prints dict defaults
+    into the header comment in protobuf map order, which changes from process to process; sorted here
+    so the committed YAML only changes with the pipeline."""
+    arguments = recipe_arguments(recipe) if recipe else None
+    compiler.Compiler().compile(finetune, path, pipeline_parameters=arguments)
     out = Path(path)
     lines = out.read_text().splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if not line.startswith("#"):
-            break
+    header = [line for line in lines if line.startswith("#")]
+    typed = {**DICT_DEFAULTS, **(arguments or {})}
+    for i, line in enumerate(header):
         if match := HEADER_DICT.match(line):
-            lines[i] = f"{match[1]}{_sorted(ast.literal_eval(match[2]))}]\n"
-    out.write_text("".join(lines))
+            value = typed.get(match[2], ast.literal_eval(match[3]))
+            header[i] = f"{match[1]}{_sorted(value)}]\n"
+    documents = list(yaml.safe_load_all("".join(lines[len(header):])))
+    for name, spec in documents[0]["root"]["inputDefinitions"]["parameters"].items():
+        if spec["parameterType"] == "STRUCT" and name in typed:
+            spec["defaultValue"] = typed[name]  # the schema's ints, not protobuf's 40.0
+    out.write_text("".join(header) + yaml.dump_all(documents, sort_keys=True))
 
 
 if __name__ == "__main__":
-    compile_pipeline(sys.argv[1] if len(sys.argv) > 1 else "pipelines/finetune.yaml")
+    cli = argparse.ArgumentParser(description="compile the pipeline (`make compile [RECIPE=NAME]`)")
+    cli.add_argument("out", nargs="?", default="pipelines/finetune.yaml")
+    cli.add_argument("--recipe", default=None, help="recipes/NAME.yaml's values as the parameter defaults")
+    args = cli.parse_args()
+    compile_pipeline(args.out, args.recipe)

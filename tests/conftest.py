@@ -28,17 +28,16 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
     from voxpipe.data.ingest import ingest
     from voxpipe.data.manifest import build_manifest
     from voxpipe.model.io import init_model
-    from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams
+    from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params
 
     work = tmp_path_factory.mktemp("encoded_sample")
     paths = EncodedSample(work / "ingest", work / "manifest", work / "base_model", work / "encoded")
     ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(paths.ingest), workers=1))
     build_manifest(ManifestParams(input=[str(paths.ingest / "raw.jsonl")], out=str(paths.manifest)))
     init_model(ModelParams(preset="tiny", out=str(paths.base_model)))
-    encode(EncodeParams(
+    encode(Params(model={"base": str(paths.base_model)}, encode=EncodeParams(
         manifest=[str(paths.manifest / "train.jsonl"), str(paths.manifest / "val.jsonl")],
-        model=str(paths.base_model),
         out=str(paths.encoded),
         device="cpu",
-    ))
+    )))
     return paths

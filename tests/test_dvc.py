@@ -1,18 +1,25 @@
-"""dvc.yaml: a real `dvc repro` of every stage in a scratch git repo, then the caching it promises.
+"""dvc.yaml: its dependencies checked against the code, then a real `dvc repro` in one scratch git repo.
 
-The scratch repo holds the project's dvc.yaml, .dvcignore and code folders (hashed as the stages'
-deps), a few rows per speaker of the shipped sample, and params.yaml with few training steps and a
-small evaluation. The commands are the real `voxpipe` and `torchrun` from this venv.
+The static checks read dvc.yaml and voxpipe/ only: each stage's code deps are the import closure of
+its `voxpipe <step>` (computed with ast, not a hand-kept list), and params are tracked per key.
+
+The scratch repo holds the project's dvc.yaml, .dvcignore and voxpipe/ (hashed as the stages' deps),
+a few rows per speaker of the shipped sample, and params.yaml with few training steps and a small
+evaluation. The commands are the real `voxpipe`, `torchrun` and `dvc` from this venv; the remote is
+moto's S3 server on 127.0.0.1. The tests run in file order on that one repo (each leaves it committed).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,39 +27,203 @@ import yaml
 from mlflow import MlflowClient
 from small_sample import write_small_sample
 
+from voxpipe.cli import STEPS
 from voxpipe.params import Params, load_params
+from voxpipe.train.checkpoint import latest_checkpoint
+from voxpipe.train.resume import RESUME_FREE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"]
 TEST_SETTINGS = {
     "ingest": {"workers": 1},
-    "train": {"max_steps": 3, "warmup_steps": 1, "val_every": 0, "checkpoint_every": 0},
+    "train": {"max_steps": 4, "warmup_steps": 1, "val_every": 0, "checkpoint_every": 1},
     "evaluate": {"seeds": [0], "texts_per_speaker": 1, "max_len": 8, "inference_timesteps": 2, "asr": False},
 }
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+def dvc_yaml() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())
+
+
+# -- code deps: the import closure of each `voxpipe <step>` ------------------------------------------
+def _module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """voxpipe modules this file imports anywhere (function bodies too: lazy imports still run)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, `level - 1` packages up
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
+    return {n for n in names if n.split(".")[0] == "voxpipe" and _module_file(n)}
+
+
+def import_closure(modules: set[str]) -> set[str]:
+    """Files (relative to the repo) that running these modules can execute or read: every voxpipe module
+    they import, transitively, the packages' __init__.py on the way, and package data files a module names."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+            name = ".".join(parts[:i])
+            if name not in seen and (path := _module_file(name)):
+                seen.add(name)
+                todo += _imports(name, path)
+    files = {_module_file(m) for m in seen}
+    data = {f for p in files for f in p.parent.iterdir()
+            if f.is_file() and f.suffix != ".py" and f.name in p.read_text(encoding="utf-8")}
+    return {f.relative_to(ROOT).as_posix() for f in files | data}
+
+
+def step_closure(step: str) -> set[str]:
+    target = next(s.target for s in STEPS if s.name == step).split(":")[0]
+    return import_closure({"voxpipe.cli", target})
+
+
+def expand(dep: str) -> set[str]:
+    """A code dep as the files DVC hashes (a folder: all of them, as .dvcignore leaves them)."""
+    path = ROOT / dep
+    if path.is_file():
+        return {dep}
+    return {f.relative_to(ROOT).as_posix() for f in path.rglob("*")
+            if f.is_file() and "__pycache__" not in f.parts}
+
+
+def compact(files: set[str]) -> list[str]:
+    """The closure as dvc.yaml lists it: a folder where every file in it is needed, else the files."""
+    out = set(files)
+    for folder in {f.rpartition("/")[0] for f in files} - {"voxpipe"}:
+        if expand(folder) <= files:
+            out = (out - expand(folder)) | {folder}
+    return sorted(out, key=lambda d: (d.count("/"), d))
+
+
+def _step_of(cmd: str) -> str | None:
+    m = re.search(r"(?:^voxpipe|-m voxpipe\.cli) ([\w-]+)", cmd)
+    return m.group(1) if m else None
+
+
+def test_code_deps_are_each_steps_import_closure():
+    problems = []
+    for name, stage in dvc_yaml()["stages"].items():
+        step = _step_of(stage["cmd"])
+        assert step, f"stage {name}: its cmd {stage['cmd']!r} does not run `voxpipe <step>`"
+        code = [d for d in stage.get("deps", []) if d.split("/")[0] == "voxpipe"]
+        listed = set().union(*(expand(d) for d in code))
+        needed = step_closure(step)
+        if listed != needed:
+            problems.append(
+                f"stage {name}: missing {sorted(needed - listed)}, not imported {sorted(listed - needed)} (a "
+                "folder dep must be imported whole). Its code deps:\n" + "".join(
+                    f"      - {d}\n" for d in compact(needed))
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_import_closure_follows_lazy_imports_and_package_data():
+    train = step_closure("train")
+    assert "voxpipe/track/live.py" in train  # imported inside a function, only with train.track
+    assert "voxpipe/evaluate/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train
+    assert "voxpipe/model/tokenizer_corpus.txt" in step_closure("init-model")
+    assert not any(f.startswith(("voxpipe/launch/", "voxpipe/track/compare")) for f in train)
+
+
+# -- params: per key, and only the keys that change a stage's cached outputs ------------------------
+ALL = None
+READS = {  # stage -> {section: keys it reads (ALL: the whole section)}
+    "ingest": {"ingest": ALL},
+    "manifest": {"manifest": ALL},
+    "validate": {"validate": ALL, "ingest": {"sample_rate", "min_seconds", "max_seconds"}},
+    "init-model": {"model": {"preset", "out", "seed", "dtype"}},
+    "encode": {"encode": ALL, "local": ALL, "model": {"base"}},
+    "train": {"train": ALL, "local": ALL, "model": {"base", "kernels"}},
+    "evaluate": {"evaluate": ALL, "model": {"base", "kernels"}, "train": {"max_tokens"}},
+    "mfu": {"mfu": ALL, "model": {"base"}},
+    "register": {"register": ALL, "tracking": ALL},
+}
+# Of those, the keys that must NOT rerun the stage: paths (deps and outs already), worker counts,
+# guards that only fail a run, checkpoint and logging keys. train's come from voxpipe/train/resume.py
+# (what a checkpoint may resume across), less max_steps and export_dtype: they change the export.
+UNTRACKED = {
+    "ingest": {f"ingest.{k}" for k in ("input", "out", "workers", "shards", "plan", "shard", "shard_dirs",
+                                        "max_bad_fraction")},
+    "manifest": {"manifest.input", "manifest.out"},
+    "validate": {"validate.manifest"},
+    "init-model": {"model.out"},
+    "encode": {"encode.manifest", "encode.out", "model.base"},
+    "train": {f"train.{k}" for k in RESUME_FREE - {"max_steps", "export_dtype"}}
+    | {"train.data", "model.base"},
+    "evaluate": {"evaluate.model", "evaluate.data", "evaluate.out", "evaluate.require_improvement",
+                 "model.base"},
+    "mfu": {"mfu.train_report", "mfu.metrics", "mfu.out", "model.base"},
+    "register": {f"register.{k}" for k in ("model", "eval", "mfu", "train", "ingest", "out")},
+}
+
+
+def test_params_are_tracked_per_key_and_only_keys_that_change_the_result():
+    schema = Params().model_dump(by_alias=True)
+    problems = []
+    for name, stage in dvc_yaml()["stages"].items():
+        tracked = set(stage.get("params", []))
+        reads = {f"{section}.{k}" for section, keys in READS[name].items()
+                 for k in (schema[section] if keys is ALL else keys & set(schema[section]))}
+        want = reads - UNTRACKED[name]
+        if tracked != want:
+            problems.append(f"stage {name}: tracks {sorted(tracked - want)} that do not change its result "
+                            f"or are whole sections, misses {sorted(want - tracked)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_world_size_is_a_tracked_param():
+    stages = dvc_yaml()["stages"]
+    assert "vars" not in dvc_yaml()
+    for name in ("train", "encode"):
+        assert "local.nproc" in stages[name]["params"]
+    assert "${local.nproc}" in stages["train"]["cmd"]
+
+
+# -- the scratch repo ------------------------------------------------------------------------------
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_"))}
     env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t",
-               GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+               GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com",
+               **extra)
     return env
 
 
-def run(repo: Path, *args: str) -> str:
+def run(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """A command in the scratch repo; its output (stdout + stderr), or the test fails showing it."""
-    proc = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(args, cwd=repo, env=env or _env(), capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(args)} failed:\n{out[-6000:]}"
     return out
 
 
-def dvc(repo: Path, *args: str) -> str:
-    return run(repo, str(BIN / "dvc"), *args)
+def dvc(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return run(repo, str(BIN / "dvc"), *args, env=env)
 
 
 def ran(output: str) -> list[str]:
     return re.findall(r"Running stage '([\w-]+)'", output)
+
+
+def commit(repo: Path, message: str) -> None:
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", message)
 
 
 def write_params(repo: Path, **changes: dict) -> None:
@@ -60,6 +231,19 @@ def write_params(repo: Path, **changes: dict) -> None:
     for section, values in {**TEST_SETTINGS, **changes}.items():
         params[section] = {**params[section], **values}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def cached_outs(repo: Path) -> dict[str, str]:
+    """path -> md5 of every cached output in dvc.lock (a run's records, `cache: false`, left out)."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    records = {next(iter(o)) for stage in dvc_yaml()["stages"].values() for key in ("outs", "metrics")
+               for o in stage.get(key, [])
+               if isinstance(o, dict) and not next(iter(o.values())).get("cache", True)}
+    resolved = {r.replace("${train.out}", "work/train").replace("${mfu.out}", "work/mfu")
+                .replace("${evaluate.out}", "work/eval").replace("${register.out}", "work/register")
+                for r in records}
+    return {o["path"]: o["md5"] for stage in lock.values() for o in stage.get("outs", [])
+            if o["path"] not in resolved}
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +262,7 @@ def repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def first_repro(repo) -> str:
     out = dvc(repo, "repro")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "baseline")
+    commit(repo, "baseline")
     return out
 
 
@@ -98,6 +281,9 @@ def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro):
     client = MlflowClient(f"sqlite:///{repo / 'work/mlflow.db'}")
     candidate = client.get_model_version_by_alias(registered["name"], "candidate")
     assert int(candidate.version) == registered["version"]
+    # the data version MLflow records is the md5 dvc.lock holds for the ingested folder
+    ingest_md5 = next(o["md5"] for o in lock["ingest"]["outs"])
+    assert client.get_run(registered["run_id"]).data.tags["voxpipe.data_version"] == ingest_md5
 
 
 def test_second_repro_does_nothing(repo, first_repro):
@@ -106,13 +292,66 @@ def test_second_repro_does_nothing(repo, first_repro):
     assert "up to date" in dvc(repo, "status")
 
 
-def test_train_param_change_reruns_train_and_what_follows(repo, first_repro):
+def test_keys_that_do_not_change_the_result_rerun_nothing(repo, first_repro):
+    write_params(repo, ingest={"workers": 2}, train={**TEST_SETTINGS["train"], "checkpoint_every": 3,
+                                                     "track": True, "val_every": 2})
+    assert "up to date" in dvc(repo, "status")
     write_params(repo, train={**TEST_SETTINGS["train"], "lr": 3e-5})
     assert re.findall(r"^([\w-]+):", dvc(repo, "status"), re.M) == ["train"]
-    write_params(repo)  # back to the committed params: `dvc exp run -S` changes them itself
+    write_params(repo)
+
+
+def test_a_stage_run_again_writes_the_same_bytes(repo, first_repro):
+    """Each data stage rerun (forced, one at a time) hashes as before, so nothing after it reruns."""
+    before = cached_outs(repo)
+    for stage in ("ingest", "manifest", "init-model", "encode"):
+        assert ran(dvc(repo, "repro", "--force", "--single-item", stage)) == [stage]
+        assert cached_outs(repo) == before, f"{stage}: a rerun changed its outputs"
+    assert "up to date" in dvc(repo, "status")
+    assert (repo / "work/ingest/run.json").is_file()  # the timings are there, hidden from DVC
+
+
+def _repro_killed_after_a_checkpoint(repo: Path) -> int:
+    """`dvc repro` in its own process group, SIGKILLed (all of it) once train has a complete
+    checkpoint; the step of the newest one then."""
+    proc = subprocess.Popen([str(BIN / "dvc"), "repro"], cwd=repo, env=_env(), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    root = repo / "work/train/checkpoints"
+    deadline = time.monotonic() + 600
+    try:
+        while (newest := latest_checkpoint(root)) is None:
+            assert proc.poll() is None, f"dvc repro ended before a checkpoint:\n{proc.stdout.read()[-4000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(1)  # torchrun's workers die with their launcher (PR_SET_PDEATHSIG)
+    return int(newest.name.removeprefix("step-"))
+
+
+def test_killed_train_resumes_from_its_checkpoint_on_the_next_repro(repo, first_repro):
+    # a new seed: train starts over (train.fresh_on_change moves the old checkpoints aside), and is killed
+    write_params(repo, train={**TEST_SETTINGS["train"], "seed": 1})
+    killed_at = _repro_killed_after_a_checkpoint(repo)
+    assert killed_at < TEST_SETTINGS["train"]["max_steps"]
+    out = dvc(repo, "repro")
+    assert ran(out)[0] == "train"
+    report = json.loads((repo / "work/train/report.json").read_text())
+    resumed = report["resumed_from"]
+    assert resumed and int(Path(resumed).name.removeprefix("step-")) >= killed_at, report
+    assert report["steps"] == TEST_SETTINGS["train"]["max_steps"] and report["steps_run"] < report["steps"]
+    commit(repo, "seed 1, trained with a kill in between")
+
+
+def test_train_param_change_reruns_train_and_what_follows(repo, first_repro):
     out = dvc(repo, "exp", "run", "-S", "train.lr=3e-5")
     assert ran(out) == ["train", "evaluate", "mfu", "register"]
     diff = json.loads(dvc(repo, "metrics", "diff", "--json"))
     assert "loss_model" in diff["work/eval/eval.json"]
     assert "mfu" in diff["work/mfu/mfu.json"]
     assert load_params(repo / "params.yaml").train.lr == 3e-5  # DVC's `3e-05` reads as a float
+    run(repo, "git", "checkout", "--", "params.yaml")  # back to the committed experiment
+    assert dvc(repo, "checkout")
+    dvc(repo, "repro")  # the committed params again (fresh_on_change sets the lr run aside)
+    commit(repo, "after the experiment")

@@ -20,7 +20,7 @@ from voxpipe.data.audio import decode
 from voxpipe.data.encode import encode, encode_batch, load_encoder
 from voxpipe.errors import StepError
 from voxpipe.model.tokenizer import VoxTokenizer
-from voxpipe.params import EncodeParams
+from voxpipe.params import EncodeParams, Params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,11 +30,11 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    """Every output file's bytes except the report (timings) and the stat-keyed hash cache."""
+    """Every output file's bytes except the report, the run's timings and the stat-keyed hash cache."""
     return {
         str(p.relative_to(folder)): p.read_bytes()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name not in ("report.json", "file_hashes.json")
+        if p.is_file() and p.name not in ("report.json", "run.json", "file_hashes.json")
     }
 
 
@@ -75,7 +75,8 @@ def test_encoded_sample_rows_point_at_their_latents_and_tokens(encoded_sample):
     manifest_rows = [r for s in ("train", "val") for r in _rows(encoded_sample.manifest / f"{s}.jsonl")]
     rows = _rows(out / "train.jsonl") + _rows(out / "val.jsonl")
     assert report["rows_in"] == report["rows_kept"] == len(rows) == len(manifest_rows) == 64
-    assert report["clips"] == {"total": 64, "encoded": 64, "reused": 0, "failed": 0}  # refs reuse clips
+    assert report["clips"] == {"total": 64, "failed": 0}  # refs reuse clips
+    assert json.loads((out / "run.json").read_text())["clips"] == {"encoded": 64, "reused": 0}
     assert [r["id"] for r in rows] == [r["id"] for r in manifest_rows]
     tokenizer = VoxTokenizer.from_dir(encoded_sample.base_model)
     for row in rows[:8] + [r for r in rows if "ref_audio" in r][:4]:
@@ -98,33 +99,32 @@ def test_rerun_does_no_encoding_and_changes_nothing(encoded_sample):
     copy = encoded_sample.encoded.parent / "encoded_rerun"
     shutil.copytree(encoded_sample.encoded, copy)
     before = _tree(copy)
-    result = encode(EncodeParams(
+    result = encode(Params(model={"base": str(encoded_sample.base_model)}, encode=EncodeParams(
         manifest=[str(encoded_sample.manifest / "train.jsonl"), str(encoded_sample.manifest / "val.jsonl")],
-        model=str(encoded_sample.base_model),
         out=str(copy),
         device="cpu",
-    ))
-    assert result.report["clips"]["encoded"] == 0
-    assert result.report["clips"]["reused"] == 64
-    assert result.report["texts_tokenized"] == 0
+    )))
+    assert result.run["clips"] == {"encoded": 0, "reused": 64}
+    assert result.run["texts_tokenized"] == 0
     assert _tree(copy) == before
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(encoded_sample, tmp_path):
     manifest = _subset_manifest(encoded_sample, 8, tmp_path / "subset.jsonl")
     settings = {"shard_mb": 0.05, "batch_seconds": 8.0}  # two or three clips per shard, several shards
-    common = dict(manifest=[str(manifest)], model=str(encoded_sample.base_model), device="cpu", **settings)
-    reference = encode(EncodeParams(out=str(tmp_path / "uninterrupted"), **common))
-    assert reference.report["clips"]["encoded"] == reference.report["clips"]["total"]
+    common = dict(manifest=[str(manifest)], device="cpu", **settings)
+    base = {"base": str(encoded_sample.base_model)}
+    reference = encode(Params(model=base, encode=EncodeParams(out=str(tmp_path / "uninterrupted"), **common)))
+    assert reference.run["clips"]["encoded"] == reference.report["clips"]["total"]
 
     out = tmp_path / "resumed"
     cmd = [sys.executable, "-m", "voxpipe.cli", "encode", "--manifest", str(manifest),
-           "--model", str(encoded_sample.base_model), "--out", str(out), "--device", "cpu"]
+           "--model-base", str(encoded_sample.base_model), "--out", str(out), "--device", "cpu"]
     cmd += [arg for key, value in settings.items() for arg in ("--set", f"encode.{key}={value}")]
     # run from tmp_path so the repo's params.yaml is not read; env keeps the package importable
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    index = out / "index.jsonl"
+    index = out / "index.rank-0.jsonl"  # a rank's shards are registered here until rank 0 merges them
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if index.is_file() and sum('"latents"' in line for line in index.read_text().splitlines()) >= 1:
@@ -135,11 +135,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(encoded_sample, tmp_path
     assert not (out / "report.json").exists()
     assert not (out / "subset.jsonl").exists()
 
-    resumed = encode(EncodeParams(out=str(out), **common))
-    clips = resumed.report["clips"]
-    assert 0 < clips["encoded"] < clips["total"]
-    assert clips["encoded"] + clips["reused"] == clips["total"] == reference.report["clips"]["total"]
-    assert resumed.report["texts_tokenized"] == 0  # the token shard was registered before the kill
+    resumed = encode(Params(model=base, encode=EncodeParams(out=str(out), **common)))
+    clips = resumed.run["clips"]
+    assert 0 < clips["encoded"] and 0 < clips["reused"]
+    assert clips["encoded"] + clips["reused"] == reference.report["clips"]["total"]
+    assert resumed.run["texts_tokenized"] == 0  # the token shard was registered before the kill
     assert _tree(out) == _tree(tmp_path / "uninterrupted")
 
 
@@ -159,8 +159,8 @@ def test_bad_rows_are_quarantined_with_file_line_and_reason(encoded_sample, tmp_
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    result = encode(EncodeParams(manifest=[str(manifest)], model=str(encoded_sample.base_model), out=str(out),
-                                 device="cpu"))
+    result = encode(Params(model={"base": str(encoded_sample.base_model)},
+                           encode=EncodeParams(manifest=[str(manifest)], out=str(out), device="cpu")))
     report = result.report
     assert (report["rows_in"], report["rows_kept"], report["rows_quarantined"]) == (6, 1, 5)
     assert report["reasons"] == {"audio_missing": 1, "audio_undecodable": 1, "bad_json": 1, "missing_text": 1,
@@ -176,5 +176,141 @@ def test_bad_rows_are_quarantined_with_file_line_and_reason(encoded_sample, tmp_
 
     manifest.write_text("\n".join(lines[1:3]) + "\n")
     with pytest.raises(StepError, match="no row could be encoded"):
-        encode(EncodeParams(manifest=[str(manifest)], model=str(encoded_sample.base_model),
-                            out=str(tmp_path / "none"), device="cpu"))
+        encode(Params(model={"base": str(encoded_sample.base_model)},
+                      encode=EncodeParams(manifest=[str(manifest)], out=str(tmp_path / "none"),
+                                          device="cpu")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Under torchrun: the same latents, bit for bit, and a resume per rank
+# ---------------------------------------------------------------------------------------------
+
+# batches of 1-3 clips (the sample's clips last 1.4-5 s) and a shard per batch or two
+SPLIT = {"batch_seconds": 6.0, "shard_mb": 0.02}
+
+
+def _params(encoded_sample, manifest: Path, out: Path, **settings) -> Params:
+    return Params(model={"base": str(encoded_sample.base_model)},
+                  encode=EncodeParams(manifest=[str(manifest)], out=str(out), device="cpu", **settings))
+
+
+def _torchrun(encoded_sample, nproc: int, manifest: Path, out: Path, settings: dict) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "voxpipe.cli", "encode", "--manifest", str(manifest), "--model-base",
+           str(encoded_sample.base_model), "--out", str(out), "--device", "cpu"]
+    cmd += [arg for key, value in settings.items() for arg in ("--set", f"encode.{key}={value}")]
+    # run beside the manifest so the repo's params.yaml is not read; env keeps the package importable
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cmd, cwd=manifest.parent, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+
+
+def _latents(folder: Path, split: str) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Each row's latents (and ref latents) as training reads them, copied out of the memory-mapped shards."""
+    from voxpipe.data.dataset import EncodedDataset
+
+    data = EncodedDataset(folder, split)
+    samples = [data[i] for i in range(len(data))]
+    return {row["id"]: (s.latents.clone(), None if s.ref_latents is None else s.ref_latents.clone())
+            for row, s in zip(data.rows, samples, strict=True)}
+
+
+def _assert_bit_identical(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key, (latents, ref) in want.items():
+        assert torch.equal(got[key][0], latents), key
+        assert (ref is None and got[key][1] is None) or torch.equal(got[key][1], ref), key
+
+
+def test_two_ranks_encode_bit_identical_latents(encoded_sample, tmp_path):
+    manifest = _subset_manifest(encoded_sample, 12, tmp_path / "subset.jsonl")
+    one = encode(_params(encoded_sample, manifest, tmp_path / "one", **SPLIT))
+    _finish(_torchrun(encoded_sample, 2, manifest, tmp_path / "two", SPLIT))
+
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["world_size"] == 2
+    assert all(r["clips_encoded"] > 0 for r in run["ranks"])  # both ranks did real work
+    assert sum(r["clips_encoded"] for r in run["ranks"]) == one.report["clips"]["total"]
+    assert not list((tmp_path / "two").glob("index.rank-*"))  # rank 0 merged the parts
+    two = json.loads((tmp_path / "two" / "report.json").read_text())
+    # versions list what the process had imported: pytest's differs from the CLI's
+    assert {**two, "versions": None} == {**one.report, "versions": None}
+    _assert_bit_identical(_latents(tmp_path / "two", "subset"), _latents(tmp_path / "one", "subset"))
+
+
+def _worker(launcher: subprocess.Popen, local_rank: int):
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("LOCAL_RANK") == str(local_rank):
+                return child
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_a_killed_rank_resumes_its_share(encoded_sample, tmp_path):
+    manifest = _subset_manifest(encoded_sample, 16, tmp_path / "subset.jsonl")
+    settings = {"batch_seconds": 3.0, "shard_mb": 0.001}  # a clip or two per batch, a shard per batch
+    reference = encode(_params(encoded_sample, manifest, tmp_path / "reference", **settings))
+
+    out = tmp_path / "resumed"
+    proc = _torchrun(encoded_sample, 2, manifest, out, settings)
+    part = out / "index.rank-1.jsonl"
+    deadline = time.monotonic() + 180
+    killed = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        worker = _worker(proc, 1)
+        if worker and part.is_file() and '"latents"' in part.read_text():
+            worker.kill()  # rank 1 alone; torchrun then stops rank 0
+            killed = True
+            break
+        time.sleep(0.01)
+    proc.communicate(timeout=120)
+    assert killed and proc.returncode != 0, "the 2-rank encode ended before rank 1 could be killed"
+    assert not (out / "report.json").exists()
+
+    _finish(_torchrun(encoded_sample, 2, manifest, out, settings))
+    clips = json.loads((out / "run.json").read_text())["clips"]
+    assert clips["reused"] > 0 and clips["encoded"] > 0  # what rank 1 registered was kept
+    assert clips["reused"] + clips["encoded"] == reference.report["clips"]["total"]
+    _assert_bit_identical(_latents(out, "subset"), _latents(tmp_path / "reference", "subset"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards are verified before reuse
+# ---------------------------------------------------------------------------------------------
+
+
+def test_deleted_truncated_or_altered_shards_are_encoded_again(encoded_sample, tmp_path):
+    manifest = _subset_manifest(encoded_sample, 8, tmp_path / "subset.jsonl")
+    first = encode(_params(encoded_sample, manifest, tmp_path / "out", **SPLIT))
+    out = tmp_path / "out"
+    want = _latents(out, "subset")
+    records = _rows(out / "index.jsonl")
+    shards = [r for r in records if r["kind"] == "latents"]
+    assert len(shards) >= 3
+    deleted, truncated, altered = (out / s["shard"] for s in shards[:3])
+    deleted.unlink()
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    data = bytearray(altered.read_bytes())
+    data[-1] ^= 0xFF  # same size, one bit pattern changed in the last latent
+    altered.write_bytes(bytes(data))
+
+    again = encode(_params(encoded_sample, manifest, out, **SPLIT))
+    reasons = ("missing-file", "bad-size", "bad-hash")
+    assert again.run["shards_rejected"] == {s["shard"]: r for s, r in zip(shards, reasons, strict=False)}
+    assert again.run["clips"]["encoded"] == sum(len(s["entries"]) for s in shards[:3])
+    assert again.report == first.report
+    # the damaged files are set aside under a name that says why, the index lists only good shards
+    assert truncated.with_name(truncated.name + ".bad-size").is_file()
+    assert altered.with_name(altered.name + ".bad-hash").is_file()
+    for record in _rows(out / "index.jsonl"):
+        assert (out / record["shard"]).stat().st_size == record["size"]
+    _assert_bit_identical(_latents(out, "subset"), want)  # same batches: the very same latents

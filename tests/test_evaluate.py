@@ -208,7 +208,7 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     written, then the gate fails the run because nothing improved."""
     out = tmp_path / "eval"
     base_model = str(encoded_sample.base_model)
-    rc = main(["evaluate", "--model", base_model, "--baseline", base_model,
+    rc = main(["evaluate", "--model", base_model, "--model-base", base_model,
                "--data", str(encoded_sample.encoded), "--out", str(out), "--device", "cpu",
                "--seeds", "0", "1", "--set", "evaluate.texts_per_speaker=1", "--set", "evaluate.max_len=4",
                "--set", "evaluate.inference_timesteps=2", "--require-improvement"])
@@ -254,7 +254,7 @@ def test_missing_val_split_is_a_clear_error(encoded_sample, tmp_path, capsys):
     empty = tmp_path / "encoded"
     empty.mkdir()
     base_model = str(encoded_sample.base_model)
-    rc = main(["evaluate", "--model", base_model, "--baseline", base_model,
+    rc = main(["evaluate", "--model", base_model, "--model-base", base_model,
                "--data", str(empty), "--out", str(tmp_path / "eval"), "--device", "cpu"])
     assert rc == 1
     assert "no encoded val rows" in capsys.readouterr().err

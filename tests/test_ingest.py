@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from voxpipe import cli
 from voxpipe.data.ingest import ingest
 from voxpipe.data.ingest_row import REASONS, normalize_text
-from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,12 +243,15 @@ def test_path_string_column_relative_to_the_parquet_folder(tmp_path):
     assert [b["reason"] for b in bad] == ["missing_file", "unsafe_path", "no_audio"]
 
 
-def test_single_speaker_set_without_speaker_column(tmp_path):
+def test_a_set_without_speaker_column_is_one_speaker_with_a_notice(tmp_path, caplog):
     f = write_parquet(tmp_path / "d.parquet", [{"audio": struct(good_bytes()), "text": "x"}], speaker=None)
-    with pytest.raises(StepError, match=r"no speaker column 'speaker'.*: audio, text.*--speaker-column ''"):
-        run(tmp_path, [f])
-    raw, _, _ = run(tmp_path, [f], speaker_column="")
-    assert [r["speaker"] for r in raw] == ["default"]
+    raw, _, report = run(tmp_path, [f])
+    assert [r["speaker"] for r in raw] == ["default"] and report["speakers"] == {"default": 1}
+    notice = (f"{f}: no speaker column 'speaker' (if it has another name: --speaker-column NAME): its 1 rows "
+              'are one speaker, "default"')
+    assert report["notices"] == [notice] and notice in caplog.text
+    raw, _, report = run(tmp_path, [f], speaker_column="")
+    assert [r["speaker"] for r in raw] == ["default"] and "speaker_column is empty" in report["notices"][0]
 
 
 def test_same_audio_with_other_text_is_not_a_duplicate(tmp_path):

@@ -44,7 +44,7 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
     assert inputs["train"]["defaultValue"] == pipeline.TRAIN  # params.yaml's train section, unwired keys
     executors = spec["deploymentSpec"]["executors"]
-    assert len(executors) == 8
+    assert len(executors) == 11  # ingest is three: plan, shard (fanned out), merge
     for name, executor in executors.items():
         container = executor["container"]
         assert "pip install" not in " ".join(container["command"]), name  # nothing installed at run time
@@ -59,7 +59,9 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     assert sorted(kubernetes) == sorted(executors)
     for name, config in kubernetes.items():
         assert config["pvcMount"][0]["mountPath"] == pipeline.WORKSPACE
-        assert config["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"] == "pvc_name"
+        pvc = config["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"]
+        in_loop = name == "exec-ingest-shard"  # inside the ParallelFor: the loop's copy of the parameter
+        assert pvc == ("pipelinechannel--pvc_name" if in_loop else "pvc_name"), name
         placed = "nodeSelector" in config and "tolerations" in config
         assert placed == (name in ("exec-encode", "exec-evaluate")), name
 
@@ -74,7 +76,8 @@ def test_ingest_refuses_a_data_version_that_is_not_the_data(local_runner, capfd)
     workspace = local_runner / "workspace"
     write_small_sample(workspace / "datasets" / "mine", per_speaker=2)
     with pytest.raises(RuntimeError, match="ingest"):
-        steps.ingest(workspace=str(workspace), data_version="0123.dir", params={"input": ["datasets/mine"]})
+        steps.ingest_plan(workspace=str(workspace), data_version="0123.dir",
+                          params={"input": ["datasets/mine"]})
     assert f"has DVC md5 '{dvc_md5(workspace / 'datasets' / 'mine')}'" in capfd.readouterr().out
 
 
@@ -102,7 +105,7 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
         encode={**pipeline.ENCODE, "device": "cpu"},
         train={**pipeline.TRAIN, **SMALL["train"]},
         evaluate={**pipeline.EVALUATE, **SMALL["evaluate"]},
-        register={**pipeline.REGISTER, "experiment": "kfp-local"},
+        tracking={**pipeline.TRACKING, "experiment": "kfp-local"},
         mlflow_tracking_uri=tracking,
     )
     registered = run.output.metadata
@@ -114,6 +117,7 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
     assert client.get_run(version.run_id).data.tags["voxpipe.kfp_run_id"]  # KFP's run id reached the run
     # bulk data on the workspace, only reports in KFP's artifact store
     folders = {p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir()}
-    assert folders == {"ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"}
+    assert folders == {"ingest-plan", "ingest-shard", "ingest", "manifest", "init-model", "encode", "train",
+                       "evaluate", "mfu", "register"}
     assert not list((local_runner / "kfp").rglob("*.safetensors"))
     assert list((workspace / "voxpipe").rglob("*.safetensors"))

@@ -4,6 +4,7 @@ Regenerate the golden files after an intended change with VOXPIPE_UPDATE_GOLDEN=
 """
 
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -47,9 +48,13 @@ def gpu_variant():
 VARIANTS = {"ascend": ascend_variant, "gpu": gpu_variant}
 
 
+def rendered(launch: LaunchParams, train: TrainParams, namespace: str, owner: Owner | None = None) -> dict:
+    return render_job(Params(launch=launch, train=train), namespace, owner)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rendered_job_matches_golden_file(variant):
-    text = job_yaml(render_job(*VARIANTS[variant]()))
+    text = job_yaml(rendered(*VARIANTS[variant]()))
     path = GOLDEN / f"volcano-{variant}.yaml"
     if os.environ.get("VOXPIPE_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
@@ -59,7 +64,7 @@ def test_rendered_job_matches_golden_file(variant):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_pod_template_passes_the_kubernetes_pod_schema(variant):
-    job = render_job(*VARIANTS[variant]())
+    job = rendered(*VARIANTS[variant]())
     for task in job["spec"]["tasks"]:
         template = task["template"]
         pod = {
@@ -72,7 +77,7 @@ def test_every_pod_template_passes_the_kubernetes_pod_schema(variant):
 
 
 def test_schema_check_would_catch_a_broken_template():
-    job = render_job(*gpu_variant())
+    job = rendered(*gpu_variant())
     spec = job["spec"]["tasks"][0]["template"]["spec"]
     spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = [8]  # not a quantity
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": spec}
@@ -82,7 +87,7 @@ def test_schema_check_would_catch_a_broken_template():
 
 def test_gang_tasks_plugins_and_policies():
     launch, train, namespace, owner = ascend_variant()
-    job = render_job(launch, train, namespace, owner)
+    job = rendered(launch, train, namespace, owner)
     spec = job["spec"]
     assert (job["apiVersion"], job["kind"]) == ("batch.volcano.sh/v1alpha1", "Job")
     assert spec["schedulerName"] == "volcano" and spec["queue"] == "voxpipe"
@@ -113,10 +118,10 @@ def test_gang_tasks_plugins_and_policies():
 
 def test_gpu_job_has_no_hccl_env_and_one_pod_has_no_worker_task():
     launch, train, namespace, _ = gpu_variant()
-    env = {e["name"] for e in render_job(launch, train, namespace)["spec"]["tasks"][0]["template"]["spec"]
+    env = {e["name"] for e in rendered(launch, train, namespace)["spec"]["tasks"][0]["template"]["spec"]
            ["containers"][0]["env"]}
     assert not any(name.startswith(("HCCL", "PYTORCH_NPU")) for name in env)
-    single = render_job(launch.model_copy(update={"pods": 1}), train, namespace)
+    single = rendered(launch.model_copy(update={"pods": 1}), train, namespace)
     assert [t["name"] for t in single["spec"]["tasks"]] == ["master"] and single["spec"]["minAvailable"] == 1
 
 
@@ -142,7 +147,7 @@ def _run_pod_script(job, tmp_path, rank, world):
 
 def test_pod_command_runs_torchrun_on_voxpipe_train_with_the_exact_train_params(tmp_path):
     launch, train, namespace, owner = ascend_variant()
-    argv = _run_pod_script(render_job(launch, train, namespace, owner), tmp_path, rank=2, world=4)
+    argv = _run_pod_script(rendered(launch, train, namespace, owner), tmp_path, rank=2, world=4)
     assert argv[:6] == [
         "--nnodes=4",
         "--node_rank=2",
@@ -158,24 +163,76 @@ def test_pod_command_runs_torchrun_on_voxpipe_train_with_the_exact_train_params(
 
 def test_params_travel_in_the_job_not_in_the_image():
     launch, train, namespace, owner = ascend_variant()
-    spec = render_job(launch, train, namespace, owner)["spec"]
+    spec = rendered(launch, train, namespace, owner)["spec"]
     container = spec["tasks"][0]["template"]["spec"]["containers"][0]
     value = next(e["value"] for e in container["env"] if e["name"] == PARAMS_ENV)
     assert Params.model_validate(yaml.safe_load(value)).train == train
 
 
-def test_refuses_checkpoints_off_the_shared_volume():
+@pytest.mark.parametrize("key, path", [
+    ("train.out", "/tmp/train"),  # absolute, off the volume
+    ("train.out", "../../etc/escape"),  # relative, climbing out of the mount
+    ("train.data", "runs/../../data"),
+    ("model.base", "/workspace/../opt/voxpipe"),
+    ("tracking.work", ".."),
+])
+def test_refuses_paths_that_escape_the_workspace(key, path, capsys, monkeypatch):
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    code = main(["launch-train", "--dry-run", "--set", f"{key}={path}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert f"{key}={path!r}" in err and "outside the workspace volume mounted at /workspace" in err
+    assert err.count("\n") == 1  # one paragraph
+
+
+def test_workspace_paths_inside_the_mount_are_fine():
     launch = LaunchParams()
-    with pytest.raises(StepError, match="outside the workspace PVC"):
-        render_job(launch, TrainParams(out="/tmp/train"), "ml")
-    render_job(launch, TrainParams(out="/workspace/runs/a"), "ml")  # under the mount: fine
+    for out in ("/workspace/runs/a", "runs/a/../b", "./runs/c"):
+        rendered(launch, TrainParams(out=out), "ml")
+
+
+def test_secrets_reach_the_pods_by_reference_only():
+    launch = LaunchParams(secret_env={"HF_AUTH": "hf-credentials/token", "VOXPIPE_CHECKPOINT_KEY": "ck/key"})
+    job = rendered(launch, TrainParams(), "ml")
+    for task in job["spec"]["tasks"]:
+        env = {e["name"]: e for e in task["template"]["spec"]["containers"][0]["env"]}
+        assert env["HF_AUTH"] == {"name": "HF_AUTH", "valueFrom": {
+            "secretKeyRef": {"name": "hf-credentials", "key": "token"}}}
+        assert env["VOXPIPE_CHECKPOINT_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "ck", "key": "key"}
+        assert env["VOXPIPE_REDACT_ENV"]["value"] == "HF_AUTH,VOXPIPE_CHECKPOINT_KEY"  # redaction in the pod
+    defaults = {e["name"]: e for e in rendered(LaunchParams(), TrainParams(), "ml")["spec"]["tasks"][0]
+                ["template"]["spec"]["containers"][0]["env"]}
+    assert defaults["VOXPIPE_CHECKPOINT_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "voxpipe-checkpoint"
+    assert defaults["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "voxpipe-mlflow"
+
+
+@pytest.mark.parametrize("launch, message", [
+    (LaunchParams(env={"WANDB_KEY": "abc"}), "launch.env.WANDB_KEY holds a secret"),
+    (LaunchParams(env={"HF_AUTH": "abc"}), "launch.secret_env.HF_AUTH=<secret-name>/<key>"),
+    (LaunchParams(env={"MLFLOW_TRACKING_URI": "https://u:pw@mlflow.example"}), "URI password"),
+    (LaunchParams(secret_env={"HF_AUTH": "hf_0123456789abcdef"}), "never its value"),
+    (LaunchParams(secret_env={"HF_AUTH": "Upper/key"}), "not an environment variable name mapped"),
+    (LaunchParams(env={"X": "1"}, secret_env={"X": "s/k"}), "both launch.env and launch.secret_env"),
+])
+def test_refuses_secret_values_in_the_job_spec(launch, message):
+    with pytest.raises(StepError, match=re.escape(message)):
+        rendered(launch, TrainParams(), "ml")
+
+
+def test_refuses_a_secret_value_that_slipped_into_params(monkeypatch):
+    """The launcher's own secrets (its pod's env) must not travel in the job, whichever param holds them."""
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw-Zx81-launcher")
+    with pytest.raises(StepError, match="secret value in VOXPIPE_PARAMS"):
+        rendered(LaunchParams(), TrainParams(out="runs/pw-Zx81-launcher"), "ml")
+    with pytest.raises(StepError, match="secret value in LOG_DIR"):
+        rendered(LaunchParams(env={"LOG_DIR": "/workspace/pw-Zx81-launcher"}), TrainParams(), "ml")
 
 
 def test_refuses_env_that_would_break_the_rendezvous_and_cross_namespace_owners():
     with pytest.raises(StepError, match="MASTER_ADDR"):
-        render_job(LaunchParams(env={"MASTER_ADDR": "x"}), TrainParams(), "ml")
+        rendered(LaunchParams(env={"MASTER_ADDR": "x"}), TrainParams(), "ml")
     with pytest.raises(StepError, match="cannot cross namespaces"):
-        render_job(LaunchParams(), TrainParams(), "ml", Owner("p", "u", "kubeflow"))
+        rendered(LaunchParams(), TrainParams(), "ml", Owner("p", "u", "kubeflow"))
 
 
 def test_cli_dry_run_prints_the_job(capsys, monkeypatch):
@@ -183,5 +240,5 @@ def test_cli_dry_run_prints_the_job(capsys, monkeypatch):
     code = main(["launch-train", "--dry-run", "--pods", "3", "--namespace", "ml", "--set", "train.lr=0.0003"])
     assert code == 0
     job = yaml.safe_load(capsys.readouterr().out)
-    expected = render_job(LaunchParams(pods=3, namespace="ml"), TrainParams(lr=0.0003), "ml")
+    expected = rendered(LaunchParams(pods=3, namespace="ml"), TrainParams(lr=0.0003), "ml")
     assert job == expected

@@ -13,7 +13,7 @@ from voxpipe.cli import main
 from voxpipe.errors import StepError
 from voxpipe.launch.volcano import render_job
 from voxpipe.launch.watch import run_job
-from voxpipe.params import LaunchParams, TrainParams
+from voxpipe.params import LaunchParams, Params
 
 NAME = "voxpipe-train-00000"  # the fake names generateName'd jobs with a counter
 FAST = {"timeout_s": 30, "poll_s": 0.01, "tail_lines": 5}
@@ -24,7 +24,7 @@ def api_for(cluster: FakeCluster) -> client.ApiClient:
 
 
 def job(pods: int = 2) -> dict:
-    return render_job(LaunchParams(pods=pods), TrainParams(), "ml")
+    return render_job(Params(launch=LaunchParams(pods=pods)), "ml")
 
 
 def phase(name: str, retries: int = 0, **state) -> dict:

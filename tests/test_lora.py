@@ -18,7 +18,8 @@ from upstream import import_upstream
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, preset
 from voxpipe.model.io import from_pretrained, init_model, save_pretrained
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams, ModelParams
+from voxpipe.errors import StepError
+from voxpipe.params import LoraParams, ModelParams, load_params
 from voxpipe.train.lora import (
     LORA_CONFIG,
     LORA_WEIGHTS,
@@ -245,7 +246,7 @@ def test_meta_build_then_reset_is_reproducible():
 
 def test_bad_requests_fail_clearly():
     model = VoxCPM2(preset("tiny"))
-    with pytest.raises(ValueError, match="selects no layers"):
+    with pytest.raises(StepError, match="selects no layers"):
         apply_lora(model, LoraParams(enabled=True, target_lm=False, target_dit=False))
     with pytest.raises(ValueError, match="no LoRA adapters"):
         lora_state_dict(model)
@@ -255,6 +256,34 @@ def test_bad_requests_fail_clearly():
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("q_proj.lora_B")}
     with pytest.raises(ValueError, match="partner"):
         merge_lora_state_dict(state, LoraParams(enabled=True))
+
+
+def test_lora_defaults_follow_upstreams_recipe_unless_set():
+    """lr 1e-4 and alpha = r with LoRA on, unless given (in params.yaml, --set or a flag)."""
+    on = load_params(None, ["train.lora.enabled=true", "train.lora.r=8"]).train
+    assert (on.lr, on.lora.alpha, on.lora.r) == (1e-4, 8, 8)
+    off = load_params(None, []).train
+    assert off.lr == 1e-5 and not off.lora.enabled
+    pinned = load_params(None, ["train.lora.enabled=true", "train.lr=3e-5", "train.lora.alpha=4"]).train
+    assert (pinned.lr, pinned.lora.alpha) == (3e-5, 4)
+    flagged = load_params(None, [], {"train.lora.enabled": True, "train.lr": 2e-4}).train
+    assert flagged.lr == 2e-4
+    # the resolved values are what the run records (the train report's params)
+    assert on.model_dump()["lr"] == 1e-4 and on.model_dump()["lora"]["alpha"] == 8
+
+
+def test_target_modules_are_configurable_and_recorded(tmp_path):
+    model = VoxCPM2(preset("tiny"))
+    params = LoraParams(enabled=True, r=2, target_dit=False, target_modules_lm=["gate_proj", "down_proj"])
+    names = apply_lora(model, params)
+    wrapped = {n.rsplit(".", 2)[-2] for n in names}
+    assert wrapped == {"gate_proj", "down_proj"}
+    assert all(n.startswith(("base_lm.", "residual_lm.")) for n in names)
+    export_lora(model, params, tmp_path)
+    config = json.loads((tmp_path / LORA_CONFIG).read_text())["lora_config"]
+    assert config["target_modules_lm"] == ["gate_proj", "down_proj"] and config["alpha"] == 2
+    with pytest.raises(StepError, match=r"train.lora.target_modules_dit: qproj name no nn.Linear"):
+        apply_lora(VoxCPM2(preset("tiny")), LoraParams(enabled=True, target_modules_dit=["q_proj", "qproj"]))
 
 
 def test_fsdp2_sharded_adapters_match_unsharded():

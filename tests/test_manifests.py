@@ -1,4 +1,5 @@
-"""manifests/: every file wired into kustomize, core kinds schema-valid, and in step with the launcher."""
+"""manifests/: every file wired into kustomize, core kinds schema-valid, and in step with the launcher;
+every pod the project ships or creates meets the "restricted" Pod Security Standard."""
 
 import shutil
 import subprocess
@@ -8,9 +9,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from voxpipe.params import LaunchParams
+from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL, render_job
+from voxpipe.params import DEFAULT_SECRET_ENV, LaunchParams, Params
+from voxpipe.secrets import is_secret_name
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "manifests"
+PIPELINE = ROOT / "pipelines" / "finetune.yaml"
 K8S_VERSION = kubernetes_validate.latest_version()
 CUSTOM_GROUPS = ("scheduling.volcano.sh/",)  # CRD kinds: no schema in kubernetes-validate
 
@@ -128,3 +133,149 @@ def test_kustomize_build_namespaces_everything_but_the_queue():
             assert doc["metadata"]["namespace"] == "kubeflow"
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
     assert {s["namespace"] for s in binding["subjects"]} == {"kubeflow"}
+
+
+# -- authenticated MLflow ---------------------------------------------------------------------------
+def mlflow_container() -> dict:
+    (deployment,) = by_kind("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_mlflow_runs_the_basic_auth_app_with_credentials_from_a_secret():
+    container = mlflow_container()
+    assert "--app-name=basic-auth" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    secrets = ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY")
+    for name in secrets:
+        assert set(env[name]) == {"name", "valueFrom"} and "secretKeyRef" in env[name]["valueFrom"], name
+    # the pipeline's credentials are the admin account of that same Secret (launch.secret_env defaults)
+    refs = {name: f"{e['valueFrom']['secretKeyRef']['name']}/{e['valueFrom']['secretKeyRef']['key']}"
+            for name, e in env.items() if "valueFrom" in e}
+    assert refs["MLFLOW_AUTH_ADMIN_USERNAME"] == DEFAULT_SECRET_ENV["MLFLOW_TRACKING_USERNAME"]
+    assert refs["MLFLOW_AUTH_ADMIN_PASSWORD"] == DEFAULT_SECRET_ENV["MLFLOW_TRACKING_PASSWORD"]
+    # the auth app's settings: from the ConfigMap, its user database on the volume, no credentials in it
+    (config_map,) = by_kind("ConfigMap")
+    ini = config_map["data"]["basic_auth.ini"]
+    assert "database_uri = sqlite:////mlflow/basic_auth.db" in ini and "password" not in ini
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == f"{mounts['auth-config']}/basic_auth.ini"
+    assert not by_kind("Secret")  # values are never shipped: docs/cluster.md has you create them
+
+
+def test_network_policy_admits_only_the_pipeline_pods():
+    (policy,) = by_kind("NetworkPolicy")
+    (deployment,) = by_kind("Deployment")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": MLFLOW_CLIENT_LABEL}}]  # no namespaces, no IPs
+    assert rule["ports"] == [{"protocol": "TCP", "port": "http"}]
+    # who carries the label: the Volcano training pods and the pipeline's MLflow clients
+    template = render_job(Params(), "ml")["spec"]["tasks"][0]["template"]
+    assert MLFLOW_CLIENT_LABEL.items() <= template["metadata"]["labels"].items()
+    executors = pipeline_platform()["executors"]
+    labelled = {name for name, spec in executors.items()
+                if MLFLOW_CLIENT_LABEL.items() <= spec.get("podMetadata", {}).get("labels", {}).items()}
+    assert labelled == {"exec-train", "exec-register"}
+
+
+# -- restricted pods ---------------------------------------------------------------------------------
+def restricted_violations(spec: dict, read_only_root: bool = True) -> list[str]:
+    """What keeps a pod spec from the "restricted" Pod Security Standard (and our own rules: no service
+    account token, read-only root filesystem)."""
+    problems = []
+    pod_sc = spec.get("securityContext", {})
+    if spec.get("automountServiceAccountToken") is not False:
+        problems.append("automountServiceAccountToken is not false")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            problems.append(key)
+    problems += [f"hostPath volume {v['name']}" for v in spec.get("volumes", []) if "hostPath" in v]
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc, name = c.get("securityContext", {}), c["name"]
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation")
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            problems.append(f"{name}: capabilities.drop ALL")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities.add")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile")
+        if read_only_root and sc.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{name}: readOnlyRootFilesystem")
+    return problems
+
+
+def volcano_pod_specs() -> dict[str, dict]:
+    variants = {
+        "ascend": LaunchParams(pods=4),
+        "gpu": LaunchParams(accelerator="nvidia.com/gpu", pods=2),
+        "cpu-one-pod": LaunchParams(accelerator="", pods=1, secret_env={}),
+    }
+    return {f"volcano {name}/{task['name']}": task["template"]["spec"]
+            for name, launch in variants.items()
+            for task in render_job(Params(launch=launch), "ml")["spec"]["tasks"]}
+
+
+def manifest_pod_specs() -> dict[str, dict]:
+    kinds = ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod")
+    return {f"{path.relative_to(MANIFESTS)}": doc["spec"]["template"]["spec"] if doc["kind"] != "Pod"
+            else doc["spec"] for path, doc in documents() if doc["kind"] in kinds}
+
+
+def pipeline_platform() -> dict:
+    _, platform = yaml.safe_load_all(PIPELINE.read_text())
+    return platform["platforms"]["kubernetes"]["deploymentSpec"]
+
+
+def test_every_pod_meets_the_restricted_standard():
+    specs = {**volcano_pod_specs(), **manifest_pod_specs()}
+    assert len(specs) >= 6 and any(name.startswith("namespaced/mlflow") for name in specs)
+    problems = {name: p for name, spec in specs.items() if (p := restricted_violations(spec))}
+    assert problems == {}
+    for name, spec in specs.items():  # a read-only root filesystem needs somewhere to write temporary files
+        (container,) = spec["containers"]
+        tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert tmp and "emptyDir" in volumes[tmp[0]["name"]], name
+    # the KFP tasks: kfp-kubernetes sets runAsNonRoot (KFP's backend adds no-escalation, drop ALL and
+    # RuntimeDefault itself); nothing in the compiled pipeline may grant more
+    executors = pipeline_platform()["executors"]
+    assert executors
+    allowed = {"pvcMount", "secretAsEnv", "nodeSelector", "tolerations", "podMetadata", "securityContext"}
+    for name, spec in executors.items():
+        assert spec.get("securityContext") == {"runAsNonRoot": True}, name
+        assert set(spec) <= allowed, f"{name}: {set(spec) - allowed}"
+
+
+def test_the_restricted_check_can_fail():
+    (spec,) = [s for n, s in volcano_pod_specs().items() if n.endswith("cpu-one-pod/master")]
+    assert restricted_violations(spec) == []
+    spec["containers"][0]["securityContext"].pop("capabilities")
+    spec["securityContext"]["runAsUser"] = 0
+    spec.pop("automountServiceAccountToken")
+    spec["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert restricted_violations(spec) == [
+        "automountServiceAccountToken is not false", "hostPath volume host", "train: runAsUser 0",
+        "train: capabilities.drop ALL"]
+
+
+def test_the_compiled_pipeline_holds_secrets_only_by_reference():
+    pipeline, _ = yaml.safe_load_all(PIPELINE.read_text())
+    for name, executor in pipeline["deploymentSpec"]["executors"].items():
+        for env in executor["container"].get("env", []):
+            assert not is_secret_name(env["name"]), f"{name}: {env['name']} as a literal value"
+    executors = pipeline_platform()["executors"]
+    wired = {(ref["secretName"], k["secretKey"], k["envVar"])
+             for name in ("exec-train", "exec-register") for ref in executors[name]["secretAsEnv"]
+             for k in ref["keyToEnv"]}
+    expected = {(*ref.split("/"), env) for env, ref in DEFAULT_SECRET_ENV.items()}
+    assert expected <= wired

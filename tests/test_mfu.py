@@ -15,14 +15,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from voxpipe.cli import main
-from voxpipe.errors import StepError
 from voxpipe.mfu.flops import batch_dit_rows, batch_training_flops, forward_flops, training_flops
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, measure_cpu_gemm_peak, peak_flops, table_peak
 from voxpipe.mfu.published import PUBLISHED, frames_only_flops, published_check
-from voxpipe.mfu.report import compute
 from voxpipe.model.config import preset
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import MfuParams
 
 # tiny/small at training-like shapes, voxcpm2 at the published configuration (B=4, L=830)
 SHAPES = {"tiny": (2, 37), "small": (4, 200), "voxcpm2": (4, 830)}
@@ -87,7 +84,7 @@ def counted(request):
 
 def test_forward_flops_agree_with_flop_counter(counted):
     config, b, length, dit_rows, forward, _ = counted
-    ours = forward_flops(config, b, length, dit_rows=dit_rows)
+    ours = forward_flops(config, b, length, dit_rows=dit_rows, enc_rows=dit_rows)  # audio = loss rows here
     assert sum(ours.values()) == pytest.approx(forward.get_total_flops(), rel=0.02)
     counts = forward.get_flop_counts()
     for module, tower in MODULES.items():
@@ -97,7 +94,8 @@ def test_forward_flops_agree_with_flop_counter(counted):
 def test_training_flops_are_three_forwards_like_the_counter(counted):
     config, b, length, dit_rows, _, both = counted
     # backward skips input grads of the first layers (data needs none), so the counter is just under 3x
-    assert training_flops(config, b, length, dit_rows=dit_rows) == pytest.approx(both, rel=0.02)
+    ours = training_flops(config, b, length, dit_rows=dit_rows, enc_rows=dit_rows)
+    assert ours == pytest.approx(both, rel=0.02)
 
 
 def test_causal_half_removes_half_of_the_lm_attention_matmuls(counted):
@@ -115,10 +113,13 @@ def test_batch_flops_read_the_padded_shape():
     config = preset("tiny")
     batch = make_batch(config, 3, 21)
     dit_rows = 3 * (21 - 3 - 21 // 4)  # make_batch: text + audio_start, then audio, then 2 padding
-    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=dit_rows)
+    rows = {"dit_rows": dit_rows, "enc_rows": dit_rows}  # make_batch: the audio rows are the loss rows
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, **rows)
     assert batch_training_flops(config, batch) < training_flops(config, 3, 21)
     batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])  # the DiT still runs one row
-    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1)
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1, enc_rows=dit_rows)
+    batch["audio_mask"] = torch.zeros_like(batch["audio_mask"])  # and so does the encoder
+    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1, enc_rows=1)
     batch["audio_feats"] = batch["audio_feats"][:, :, :2]
     with pytest.raises(ValueError, match="audio_feats must be"):
         batch_training_flops(config, batch)
@@ -134,20 +135,37 @@ def test_batch_flops_read_the_padded_shape():
         ("NVIDIA A100-SXM4-80GB", 312, "A100"),
         ("AMD Instinct MI300X", 1300, "MI300X"),
         ("NVIDIA L40S", 362, "L40S"),
+        # the names torch_npu reports for 910B and 910C dies; CANN formula cube cores x 16^3 x 2 x GHz
+        ("Ascend910B1", 353.8944, "Ascend 910B1"),
         ("Ascend910B2", 353.8944, "Ascend 910B2"),
+        ("Ascend910B2C", 353.8944, "Ascend 910B2"),
+        ("Ascend910B3", 294.912, "Ascend 910B3"),
+        ("Ascend910B4", 245.76, "Ascend 910B4"),
+        ("Ascend910B4-1", 245.76, "Ascend 910B4"),
         ("Ascend910_9391", 353.8944, "Ascend 910C die"),
+        ("Ascend910_9392", 353.8944, "Ascend 910C die"),
+        ("Ascend910_9381", 353.8944, "Ascend 910C die"),
+        ("Ascend910_9382", 353.8944, "Ascend 910C die"),
+        ("Ascend910_9372", 294.912, "Ascend 910C die (B3 class)"),
+        ("Ascend910_9362", 245.76, "Ascend 910C die (B4 class)"),
     ],
 )
 def test_peak_table_by_device_name(name, tflops, label):
     value, source = table_peak(name)
-    assert value == pytest.approx(tflops * 1e12) and source == f"table: {label}"
+    assert value == pytest.approx(tflops * 1e12) and source.startswith(f"table: {label} (")
+    assert "datasheet" in source or "cube cores x 16^3 x 2" in source  # every entry names its source
+
+
+@pytest.mark.parametrize("name", ["Ascend910_9382", "Ascend910_9391", "Ascend910B2"])
+def test_the_ports_dies_peak_at_353_9_tflops(name):
+    assert round(lookup_peak(name)[0] / 1e12, 1) == 353.9
 
 
 def test_peak_override_unknown_device_and_dtype_note():
     assert peak_flops("cpu", "float32", override=123e12) == (123e12, "override")
     with pytest.raises(UnknownPeakError, match="Tesla T4.*mfu.peak_tflops"):
         lookup_peak("Tesla T4")
-    assert lookup_peak("NVIDIA H200", "float32")[1] == "table: H200 (bf16 peak; training dtype float32)"
+    assert lookup_peak("NVIDIA H200", "float32")[1].endswith("(bf16 peak; training dtype float32)")
     with pytest.raises(ValueError, match="positive"):
         peak_flops("cpu", "float32", override=0.0)
 
@@ -225,7 +243,8 @@ def _copy(real_run, tmp_path) -> tuple:
 def test_mfu_step_reports_a_real_run(real_run, tmp_path):
     config, model_dir, run, lines = real_run
     out = tmp_path / "mfu"
-    args = ["mfu", "--model", str(model_dir), "--train-report", str(run / "report.json"), "--out", str(out)]
+    args = ["mfu", "--model-base", str(model_dir), "--train-report", str(run / "report.json"),
+            "--out", str(out)]
     assert main(args) == 0
     figures = json.loads((out / "mfu.json").read_text())
     used = lines[1:]  # warmup_steps = 1
@@ -252,7 +271,7 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
 
 def test_mfu_step_names_bad_inputs(real_run, tmp_path, capsys):
     model_dir, run = _copy(real_run, tmp_path)
-    args = ["mfu", "--model", str(model_dir), "--train-report", str(run / "report.json"),
+    args = ["mfu", "--model-base", str(model_dir), "--train-report", str(run / "report.json"),
             "--out", str(tmp_path / "mfu"), "--peak-tflops", "1"]
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 3, "step_time_s": 0.1}) + "\n")
@@ -264,9 +283,18 @@ def test_mfu_step_names_bad_inputs(real_run, tmp_path, capsys):
     assert "key 'device_name' missing" in capsys.readouterr().err
 
 
-def test_step_error_for_an_unknown_accelerator_run(real_run, tmp_path):
+def test_an_unknown_accelerator_gives_mfu_null_and_exit_0(real_run, tmp_path, capsys):
     model_dir, run = _copy(real_run, tmp_path)
     report = {"world_size": 8, "device_type": "cuda", "device_name": "Tesla T4", "dtype": "bfloat16"}
     (run / "report.json").write_text(json.dumps(report))
-    with pytest.raises(StepError, match="Tesla T4"):
-        compute(MfuParams(model=str(model_dir), train_report=str(run / "report.json")))
+    out = tmp_path / "mfu"
+    with pytest.warns(UserWarning, match="mfu: null.*Tesla T4.*mfu.peak_tflops"):
+        code = main(["mfu", "--model-base", str(model_dir), "--train-report", str(run / "report.json"),
+                     "--out", str(out)])
+    assert code == 0
+    figures = json.loads((out / "mfu.json").read_text())
+    assert figures["mfu"] is None and figures["peak_tflops"] is None
+    assert "Tesla T4" in figures["mfu_null_reason"] and figures["peak_key"] == "mfu.peak_tflops"
+    assert figures["achieved_tflops_per_device"] > 0  # the run's own figures still count
+    assert "mfu: null" in capsys.readouterr().out
+    assert "unknown: set mfu.peak_tflops" in (out / "mfu.md").read_text()

@@ -9,6 +9,7 @@ tests (`train.track`) train for real: the tiny model, a few steps, one process.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -27,8 +28,10 @@ import pytest
 import soundfile as sf
 from mlflow import MlflowClient
 
+from voxpipe.cli import main
 from voxpipe.data.ingest import ingest
 from voxpipe.errors import StepError
+from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.model.io import init_model
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
@@ -125,16 +128,25 @@ def write_training(folder: Path, lr: float, val_losses: list[float], steps: int 
     return folder
 
 
-def write_eval(folder: Path, loss_model: float, loss_baseline: float) -> Path:
+def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity: float = 0.7,
+               val_digest: str = "val-v1") -> Path:
+    """eval.json as `evaluate` writes it: flat figures, the candidate's and baseline's scores and the
+    promotion rule's verdict against the baseline (one speaker "spk", baseline similarity 0.6, std 0.01)."""
     samples = folder / "samples"
     samples.mkdir(parents=True)
     t = np.arange(24000) / 48000
     sf.write(samples / "000-spk-ref.wav", (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 48000)
+    model = Scores(loss_model, 0.01, {"spk": mean_ci([similarity - 0.02, similarity + 0.02])}, 0.0, [])
+    base = Scores(loss_baseline, 0.01, {"spk": mean_ci([0.58, 0.62])}, 0.0, [])
+    verdict = decide(model, base, None, tolerance=0.05)
     figures = {"loss_model": loss_model, "loss_baseline": loss_baseline,
                "loss_delta": loss_model - loss_baseline, "loss_seed_spread": 0.01,
-               "improved": int(loss_model < loss_baseline),
-               "speaker_similarity_mean": 0.7, "speaker_similarity_baseline": 0.6, "stop_failure_rate": 0.0,
-               "verdict": "see numbers", "loss": {"summary": {"model": {"total": {"mean": loss_model}}}}}
+               "improved": int(verdict.promoted),
+               "speaker_similarity_mean": similarity, "speaker_similarity_baseline": 0.6,
+               "stop_failure_rate": 0.0,
+               "verdict": verdict.sentence(), "loss": {"summary": {"model": {"total": {"mean": loss_model}}}},
+               "promotion": {**verdict.as_dict(), "tolerance": 0.05},
+               "scores": {"model": model.as_dict(), "baseline": base.as_dict()}, "val_digest": val_digest}
     (folder / "eval.json").write_text(json.dumps(figures))
     return folder / "eval.json"
 
@@ -166,9 +178,15 @@ def pipeline(tmp_path_factory):
     return root, runs
 
 
+TRACKING_KEYS = {"work": "work", "tracking_uri": "uri", "experiment": "experiment"}  # -> tracking.*
+
+
 def run_register(files: dict, **settings) -> dict:
+    register_keys = {**files, "model_name": NAME, **settings}
+    tracking = {new: register_keys.pop(old) for old, new in TRACKING_KEYS.items() if old in register_keys}
     params = Params.model_validate({
-        "register": {**files, "model_name": NAME, **settings},
+        "register": register_keys,
+        "tracking": tracking,
         "launch": {"env": {"MLFLOW_TRACKING_TOKEN": SECRETS["MLFLOW_TRACKING_TOKEN"]}},
     })
     register(params)
@@ -189,7 +207,7 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     root, runs = pipeline
     client = MlflowClient(server)
     assert a["created"] and a["decision"]["promoted"]
-    assert a["decision"]["compared_to"] == "base model" and a["decision"]["compared_loss"] == 2.0
+    assert a["decision"]["compared_to"] == "baseline" and a["decision"]["compared_loss"] == 2.0
     version = client.get_model_version(NAME, a["version"])
     assert version.tags["voxpipe.decision"] == "promoted" and float(version.tags["voxpipe.eval_loss"]) == 1.90
     assert version.run_id == a["run_id"]
@@ -216,18 +234,57 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert expected <= artifacts
 
 
-def test_champion_loads_and_synthesizes(registered, server):
+def reference_clip(root: Path) -> Path:
+    """A real recording of the sample (ingest output): the voice to clone."""
+    return sorted((root / "ingest" / "audio").rglob("*.flac"))[0]
+
+
+def test_champion_loads_and_synthesizes(registered, server, pipeline):
+    root, _ = pipeline
     with session(server):
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
     assert {p.name for p in model.metadata.signature.params.params} == {
         "seed", "cfg_value", "inference_timesteps", "max_len"}
+    assert model.metadata.signature.inputs.input_names() == ["text", "reference_audio"]
     params = {"seed": 3, "max_len": 8, "inference_timesteps": 2}
     out = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
-    again = model.predict(["hello there"], params=params)  # a plain list works too
+    again = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
     assert list(out["sample_rate"]) == [48000]
     for audio, same in zip(out["audio"], again["audio"], strict=True):
         assert audio.dtype == np.float32 and audio.size > 0 and np.isfinite(audio).all()
         np.testing.assert_array_equal(audio, same)  # fixed seed: the same audio
+
+    # voice cloning: a reference clip per row, as a path or as base64 (what a remote client sends)
+    clip = reference_clip(root)
+    encoded = base64.b64encode(clip.read_bytes()).decode()
+    texts = ["hello there"] * 3
+    cloned = model.predict(pd.DataFrame({"text": texts, "reference_audio": [str(clip), encoded, ""]}),
+                           params=params)
+    np.testing.assert_array_equal(cloned["audio"][0], cloned["audio"][1])  # path or bytes: the same clip
+    own_voice = cloned["audio"][2]
+    assert own_voice.size != cloned["audio"][0].size or not np.array_equal(own_voice, cloned["audio"][0])
+    with pytest.raises(Exception, match="neither an audio file nor base64 audio"):
+        model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["/no/such/clip.wav"]}), params=params)
+
+
+def test_synthesize_with_a_reference_clip(registered, server, pipeline, tmp_path, capsys):
+    """`voxpipe synthesize` from the registry writes playable audio; the same seed gives the same audio; the
+    export folder itself says exactly what the registered champion says."""
+    root, runs = pipeline
+    clip = reference_clip(root)
+    common = ["--text", "hello there", "--reference", str(clip), "--max-len", "8",
+              "--inference-timesteps", "2", "--device", "cpu", "--tracking-uri", server]
+    outs = [tmp_path / "a.wav", tmp_path / "b.wav", tmp_path / "folder.wav"]
+    for out in outs[:2]:
+        assert main(["synthesize", "--model", f"models:/{NAME}@champion", "--out", str(out), *common]) == 0
+    assert main(["synthesize", "--model", runs["a"]["model"], "--out", str(outs[2]), *common]) == 0
+    assert f"in the voice of {clip}" in capsys.readouterr().out
+    info = sf.info(str(outs[0]))
+    assert (info.samplerate, info.channels, info.subtype) == (48000, 1, "PCM_16") and info.frames > 0
+    assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
+    assert main(["synthesize", "--model", runs["a"]["model"], "--out", str(tmp_path / "x.wav"),
+                 *common[:2], "--reference", str(tmp_path / "missing.wav")]) == 1
+    assert "synthesize.reference" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
 
 
 def test_worse_run_is_candidate_not_champion(registered, server):
@@ -262,14 +319,15 @@ def test_compare_lists_both_runs(registered, pipeline, server):
     a, b = registered
     root, _ = pipeline
     out = root / "compare"
-    result = compare(CompareParams(tracking_uri=server, format="json", out=str(out)))
+    result = compare(Params(tracking={"uri": server}, compare=CompareParams(format="json", out=str(out))))
     rows = json.loads((out / "compare.json").read_text())
     assert [r["run_id"] for r in rows] == [a["run_id"][:8], b["run_id"][:8]]
     assert "train.lr" in rows[0] and "model.seed" not in rows[0]  # only the params that differ
     assert [r["val_loss"] for r in rows] == [1.8, 1.93] and [r["eval_loss"] for r in rows] == [1.9, 1.95]
     assert rows[0]["loss_delta"] == pytest.approx(-0.1) and rows[0]["mfu"] == 0.01
     assert (out / "val_curves.png").stat().st_size > 1000
-    table = compare(CompareParams(tracking_uri=server, format="markdown", out=str(out))).text
+    markdown = CompareParams(format="markdown", out=str(out))
+    table = compare(Params(tracking={"uri": server}, compare=markdown)).text
     assert table.count("\n") == 4 and "| run | run_id |" in table
     assert len(result.rows) == 2
 
@@ -320,7 +378,8 @@ def test_default_sqlite_store_without_server(pipeline, monkeypatch):
     assert client.get_model_version_by_alias(NAME, "champion").version == reg["version"]
     assert (work / "mlruns").is_dir()
     assert json.loads((work / "mlflow_run.json").read_text())["run_id"] == reg["run_id"]
-    rows = compare(CompareParams(work=str(work), format="csv", out=str(root / "local_compare"))).rows
+    rows = compare(Params(tracking={"work": str(work)},
+                          compare=CompareParams(format="csv", out=str(root / "local_compare")))).rows
     assert len(rows) == 1
 
 
@@ -334,11 +393,11 @@ LIVE_SETTINGS = {"device": "cpu", "max_steps": LIVE_STEPS, "val_every": 2, "val_
 def train_live(sample, out: Path, server: str, experiment: str = LIVE, **changes) -> dict:
     """A real training with train.track on; its report.json. `work` (unused with a tracking URI) holds the
     value of a secret env var, as any param might: it must reach MLflow redacted."""
-    train(TrainParams(
-        data=str(sample.encoded), model=str(sample.base_model), out=str(out), track=True, tracking_uri=server,
-        experiment=experiment, work=str(out.parent / SECRETS["MLFLOW_TRACKING_TOKEN"]),
-        **{**LIVE_SETTINGS, **changes},
-    ))
+    tracking = {"uri": server, "experiment": experiment,
+                "work": str(out.parent / SECRETS["MLFLOW_TRACKING_TOKEN"])}
+    train(Params(model={"base": str(sample.base_model)}, tracking=tracking, train=TrainParams(
+        data=str(sample.encoded), out=str(out), track=True, **{**LIVE_SETTINGS, **changes},
+    )))
     return json.loads((out / "report.json").read_text())
 
 
@@ -374,7 +433,7 @@ def test_live_training_run_is_the_registered_run(live, server):
     steps = list(range(1, LIVE_STEPS + 1))
     # while training: the scrubbed train params and every step's metrics
     assert trained.data.params["train.lr"] == "0.002" and trained.data.params["train.track"] == "true"
-    assert trained.data.params["train.work"].endswith("/***")
+    assert trained.data.params["tracking.work"].endswith("/***")
     assert_no_secrets(trained.data.params)
     assert during["loss"] == steps and during["skipped"] == steps and during["val/loss"] == [2, 4]
     # register completed that run: one run, each metric once per step, the base model's val point added

@@ -21,9 +21,10 @@ from safetensors.torch import load_file, save_file
 from upstream import import_upstream
 
 from voxpipe.errors import StepError
+from voxpipe.integrity import MANIFEST
 from voxpipe.model.io import from_pretrained, init_model
-from voxpipe.params import LoraParams, ModelParams, TrainParams, load_params
-from voxpipe.train.checkpoint import DONE_MARKER, latest_checkpoint
+from voxpipe.params import LoraParams, ModelParams, Params, TrainParams, load_params
+from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.loop import train
 from voxpipe.train.schedule import WarmupCosine
 
@@ -35,7 +36,7 @@ COMPARED = ("loss/diff", "loss/stop", "grad_norm", "lr", "shapes", "skipped")
 
 
 def cli_args(sample, out: Path, steps: int = STEPS) -> list[str]:
-    args = ["train", "--data", str(sample.encoded), "--model", str(sample.base_model), "--out", str(out),
+    args = ["train", "--data", str(sample.encoded), "--model-base", str(sample.base_model), "--out", str(out),
             "--device", "cpu", "--max-steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY),
             "--lr", str(SETTINGS["lr"]), "--max-tokens", str(SETTINGS["max_tokens"]),
             "--val-every", str(SETTINGS["val_every"])]
@@ -49,9 +50,10 @@ def torchrun(sample, out: Path) -> list[str]:
 
 
 def run_in_process(sample, out: Path, **changes) -> dict:
-    params = {"data": str(sample.encoded), "model": str(sample.base_model), "out": str(out), "device": "cpu",
+    base = changes.pop("model", str(sample.base_model))
+    params = {"data": str(sample.encoded), "out": str(out), "device": "cpu",
               "max_steps": STEPS, "checkpoint_every": CHECKPOINT_EVERY, **SETTINGS, **changes}
-    train(TrainParams(**params))
+    train(Params(model={"base": base}, train=TrainParams(**params)))
     return json.loads((out / "report.json").read_text())
 
 
@@ -60,7 +62,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, folder: Path) -> None:
-    while not (folder / DONE_MARKER).is_file():
+    while not (folder / MANIFEST).is_file():
         assert proc.poll() is None, f"the run ended before {folder} was written: {proc.communicate()}"
         time.sleep(0.05)
 
@@ -238,7 +240,7 @@ def test_incomplete_checkpoint_folders_are_ignored(tmp_path):
         folder.mkdir()
         (folder / ".metadata").write_bytes(b"x")
         if complete:
-            (folder / DONE_MARKER).write_text("{}")
+            (folder / MANIFEST).write_text("{}")
     (tmp_path / ".tmp-step-7").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "step-3"
 
@@ -253,5 +255,5 @@ def test_nested_lora_keys_are_settable_from_the_command_line():
 def test_data_encoded_by_another_vae_is_refused(encoded_sample, tmp_path):
     other = tmp_path / "other_base"
     init_model(ModelParams(preset="tiny", seed=5, out=str(other)))  # same shapes, different VAE weights
-    with pytest.raises(StepError, match=r"was encoded with vae .* run `voxpipe encode --model"):
+    with pytest.raises(StepError, match=r"was encoded with vae .* run `voxpipe encode --model-base"):
         run_in_process(encoded_sample, tmp_path / "run", model=str(other))

@@ -10,7 +10,7 @@ import soundfile as sf
 from voxpipe.data.manifest import build_manifest
 from voxpipe.data.validate import validate_manifest
 from voxpipe.errors import StepError
-from voxpipe.params import ManifestParams, ValidateParams
+from voxpipe.params import ManifestParams, Params
 
 
 def flac(path: Path, seconds: float, sr: int = 16000, channels: int = 1) -> Path:
@@ -26,7 +26,7 @@ def row(audio: str, text: str = "hello there", duration: float = 1.0, **extra) -
 
 
 def check(manifest: Path):
-    return validate_manifest(ValidateParams(manifest=str(manifest)))
+    return validate_manifest(Params(validate={"manifest": str(manifest)}))
 
 
 def test_a_manifest_from_voxpipe_manifest_is_usable(tmp_path):

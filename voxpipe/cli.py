@@ -1,6 +1,7 @@
 """`voxpipe <step>`: one subcommand per pipeline step.
 
-Every step flag maps to a `section.key` in params.yaml; precedence is params file < `--set` < flag.
+Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/params.py:
+the flag's help is the field's description). Precedence: params file < `--recipe` < `--set` < flag.
 Step modules are imported only when their step runs, so `voxpipe --help` stays fast.
 """
 
@@ -8,227 +9,212 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
+from voxpipe import __version__
 from voxpipe.errors import StepError
-from voxpipe.params import load_params
+from voxpipe.outlock import guard_step
+from voxpipe.params import load_params, params_yaml
+from voxpipe.paramspec import Key, base_type, keys
 
-
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    key: str
-    help: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
+log = logging.getLogger("voxpipe")
 
 
 @dataclass(frozen=True)
 class Step:
     name: str
     help: str
-    target: str  # "module:function", called with the step's params section
-    section: str | None  # None: the function gets the whole Params (it needs several sections)
-    flags: tuple[Flag, ...]
+    target: str  # "module:function"
+    section: str | None  # the function gets this section; None: the whole Params (it reads several)
+    reads: tuple[str, ...]  # what becomes flags: a section (all its keys), a sub-section or one key
+    hide: tuple[str, ...] = ()  # keys of `reads` left to `--set` (wired by an orchestrator)
+
+    @property
+    def own(self) -> str:
+        """The section whose keys get plain flags (`--out`); other sections' flags carry their name."""
+        return self.reads[0].split(".")[0]
 
 
-def _f(name: str, key: str, help: str, **kwargs: Any) -> Flag:
-    return Flag(name, key, help, kwargs)
+SHARD_KEYS = ("ingest.plan", "ingest.shard", "ingest.shard_dirs")
 
-
+# in pipeline order: `voxpipe --help` lists them so
 STEPS: tuple[Step, ...] = (
-    Step(
-        "ingest",
-        "parquet → 16 kHz mono FLAC + raw.jsonl, bad rows quarantined",
-        "voxpipe.data.ingest:ingest",
-        "ingest",
-        (
-            _f("--input", "ingest.input", "parquet files or folders of them", nargs="+"),
-            _f("--out", "ingest.out", "output folder"),
-            _f("--text-column", "ingest.text_column", "column with the transcript"),
-            _f("--audio-column", "ingest.audio_column", "column with the audio (struct, bytes or path)"),
-            _f("--speaker-column", "ingest.speaker_column", "column with the speaker id ('' = one speaker)"),
-            _f("--min-seconds", "ingest.min_seconds", "shortest clip kept", type=float),
-            _f("--max-seconds", "ingest.max_seconds", "longest clip kept", type=float),
-            _f("--max-bad-fraction", "ingest.max_bad_fraction", "fail above this quarantined fraction",
-               type=float),
-            _f("--workers", "ingest.workers", "decode processes (0 = all cores)", type=int),
-        ),
-    ),
-    Step(
-        "manifest",
-        "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
-        "voxpipe.data.manifest:build_manifest",
-        "manifest",
-        (
-            _f("--input", "manifest.input", "raw.jsonl files from ingest", nargs="+"),
-            _f("--out", "manifest.out", "output folder"),
-            _f("--val-fraction", "manifest.val_fraction", "share of rows held out", type=float),
-            _f("--ref-fraction", "manifest.ref_fraction", "share of train rows given a ref_audio",
-               type=float),
-            _f("--seed", "manifest.seed", "seed for reference choice", type=int),
-        ),
-    ),
-    Step(
-        "validate",
-        "check a manifest: files exist, decode, durations in bounds",
-        "voxpipe.data.validate:validate_manifest",
-        "validate",
-        (_f("--manifest", "validate.manifest", "manifest .jsonl to check"),),
-    ),
-    Step(
-        "init-model",
-        "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small tokenizer",
-        "voxpipe.model.io:init_model",
-        "model",
-        (
-            _f("--preset", "model.preset", "model size", choices=["tiny", "small"]),
-            _f("--out", "model.out", "output folder"),
-            _f("--seed", "model.seed", "seed for the random weights", type=int),
-        ),
-    ),
-    Step(
-        "encode",
-        "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
-        "voxpipe.data.encode:encode",
-        "encode",
-        (
-            _f("--manifest", "encode.manifest", "manifest .jsonl files (train, val)", nargs="+"),
-            _f("--model", "encode.model", "base checkpoint dir"),
-            _f("--out", "encode.out", "output folder"),
-            _f("--device", "encode.device", "AudioVAE device", choices=["auto", "cpu", "cuda", "npu"]),
-        ),
-    ),
-    Step(
-        "train",
-        "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, metrics.jsonl",
-        "voxpipe.train.loop:train",
-        "train",
-        (
-            _f("--data", "train.data", "`encode` output folder"),
-            _f("--model", "train.model", "base checkpoint folder (upstream layout)"),
-            _f("--out", "train.out", "output folder"),
-            _f("--device", "train.device", "device type", choices=["auto", "cpu", "cuda", "npu"]),
-            _f("--dtype", "train.dtype", "parameter compute dtype", choices=["auto", "float32", "bfloat16"]),
-            _f("--max-steps", "train.max_steps", "optimizer steps", type=int),
-            _f("--lr", "train.lr", "peak learning rate", type=float),
-            _f("--grad-accum", "train.grad_accum", "micro-batches per optimizer step", type=int),
-            _f("--max-tokens", "train.max_tokens", "padded LM positions per micro-batch", type=int),
-            _f("--val-every", "train.val_every", "fixed-seed validation every N steps", type=int),
-            _f("--checkpoint-every", "train.checkpoint_every", "checkpoint every N steps", type=int),
-            _f("--no-resume", "train.resume", "start fresh even if out/checkpoints has a checkpoint",
-               action="store_false"),
-            _f("--activation-checkpointing", "train.activation_checkpointing",
-               "recompute decoder layers in backward", action="store_true"),
-            _f("--seed", "train.seed", "seed for noise, dropout and data order", type=int),
-            _f("--lora", "train.lora.enabled", "train LoRA adapters only", action="store_true"),
-            _f("--lora-r", "train.lora.r", "LoRA rank", type=int),
-            _f("--lora-alpha", "train.lora.alpha", "LoRA alpha (scaling = alpha / r)", type=int),
-        ),
-    ),
-    Step(
-        "evaluate",
-        "fixed-seed loss and voice metrics vs the baseline: eval.json (DVC metric), samples/, eval.png",
-        "voxpipe.evaluate.step:evaluate",
-        "evaluate",
-        (
-            _f("--model", "evaluate.model", "fine-tuned checkpoint folder"),
-            _f("--baseline", "evaluate.baseline", "checkpoint to compare against (the base model)"),
-            _f("--data", "evaluate.data", "`encode` output folder (val.jsonl)"),
-            _f("--out", "evaluate.out", "output folder"),
-            _f("--device", "evaluate.device", "device type", choices=["auto", "cpu", "cuda", "npu"]),
-            _f("--seeds", "evaluate.seeds", "fixed-seed loss seeds", nargs="+", type=int),
-            _f("--require-improvement", "evaluate.require_improvement",
-               "fail unless the loss beats the baseline by more than the seed spread", action="store_true"),
-        ),
-    ),
-    Step(
-        "mfu",
-        "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
-        "voxpipe.mfu.report:mfu",
-        "mfu",
-        (
-            _f("--model", "mfu.model", "checkpoint folder whose config.json gives the shapes"),
-            _f("--train-report", "mfu.train_report", "the train step's report.json"),
-            _f("--out", "mfu.out", "output folder"),
-            _f("--peak-tflops", "mfu.peak_tflops", "peak dense TFLOP/s of one device (default: table / "
-               "measured on CPU)", type=float),
-        ),
-    ),
-    Step(
-        "launch-train",
-        "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per pod) and watch it",
-        "voxpipe.launch.step:launch_train",
-        None,
-        (
-            _f("--dry-run", "launch.dry_run", "print the Job YAML, submit nothing", action="store_true"),
-            _f("--pods", "launch.pods", "pods (nodes) in the gang", type=int),
-            _f("--devices-per-pod", "launch.devices_per_pod", "accelerators (torchrun processes) per pod",
-               type=int),
-            _f("--accelerator", "launch.accelerator",
-               "device resource: huawei.com/Ascend910, nvidia.com/gpu, '' for CPU"),
-            _f("--image", "launch.image", "training image"),
-            _f("--queue", "launch.queue", "Volcano queue"),
-            _f("--namespace", "launch.namespace", "namespace of the job ('' = the launcher pod's own)"),
-        ),
-    ),
-    Step(
-        "register",
-        "log the pipeline run to MLflow, register the export (@candidate; @champion when its eval loss wins)",
-        "voxpipe.track.register:register",
-        None,
-        (
-            _f("--model", "register.model", "exported checkpoint folder"),
-            _f("--eval", "register.eval", "eval.json of the evaluate step"),
-            _f("--mfu", "register.mfu", "mfu.json of the mfu step"),
-            _f("--train", "register.train", "the train step's folder (report.json, metrics.jsonl)"),
-            _f("--out", "register.out", "output folder (registered.json)"),
-            _f("--tracking-uri", "register.tracking_uri",
-               "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in the work folder)"),
-            _f("--experiment", "register.experiment", "MLflow experiment"),
-            _f("--model-name", "register.model_name", "registered model name"),
-        ),
-    ),
-    Step(
-        "compare",
-        "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val curves png",
-        "voxpipe.track.compare:compare",
-        "compare",
-        (
-            _f("--experiment", "compare.experiment", "MLflow experiment"),
-            _f("--format", "compare.format", "output format", choices=["table", "markdown", "csv", "json"]),
-            _f("--out", "compare.out", "output folder (compare.<format>, val_curves.png)"),
-            _f("--tracking-uri", "compare.tracking_uri", "MLflow tracking URI"),
-        ),
-    ),
+    Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
+         "quarantined", "voxpipe.data.ingest:ingest", "ingest", ("ingest",), SHARD_KEYS),
+    Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
+         "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
+         ("ingest.input", "ingest.out", "ingest.shards")),
+    Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
+         "voxpipe.data.ingest_shards:ingest_shard", "ingest",
+         ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
+    Step("ingest-merge", "sharded ingest, 3/3: merge the shards into one output, as `voxpipe ingest` "
+         "writes it", "voxpipe.data.ingest_shards:merge", "ingest",
+         ("ingest.plan", "ingest.shard_dirs", "ingest.out")),
+    Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
+         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",)),
+    Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
+         "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
+         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds")),
+    Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
+         "tokenizer", "voxpipe.model.io:init_model", "model",
+         ("model.preset", "model.out", "model.seed", "model.dtype")),
+    Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
+         "voxpipe.data.encode:encode", None, ("encode", "model.base")),
+    Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
+         "metrics.jsonl", "voxpipe.train.loop:train", None,
+         ("train", "model.base", "model.kernels", "tracking")),
+    Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
+         "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
+    Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
+         "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
+         ("launch",)),
+    Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
+         "eval.png", "voxpipe.evaluate.step:evaluate", None,
+         ("evaluate", "model.base", "model.kernels", "train.max_tokens")),
+    Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
+         "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
+    Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
+         "promotion rule passes)", "voxpipe.track.register:register", None, ("register", "tracking")),
+    Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "
+         "curves png", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
+    Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
+         "into a WAV file, optionally in the voice of --reference", "voxpipe.track.synthesize:synthesize",
+         None, ("synthesize", "tracking.uri", "tracking.work")),
 )
 
 
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--max-steps"
+    key: Key
+    kwargs: dict[str, Any]
+
+
+def _flag_name(key: str, own: str) -> str:
+    parts = key.split(".")
+    if parts[0] == own:
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] == "enabled":  # train.lora.enabled: --lora
+        parts = parts[:-1]
+    return "--" + "-".join(parts).replace("_", "-")
+
+
+def _kwargs(key: Key) -> dict[str, Any] | None:
+    """argparse settings for a key's type; None for mappings (those are set in a file or with --set)."""
+    inner, _ = base_type(key.annotation)
+    origin = typing.get_origin(inner)
+    if inner is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin is Literal:
+        choices = list(typing.get_args(inner))
+        return {"choices": choices, "type": type(choices[0])}
+    if origin is list:
+        (item,) = typing.get_args(inner)
+        if item not in (str, int, float):
+            return None
+        # --manifest a --manifest b: both
+        return {"nargs": "+", "action": "extend", "type": item, "metavar": key.key.rsplit(".", 1)[-1].upper()}
+    if inner in (str, int, float):
+        return {"type": inner, "metavar": key.key.rsplit(".", 1)[-1].upper()}
+    return None
+
+
+def step_flags(step: Step) -> list[Flag]:
+    flags = []
+    for spec in step.reads:
+        for key in keys(spec):
+            kwargs = _kwargs(key)
+            if kwargs is not None and key.key not in step.hide:
+                flags.append(Flag(_flag_name(key.key, step.own), key, kwargs))
+    return flags
+
+
+def _help(key: Key) -> str:
+    default = "null" if key.default is None else key.default
+    text = f"{key.description} " if key.description else ""
+    return f"{text}[{key.key}, default {default}]".replace("%", "%%")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default=None, help="params file (default: ./params.yaml)")
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="layer recipes/NAME.yaml (or a file) over the params file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one params key (repeatable)")
+
+
+def _overview() -> str:
+    width = max(len(s.name) for s in STEPS) + 2
+    lines = [f"  {s.name:<{width}}{s.help}" for s in STEPS]
+    lines += ["", "other commands:",
+              f"  {'params':<{width}}print the effective params (file < recipe < --set)"]
+    return "steps, in pipeline order:\n" + "\n".join(lines) + "\n\n`voxpipe <step> --help`: its flags."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voxpipe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="voxpipe", description=__doc__.splitlines()[0], epilog=_overview(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"voxpipe {__version__}")
     sub = parser.add_subparsers(dest="step", required=True, metavar="<step>")
     for step in STEPS:
-        sp = sub.add_parser(step.name, help=step.help, description=step.help)
-        sp.add_argument("--params", default=None, help="params file (default: ./params.yaml)")
-        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one params key (repeatable)")
-        for flag in step.flags:
-            sp.add_argument(flag.name, dest=flag.key, default=None, help=f"{flag.help} [{flag.key}]",
-                            **flag.kwargs)
+        sp = sub.add_parser(step.name, description=step.help)
+        _common(sp)
+        for flag in step_flags(step):
+            sp.add_argument(flag.name, dest=flag.key.key, default=None, help=_help(flag.key), **flag.kwargs)
+    tool = sub.add_parser("params", description="print the effective params as YAML (params file < --recipe "
+                          "< --set), or write them: `voxpipe params --recipe NAME --write params.yaml` makes "
+                          "`dvc repro` run the recipe")
+    _common(tool)
+    tool.add_argument("--write", metavar="FILE", default=None, help="write to FILE instead of stdout")
     return parser
 
 
 def run_step(step: Step, args: argparse.Namespace) -> Any:
-    flags = {f.key: getattr(args, f.key) for f in step.flags}
-    params = load_params(args.params, args.overrides, flags)
+    flags = step_flags(step)
+    params = load_params(args.params, args.overrides, {f.key.key: getattr(args, f.key.key) for f in flags},
+                         recipe=args.recipe)
     module, func = step.target.split(":")
     arg = params if step.section is None else params.section(step.section)
-    return getattr(importlib.import_module(module), func)(arg)
+    out_key = next((f.key.key for f in flags if f.name == "--out"), None)
+    with guard_step(params.flat()[out_key] if out_key else None, step.name):  # one writer per --out
+        return getattr(importlib.import_module(module), func)(arg)
+
+
+def setup_logging() -> None:
+    """One logging setup for every step: INFO lines on stderr, from rank 0 only under torchrun (the
+    other ranks log warnings and errors)."""
+    level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%dT%H:%M:%S", stream=sys.stderr)
+
+
+def _params_command(args: argparse.Namespace) -> int:
+    text = params_yaml(load_params(args.params, args.overrides, recipe=args.recipe))
+    if args.write is None:
+        sys.stdout.write(text)
+    else:
+        from voxpipe.report import atomic_write_text
+
+        atomic_write_text(Path(args.write), text)
+        log.info("wrote %s", args.write)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging()
+    if args.step == "params":
+        try:
+            return _params_command(args)
+        except StepError as e:
+            print(f"voxpipe params: error: {e}", file=sys.stderr)
+            return 1
     step = next(s for s in STEPS if s.name == args.step)
     try:
         result = run_step(step, args)

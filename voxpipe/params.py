@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")
+RECIPE_DIRS = (Path("recipes"), Path(__file__).resolve().parents[1] / "recipes")
 
 
 class _Loader(yaml.SafeLoader):
@@ -35,7 +36,8 @@ def _yaml(text: str) -> Any:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    # allow_inf_nan=False: every float key must be finite (`train.lr=.inf` would export NaN weights)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
 class IngestParams(Section):
@@ -44,7 +46,8 @@ class IngestParams(Section):
     text_column: str = "text"
     audio_column: str = "audio"
     speaker_column: str = Field(
-        "speaker", description='speaker id column; "" = single-speaker set (every row gets speaker "default")'
+        "speaker", description='speaker id column; a file without it (or "") is one speaker, "default", '
+        "with a notice"
     )
     sample_rate: int = Field(16000, gt=0)
     min_seconds: float = Field(0.3, ge=0)
@@ -52,6 +55,15 @@ class IngestParams(Section):
     silence_threshold: float = Field(1e-3, ge=0)
     max_bad_fraction: float = Field(0.5, ge=0, le=1)
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores")
+    shards: int = Field(
+        1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one by "
+        "one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel"
+    )
+    plan: str = Field("", description="ingest-shard / ingest-merge: the plan.json of ingest-plan (wired)")
+    shard: int = Field(0, ge=0, description="ingest-shard: which shard of the plan to ingest (wired)")
+    shard_dirs: list[str] = Field(
+        default_factory=list, description="ingest-merge: the ingest-shard output folders, any order (wired)"
+    )
 
 
 class ManifestParams(Section):
@@ -65,20 +77,29 @@ class ManifestParams(Section):
 
 
 class ValidateParams(Section):
+    """`validate`: a manifest checked against ingest's sample rate and duration bounds."""
+
     manifest: str = "work/manifest/train.jsonl"
-    sample_rate: int = Field(16000, gt=0)
-    min_seconds: float = Field(0.3, ge=0)
-    max_seconds: float = Field(30.0, gt=0)
 
 
 class ModelParams(Section):
-    """`init-model`: the random-init base checkpoint (the embedded default model; no download)."""
+    """The base model: `base` is read by encode, train, evaluate and mfu; `init-model` writes `out`."""
 
+    base: str = Field(
+        "work/base_model", description="base checkpoint folder (upstream VoxCPM2 layout: config.json, "
+        "weights, AudioVAE, tokenizer) that encode, train, evaluate (as the baseline) and mfu read. The "
+        "real model: the folder you downloaded (openbmb/VoxCPM2); the demo: init-model's out"
+    )
     preset: Literal["tiny", "small"] = "tiny"
-    out: str = "work/base_model"
+    out: str = Field("work/base_model", description="init-model's output folder (a random-init checkpoint)")
     seed: int = 0
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the saved weights (upstream ships bfloat16)"
+    )
+    kernels: Literal["auto", "fused", "eager"] = Field(
+        "auto", description="model kernels of train, evaluate and the served model: auto = torch_npu's fused "
+        "RMSNorm + SwiGLU and bf16 RoPE on an Ascend NPU, eager PyTorch elsewhere; fused = force them "
+        "(needs torch_npu); eager = never (docs/accelerators.md)"
     )
 
 
@@ -88,7 +109,6 @@ class EncodeParams(Section):
     manifest: list[str] = Field(
         default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"]
     )
-    model: str = Field("work/base_model", description="base checkpoint dir (config, AudioVAE, tokenizer)")
     out: str = "work/encoded"
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     batch_seconds: float = Field(
@@ -96,6 +116,15 @@ class EncodeParams(Section):
         "8 on CPU (memory-bound there: bigger batches fall out of cache, see benchmarks/encode.py)"
     )
     shard_mb: float = Field(256.0, gt=0, description="latent megabytes per safetensors shard")
+    cpu_threads: int = Field(
+        1, ge=1, description="torch threads per encode process on CPU. Latents depend on it (by ~1e-7), "
+        "so it is fixed, not the core count: use more processes (torchrun, local.nproc) for more cores"
+    )
+
+
+LORA_LR = 1e-4  # upstream's LoRA recipe; full fine-tunes keep TrainParams.lr's 1e-5
+LORA_ATTENTION = ["q_proj", "v_proj", "k_proj", "o_proj"]  # upstream LoRAConfig's defaults, in its order
+LORA_PROJ = ["enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj", "fusion_concat_proj"]
 
 
 class LoraParams(Section):
@@ -103,18 +132,39 @@ class LoraParams(Section):
 
     enabled: bool = False
     r: int = Field(32, gt=0, description="adapter rank")
-    alpha: int = Field(16, gt=0, description="scaling = alpha / r (an int, as upstream's LoRAConfig)")
+    alpha: int = Field(
+        32, gt=0, description="scaling = alpha / r (an int, as upstream's LoRAConfig). Not given: alpha = r "
+        "(upstream's LoRA recipe, scaling 1)"
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
-    target_lm: bool = Field(True, description="q/k/v/o projections of base_lm and residual_lm")
-    target_dit: bool = Field(True, description="q/k/v/o projections of the local DiT")
-    target_proj: bool = Field(False, description="enc_to_lm/lm_to_dit/res_to_dit/fusion_concat projections")
+    target_lm: bool = Field(True, description="adapters in base_lm and residual_lm (target_modules_lm)")
+    target_dit: bool = Field(True, description="adapters in the local DiT (target_modules_dit)")
+    target_proj: bool = Field(False, description="adapters on the projections in target_proj_modules")
+    target_modules_lm: list[str] = Field(
+        default_factory=lambda: list(LORA_ATTENTION), min_length=1,
+        description="Linear layer names wrapped in the LMs (also e.g. gate_proj, up_proj, down_proj)",
+    )
+    target_modules_dit: list[str] = Field(
+        default_factory=lambda: list(LORA_ATTENTION), min_length=1,
+        description="Linear layer names wrapped in the local DiT",
+    )
+    target_proj_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_PROJ), min_length=1,
+        description="top-level projections wrapped when target_proj is on",
+    )
+
+    @model_validator(mode="after")
+    def _alpha_follows_r(self) -> LoraParams:
+        """alpha not given = r (model_fields_set: what the user wrote, not what defaulted)."""
+        if "alpha" not in self.model_fields_set and self.alpha != self.r:
+            self.alpha = self.r
+        return self
 
 
 class TrainParams(Section):
     """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
 
     data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)")
-    model: str = Field("work/base_model", description="base checkpoint folder (upstream layout)")
     out: str = "work/train"
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -124,7 +174,10 @@ class TrainParams(Section):
     max_steps: int = Field(
         40, gt=0, description="optimizer steps (40: the demo on the sample; a real fine-tune wants 1000s)"
     )
-    lr: float = Field(1e-5, gt=0, description="peak learning rate (upstream advice: 1e-5 full, 1e-4 LoRA)")
+    lr: float = Field(
+        1e-5, gt=0, description="peak learning rate. Not given: 1e-5, or 1e-4 with lora.enabled (upstream's "
+        "full and LoRA recipes)"
+    )
     min_lr: float = Field(1e-6, ge=0, description="cosine decay floor, reached at max_steps")
     warmup_steps: int = Field(4, ge=0, description="linear warm-up steps (about 10 % of max_steps)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decay on matrices (not norms/biases)")
@@ -132,12 +185,33 @@ class TrainParams(Section):
     max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
     clip_norm: float = Field(1.0, gt=0)
     max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
+    log_every: int = Field(
+        10, ge=1, description="off a terminal (a pod, a pipe): one log line every N steps (step, loss, lr, "
+        "tokens/s, MFU, peak memory) from rank 0, instead of a progress bar"
+    )
     val_every: int = Field(10, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
     val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)")
     checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1)
-    resume: bool = Field(True, description="continue from the newest complete checkpoint in out/checkpoints")
+    export_every: int = Field(
+        20, ge=0, description="also export exports/step-N/ every N steps and at the last (0 = only export/): "
+        "evaluate scores them all and keeps the best. 20: the demo; a real fine-tune wants 100s"
+    )
+    keep_exports: int = Field(3, ge=1, description="newest exports/step-N/ kept")
+    resume: bool = Field(
+        True, description="continue from the newest verified checkpoint in out/checkpoints; it must come "
+        "from the same params (only max_steps, checkpoint and logging keys may differ). false: start fresh "
+        "(old checkpoints are moved aside, not deleted)"
+    )
+    fresh_on_change: bool = Field(
+        False, description="when the checkpoint's params differ: start fresh (old checkpoints moved aside) "
+        "instead of stopping with an error; for `dvc repro`, which reruns train when a tracked key changes"
+    )
     activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward")
+    compile: bool = Field(
+        False, description="torch.compile each transformer block (first steps pay the compile; measured in "
+        "docs/accelerators.md: 0.97x on CPU)"
+    )
     export_dtype: Literal["float32", "bfloat16"] = Field(
         "bfloat16", description="dtype of the exported model.safetensors (upstream ships bfloat16)"
     )
@@ -151,17 +225,23 @@ class TrainParams(Section):
         description="MLflow while training: params and every step's metrics live from rank 0, into the "
         "run `register` then completes (off: metrics.jsonl only; `register` logs it afterwards)",
     )
-    tracking_uri: str | None = Field(None, description="as register.tracking_uri")
-    experiment: str = Field("voxpipe", description="as register.experiment (keep them equal: one run)")
-    work: str = Field("work", description="as register.work: mlflow.db and mlruns/ when no tracking URI")
     lora: LoraParams = Field(default_factory=LoraParams)
+
+    @model_validator(mode="after")
+    def _lora_lr(self) -> TrainParams:
+        """lr not given and LoRA on: upstream's LoRA rate (B starts at zero: 1e-5 barely moves it)."""
+        if self.lora.enabled and "lr" not in self.model_fields_set and self.lr != LORA_LR:
+            self.lr = LORA_LR
+        return self
 
 
 class EvaluateParams(Section):
     """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
 
-    model: str = Field("work/train/export", description="fine-tuned checkpoint folder (upstream layout)")
-    baseline: str = Field("work/base_model", description="checkpoint to compare against (the base model)")
+    model: str = Field(
+        "work/train/exports", description="the fine-tune: a folder of step-N exports (train.export_every; "
+        "each is scored and the promotion rule picks one) or one checkpoint folder (upstream layout)"
+    )
     data: str = Field("work/encoded", description="`encode` output folder (val.jsonl, train.jsonl, shards)")
     out: str = "work/eval"
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
@@ -169,11 +249,13 @@ class EvaluateParams(Section):
         default_factory=lambda: [0, 1, 2], min_length=1,
         description="fixed-seed loss seeds (flow-matching t and noise); mean and spread over them",
     )
-    max_tokens: int = Field(
-        4096, gt=0, description="padded LM positions per val batch (train.max_tokens: the trainer's batches)"
-    )
     texts_per_speaker: int = Field(
-        2, ge=1, description="val texts generated per speaker (train texts fill in where val has fewer)"
+        8, ge=1, description="val texts generated per speaker, each with and without a reference (train "
+        "texts fill in where val has fewer); the evidence behind the similarity CIs and the split flag"
+    )
+    similarity_tolerance: float = Field(
+        0.05, ge=0, description="promotion rule: a speaker's mean similarity may fall at most this far "
+        "below the baseline's (GE2E cosine)"
     )
     max_len: int = Field(
         0, ge=0, description="generation limit in patches (160 ms each); 0 = twice the real clip + 2 s. "
@@ -184,14 +266,14 @@ class EvaluateParams(Section):
     generation_seed: int = 0
     asr: bool = Field(True, description="WER/CER with pocketsphinx's English model (README: its limits)")
     require_improvement: bool = Field(
-        False, description="fail unless the fixed-seed loss beats the baseline's by more than the seed spread"
+        False, description="fail unless the promotion rule passes against the baseline (loss better by more "
+        "than the seed spread, voice kept: docs/evaluation.md)"
     )
 
 
 class MfuParams(Section):
     """`mfu`: model FLOPs utilisation of a training run, from its report.json and metrics.jsonl."""
 
-    model: str = Field("work/base_model", description="checkpoint folder whose config.json gives the shapes")
     train_report: str = Field("work/train/report.json", description="the train step's report.json")
     metrics: str | None = Field(None, description="metrics.jsonl (None: next to train_report)")
     out: str = "work/mfu"
@@ -204,6 +286,15 @@ class MfuParams(Section):
     warmup_steps: int = Field(1, ge=0, description="first optimizer steps left out (allocation, warm-up)")
 
 
+# MLflow's credentials (manifests/namespaced/mlflow-deployment.yaml) and the checkpoint signing key
+# (voxpipe/integrity.py): the Secrets docs/cluster.md has you create
+DEFAULT_SECRET_ENV = {
+    "MLFLOW_TRACKING_USERNAME": "voxpipe-mlflow/username",
+    "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password",
+    "VOXPIPE_CHECKPOINT_KEY": "voxpipe-checkpoint/key",
+}
+
+
 class LaunchParams(Section):
     """`launch-train`: the `train` section run as a gang-scheduled Volcano Job, torchrun in every pod."""
 
@@ -213,6 +304,10 @@ class LaunchParams(Section):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pods: int = Field(2, ge=1, description="pods (nodes): one master + pods-1 workers, scheduled all or none")
     devices_per_pod: int = Field(8, ge=1, description="accelerators per pod = torchrun processes per pod")
+    encode_devices: int = Field(
+        1, ge=1, description="accelerators for `launch-encode` (one encode process each): one pod when they "
+        "fit in devices_per_pod, else whole pods of devices_per_pod. `pods` is train's"
+    )
     accelerator: str = Field(
         "huawei.com/Ascend910",
         description='device resource: huawei.com/Ascend910 (adds the HCCL env), nvidia.com/gpu, "" = CPU',
@@ -226,7 +321,13 @@ class LaunchParams(Section):
     mount_path: str = Field(
         "/workspace", description="PVC mount and working directory: relative train paths land on the PVC"
     )
-    env: dict[str, str] = Field(default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI; no secrets: see secret_env"
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_SECRET_ENV),
+        description="env from Kubernetes Secrets, by reference: {ENV_NAME: secret-name/key} (never a value)",
+    )
     max_retry: int = Field(3, ge=0, description="whole-job restarts after an evicted or failed pod")
     ttl_seconds: int = Field(
         86400, ge=60, description="a finished job (and its pods) is deleted after this; >= 60 so the watcher "
@@ -244,18 +345,15 @@ class LaunchParams(Section):
 class RegisterParams(Section):
     """`register`: the pipeline run into MLflow, the export as a registered pyfunc model version."""
 
-    model: str = Field("work/train/export", description="exported checkpoint folder (upstream layout)")
+    model: str | None = Field(
+        None, description="exported checkpoint folder (upstream layout); None: the one evaluate chose "
+        "(eval.json `chosen.path`). Given, it must be the checkpoint eval.json judged"
+    )
     eval: str = Field("work/eval/eval.json", description="evaluate's eval.json (samples/ next to it)")
     mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json")
     train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl")
     ingest: str | None = Field("work/ingest", description="ingest folder: the data version (None: none)")
     out: str = "work/register"
-    work: str = Field("work", description="mlflow_run.json; with no tracking URI also mlflow.db and mlruns/")
-    tracking_uri: str | None = Field(
-        None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///<work>/mlflow.db. No credentials here: "
-        "they come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
-    )
-    experiment: str = "voxpipe"
     run_name: str | None = Field(None, description="None: MLflow picks a name")
     model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
 
@@ -263,12 +361,53 @@ class RegisterParams(Section):
 class CompareParams(Section):
     """`compare`: the runs of an experiment side by side, and their fixed-seed val curves overlaid."""
 
-    experiment: str = "voxpipe"
     format: Literal["table", "markdown", "csv", "json"] = "table"
     out: str = Field("work/compare", description="compare.<format> and val_curves.png")
-    work: str = Field("work", description="with no tracking URI: where mlflow.db lives")
-    tracking_uri: str | None = Field(None, description="as register.tracking_uri")
     max_runs: int = Field(50, gt=0, description="newest runs compared")
+
+
+class SynthesizeParams(Section):
+    """`synthesize`: text to a WAV file with a registered model or a checkpoint folder, optionally in the
+    voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
+
+    model: str = Field(
+        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS or "
+        "models:/NAME/VERSION, from tracking.uri) or a checkpoint folder (upstream layout)"
+    )
+    text: str = Field("", description="what to say")
+    reference: str | None = Field(
+        None, description="an audio file of the voice to speak in (any length; a few seconds is enough); "
+        "None: the voice the model learned"
+    )
+    out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)")
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    seed: int = Field(0, description="generation seed: the same seed and inputs give the same audio")
+    cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
+    inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
+    max_len: int = Field(2000, gt=0, description="generation limit in patches (160 ms each)")
+
+
+class TrackingParams(Section):
+    """MLflow, as train (`train.track`), register and compare see it: one run, one experiment."""
+
+    uri: str | None = Field(
+        None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///<work>/mlflow.db. No credentials here: "
+        "they come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+    )
+    experiment: str = Field("voxpipe", description="MLflow experiment of the runs")
+    work: str = Field(
+        "work", description="mlflow_run.json (the pipeline run's MLflow run); with no tracking URI also "
+        "mlflow.db and mlruns/"
+    )
+
+
+class LocalParams(Section):
+    """This machine under `dvc repro` / make (not the cluster: that is `launch`)."""
+
+    nproc: int = Field(
+        2, ge=1, description="torchrun processes per step (train, encode): CPU processes here, one per "
+        "GPU/NPU on an accelerator box. The world size changes the data order, so DVC tracks it"
+    )
 
 
 class Params(Section):
@@ -283,6 +422,9 @@ class Params(Section):
     launch: LaunchParams = Field(default_factory=LaunchParams)
     register_: RegisterParams = Field(default_factory=RegisterParams, alias="register")
     compare: CompareParams = Field(default_factory=CompareParams)
+    synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
+    local: LocalParams = Field(default_factory=LocalParams)
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -315,7 +457,11 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if len(parts) < 2:
         raise StepError(f"--set {item!r}: the key must be section.key (or section.sub.key), got {key!r}")
-    return parts, _yaml(raw) if raw.strip() else ""
+    try:
+        return parts, _yaml(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        problem = str(e).splitlines()[0]
+        raise StepError(f"--set {item!r}: not valid YAML ({problem}); quote the value as a string") from None
 
 
 def _format_error(err: ValidationError, origin: str) -> str:
@@ -329,12 +475,56 @@ def _format_error(err: ValidationError, origin: str) -> str:
     return f"invalid params ({origin}):\n  " + "\n  ".join(lines)
 
 
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = _yaml(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise StepError(f"{path}: not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise StepError(f"{path}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
+    if not isinstance(data, dict):
+        raise StepError(f"{path}: expected a mapping of sections at the top level")
+    return data
+
+
+def recipe_names() -> list[str]:
+    """The recipes shipped in recipes/ (found from the working directory, else next to the package)."""
+    return sorted({p.stem for folder in RECIPE_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
+
+
+def recipe_path(name: str) -> Path:
+    """`--recipe NAME`: recipes/NAME.yaml, or a YAML file of the same shape given by its path."""
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    for folder in RECIPE_DIRS:
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    raise StepError(f"no recipe {name!r}: the recipes are {', '.join(recipe_names()) or 'none here'} "
+                    "(recipes/*.yaml), or give the path of a .yaml file")
+
+
+def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """`overlay` layered on `base`: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in overlay.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def params_yaml(params: Params) -> str:
+    """Every key of `params` as a params file (what `voxpipe params` prints and writes)."""
+    header = "# voxpipe params, every key (descriptions: docs/params.md, `voxpipe <step> --help`)\n"
+    return header + yaml.safe_dump(params.model_dump(by_alias=True), sort_keys=False, allow_unicode=True)
+
+
 def load_params(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     flags: dict[str, Any] | None = None,
+    recipe: str | None = None,
 ) -> Params:
-    """Read params.yaml (if present), then apply `--set` overrides, then explicit step flags.
+    """Read params.yaml (if present), layer the recipe over it, then `--set` overrides, then step flags.
 
     `flags` maps `section.key` to a value already typed by argparse; None means "not given".
     """
@@ -342,14 +532,14 @@ def load_params(
     path = Path(path) if path is not None else DEFAULT_PARAMS
     data: dict[str, Any] = {}
     if path.exists():
-        try:
-            data = _yaml(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise StepError(f"{path}: not valid YAML: {e}") from e
-        if not isinstance(data, dict):
-            raise StepError(f"{path}: expected a mapping of sections at the top level")
+        data = _read_yaml(path)
     elif explicit:
         raise StepError(f"params file {path} does not exist")
+    origin = str(path)
+    if recipe:
+        overlay = recipe_path(recipe)
+        data = _merge(data, _read_yaml(overlay))
+        origin = f"{path} + recipe {overlay}"
     updates = [_parse_override(o) for o in overrides or []]
     updates += [(k.split("."), v) for k, v in (flags or {}).items() if v is not None]
     for keys, value in updates:
@@ -362,4 +552,4 @@ def load_params(
     try:
         return Params.model_validate(data)
     except ValidationError as e:
-        raise StepError(_format_error(e, str(path))) from None
+        raise StepError(_format_error(e, origin)) from None

@@ -7,14 +7,19 @@ memory-bound); the encoder is causal, so the batch's extra right padding never c
 frames, which are then cropped back to the clip's own padded length. Text goes through the
 checkpoint's tokenizer.
 
+Under torchrun the work is split without changing a single bit of the result. Batch composition
+and the CPU thread count change float sums (by about 1e-7), so the batches are planned once over
+every clip of the set, exactly as one process plans them, whole batches are dealt to the ranks,
+and each process runs `encode.cpu_threads` threads whatever the world size. Each rank encodes on
+its own device and writes its own shards; rank 0 merges the index (see voxpipe.data.shards).
+
 Layout of `out/`:
 - `shards/lat-*.safetensors`: fp32 latents [frames, 64], one tensor per clip named by the sha256
   of the audio file's bytes; `shards/tok-*.safetensors`: int32 token ids named by sha256 of the text.
-- `index.jsonl`: one line per complete shard (kind, VAE or tokenizer hash, entry → length). A
-  clip is encoded again only when (audio sha256, VAE hash) is not in it, so reruns do no VAE work
-  and an interrupted run resumes at the first shard it had not registered. Shards are written to a
-  temp name and renamed before they are registered; their names derive from their content, so a
-  resumed run produces the very files an uninterrupted one would.
+- `index.jsonl`: one line per complete, checksummed shard. A clip is encoded again only when
+  (audio sha256, VAE hash) is not in it, so reruns do no VAE work and an interrupted run resumes
+  with the batches it had not registered. Shard names derive from their content, so a resumed
+  1-process run produces the very files an uninterrupted one would.
 - `<manifest name>.jsonl` per input manifest (see `encoded_row`), `quarantine.jsonl`, `report.json`.
 """
 
@@ -26,8 +31,9 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,16 +41,20 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.dataset import sequence_length
+from voxpipe.data.jsonl import utf8_lines
+from voxpipe.data.shards import ShardIndex, merge_parts, remove_stale_temps, verify_index
+from voxpipe.data.world import World, joined_world
 from voxpipe.errors import StepError
+from voxpipe.integrity import file_entry
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
 from voxpipe.model.config import VoxCPM2Config
+from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.tokenizer import VoxTokenizer
-from voxpipe.params import EncodeParams
+from voxpipe.params import EncodeParams, Params
 from voxpipe.report import atomic_write_text, write_report
 
 # Bump when the latent recipe changes (padding, cropping) so older latents are never reused.
@@ -96,6 +106,8 @@ def load_encoder(model_dir: str | Path) -> Encoder:
     if not config_path.is_file():
         raise StepError(f"{model_dir}: not a VoxCPM2 checkpoint (no config.json); run `voxpipe init-model`")
     config = VoxCPM2Config.from_file(config_path)
+    needed = parameter_bytes(lambda: AudioVAE(config.audio_vae_config))
+    ensure_fits(needed, torch.device("cpu"), "the AudioVAE", config_path)
     vae = AudioVAE(config.audio_vae_config)
     try:
         state = load_audiovae_state_dict(model_dir)
@@ -186,42 +198,31 @@ def read_manifest(path: Path, quarantine: Quarantine) -> list[Row]:
     """Rows with resolved audio paths (relative to the manifest's folder); malformed rows quarantined."""
     rows = []
     base = path.parent
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
+    for line_no, line in utf8_lines(path):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as e:
+            quarantine.add(str(path), line_no, "bad_json", str(e))
+            continue
+        if not isinstance(data, dict):
+            quarantine.add(str(path), line_no, "bad_json", "a manifest line must be a JSON object")
+            continue
+        text = data.get("text")
+        if not isinstance(text, str) or not text.strip():
+            quarantine.add(str(path), line_no, "missing_text", f"text is {text!r}")
+            continue
+        audio = _resolve(base, data.get("audio"))
+        if audio is None:
+            quarantine.add(str(path), line_no, "no_audio", f"audio is {data.get('audio')!r}")
+            continue
+        ref = None
+        if data.get("ref_audio") is not None:
+            ref = _resolve(base, data["ref_audio"])
+            if ref is None:
+                quarantine.add(str(path), line_no, "no_ref_audio", f"ref_audio is {data['ref_audio']!r}")
                 continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                quarantine.add(str(path), line_no, "bad_json", str(e))
-                continue
-            if not isinstance(data, dict):
-                quarantine.add(str(path), line_no, "bad_json", "a manifest line must be a JSON object")
-                continue
-            text = data.get("text")
-            if not isinstance(text, str) or not text.strip():
-                quarantine.add(str(path), line_no, "missing_text", f"text is {text!r}")
-                continue
-            audio = _resolve(base, data.get("audio"))
-            if audio is None:
-                quarantine.add(str(path), line_no, "no_audio", f"audio is {data.get('audio')!r}")
-                continue
-            ref = None
-            if data.get("ref_audio") is not None:
-                ref = _resolve(base, data["ref_audio"])
-                if ref is None:
-                    quarantine.add(str(path), line_no, "no_ref_audio", f"ref_audio is {data['ref_audio']!r}")
-                    continue
-            rows.append(Row(data, str(path), line_no, audio, ref))
+        rows.append(Row(data, str(path), line_no, audio, ref))
     return rows
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class FileHashes:
@@ -236,86 +237,83 @@ class FileHashes:
             except json.JSONDecodeError:
                 self.cache = {}
 
-    def _one(self, path: Path) -> tuple[str | None, str | None]:
-        """(sha256, None) or (None, problem)."""
+    def _one(self, path: Path) -> tuple[str | None, str | None, list[Any] | None]:
+        """(sha256, None, cache entry) or (None, problem, None)."""
         try:
             st = path.stat()
         except OSError:
-            return None, f"audio file {path} does not exist"
+            return None, f"audio file {path} does not exist", None
         if st.st_size == 0:
-            return None, f"audio file {path} is empty (0 bytes)"
+            return None, f"audio file {path} is empty (0 bytes)", None
         stamp = [st.st_size, st.st_mtime_ns]
-        key = os.path.abspath(path)
-        cached = self.cache.get(key)
+        cached = self.cache.get(os.path.abspath(path))
         if cached and cached[:2] == stamp:
-            return cached[2], None
+            return cached[2], None, cached
         try:
-            sha = _sha256_file(path)
+            sha = file_entry(path)["sha256"]
         except OSError as e:
-            return None, f"cannot read {path}: {e}"
-        self.cache[key] = [*stamp, sha]
-        return sha, None
+            return None, f"cannot read {path}: {e}", None
+        return sha, None, [*stamp, sha]
 
-    def hash_all(self, paths: list[Path]) -> Hashes:
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            results = list(tqdm(pool.map(self._one, paths), total=len(paths), desc="hash", unit="file",
-                                disable=len(paths) < 1000))
-        atomic_write_text(self.path, json.dumps(self.cache, sort_keys=True))
-        return dict(zip(paths, results, strict=True))
+    def hash_all(self, paths: list[Path], world: World) -> Hashes:
+        """Every file hashed once across the ranks; rank 0 keeps the cache."""
+        results = world.map(self._one, paths, workers=4, desc="hash")
+        if world.is_main:
+            for path, (_, _, entry) in zip(paths, results, strict=True):
+                if entry is not None:
+                    self.cache[os.path.abspath(path)] = entry
+            atomic_write_text(self.path, json.dumps(self.cache, sort_keys=True))
+        return {p: (sha, problem) for p, (sha, problem, _) in zip(paths, results, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------------
-# Shards and the index that registers them
+# The plan: batches over the whole set, whole batches dealt to the ranks
 # ---------------------------------------------------------------------------------------------
 
 
-class ShardIndex:
-    """`index.jsonl`: one line per complete shard; the only record of what is already encoded."""
-
-    def __init__(self, out: Path):
-        self.path = out / "index.jsonl"
-        self.entries: dict[tuple[str, str, str], tuple[str, int]] = {}
-        if not self.path.is_file():
-            return
-        raw = self.path.read_bytes()
-        good = raw[: raw.rfind(b"\n") + 1]  # a line torn by a kill mid-append is not registered
-        if len(good) != len(raw):
-            atomic_write_text(self.path, good.decode())
-        for line in good.decode().splitlines():
-            if line.strip():
-                self._add(json.loads(line))
-
-    def _add(self, record: dict[str, Any]) -> None:
-        for name, length in record["entries"].items():
-            self.entries[(record["kind"], record["hash"], name)] = (record["shard"], length)
-
-    def has(self, kind: str, hash_: str, name: str) -> bool:
-        return (kind, hash_, name) in self.entries
-
-    def write_shard(self, out: Path, kind: str, hash_: str, tensors: dict[str, torch.Tensor]) -> str:
-        """Save atomically under a content-derived name, then register it; returns its path in `out`."""
-        key = hashlib.sha256(json.dumps([kind, hash_, sorted(tensors)]).encode()).hexdigest()[:20]
-        rel = f"shards/{kind[:3]}-{key}.safetensors"
-        final = out / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        # one metadata key: safetensors writes several in random order, and shards must be reproducible
-        save_file(tensors, str(tmp), metadata={"voxpipe": json.dumps({"kind": kind, "hash": hash_})})
-        os.replace(tmp, final)
-        record = {"shard": rel, "kind": kind, "hash": hash_,
-                  "entries": {name: int(t.shape[0]) for name, t in sorted(tensors.items())}}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._add(record)
-        return rel
+@dataclass(frozen=True)
+class Clip:
+    sha: str
+    path: Path
+    samples: int  # at the VAE's rate, from the file header
 
 
-def _remove_stale_temps(shards: Path) -> None:
-    if shards.is_dir():
-        for tmp in shards.glob(".*.tmp-*"):
-            tmp.unlink(missing_ok=True)
+def deal(costs: list[int], ranks: int) -> list[list[int]]:
+    """Batch numbers per rank: costliest first onto the least-loaded rank; each list in plan order."""
+    loads, dealt = [0] * ranks, [[] for _ in range(ranks)]
+    for b in sorted(range(len(costs)), key=lambda b: (-costs[b], b)):
+        rank = min(range(ranks), key=lambda r: (loads[r], r))
+        loads[rank] += costs[b]
+        dealt[rank].append(b)
+    return [sorted(d) for d in dealt]
+
+
+def group_shards(sizes: list[int], shard_bytes: float) -> list[list[int]]:
+    """Consecutive batches (by their new latent bytes) holding about `shard_bytes` each."""
+    groups: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(sizes):
+        if not groups or (groups[-1] and size + n > shard_bytes):
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
+
+
+def plan(
+    clips: list[Clip], new: set[str], multiple: int, batch_samples: int, ranks: int
+) -> list[list[list[Clip]]]:
+    """Each rank's batches (lists of clips, in plan order) that hold a clip not yet encoded.
+
+    The batches are planned over every clip, encoded or not, and depend on nothing else: a clip
+    always lands in the same batch, whatever the world size or how much an earlier run did.
+    """
+    clips = sorted(clips, key=lambda c: (c.samples, c.sha))
+    padded = [math.ceil(c.samples / multiple) * multiple for c in clips]
+    todo = [b for b in plan_batches(padded, batch_samples) if any(clips[i].sha in new for i in b)]
+    costs = [len(b) * max(padded[i] for i in b) for b in todo]
+    return [[[clips[i] for i in todo[b]] for b in mine] for mine in deal(costs, ranks)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,26 +324,45 @@ def _remove_stale_temps(shards: Path) -> None:
 @dataclass
 class EncodeResult:
     out: Path
-    report: dict[str, Any]
+    report: dict[str, Any] | None  # report.json; None on ranks other than 0 (rank 0 reports for all)
+    run: dict[str, Any] | None  # run.json: reuse counts and timings
 
     def summary(self) -> str:
-        r = self.report
-        clips = r["clips"]
+        r, run = self.report, self.run
+        if r is None or run is None:
+            return ""
         speed = ""
-        if clips["encoded"]:
-            rate = f"{r['clips_per_s']:.1f} clips/s on {r['device']}"
-            speed = f" ({r['audio_seconds_encoded']:.1f} s of audio, {rate})"
+        if run["clips"]["encoded"]:
+            rate = f"{run['clips_per_s']:.1f} clips/s on {run['world_size']} × {run['ranks'][0]['device']}"
+            speed = f" ({run['audio_seconds_encoded']:.1f} s of audio, {rate})"
+        bad = run["shards_rejected"]
+        rejected = f", {len(bad)} shard(s) failed verification and were re-encoded" if bad else ""
         return (
             f"encode: {r['rows_in']} rows → {r['rows_kept']} kept, {r['rows_quarantined']} quarantined; "
-            f"clips: {clips['encoded']} encoded{speed}, {clips['reused']} reused, {clips['failed']} failed "
-            f"→ {self.out}"
+            f"clips: {run['clips']['encoded']} encoded{speed}, {run['clips']['reused']} reused, "
+            f"{r['clips']['failed']} failed{rejected} → {self.out}"
         )
 
 
-def _device(choice: str) -> torch.device:
+def _device(choice: str, local_rank: int) -> torch.device:
     from voxpipe.train.device import resolve_device_type  # lazily: torch_npu is only probed here
 
-    return torch.device(resolve_device_type(choice))
+    kind = resolve_device_type(choice)
+    return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
+
+
+@contextmanager
+def _cpu_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """A fixed intra-op thread count on CPU: latents depend on it, so never on the core count."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def batch_seconds(p: EncodeParams, device: torch.device) -> float:
@@ -382,70 +399,63 @@ def _decode_all(paths: list[Path], sample_rate: int) -> list[np.ndarray | str]:
     return out
 
 
-def _plan_shards(frames: list[int], latent_dim: int, shard_bytes: float) -> list[slice]:
-    """Consecutive slices of the (sorted) pending clips holding about `shard_bytes` of latents each."""
-    slices, start, size = [], 0, 0
-    for i, n in enumerate(frames):
-        clip_bytes = n * latent_dim * 4
-        if i > start and size + clip_bytes > shard_bytes:
-            slices.append(slice(start, i))
-            start, size = i, 0
-        size += clip_bytes
-    if start < len(frames):
-        slices.append(slice(start, len(frames)))
-    return slices
+@dataclass
+class RankWork:
+    """What one rank did: failures (sha → problem), new clips stored, their audio seconds."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    stored: int = 0
+    seconds: float = 0.0
 
 
-def _encode_pending(
-    enc: Encoder,
-    index: ShardIndex,
-    out: Path,
-    pending: list[tuple[str, Path, int]],
-    p: EncodeParams,
-    device: torch.device,
-) -> tuple[dict[str, str], float]:
-    """Encode clips (sha, path, samples) shard by shard; returns failures (sha → problem), audio seconds.
+def _encode_batches(
+    enc: Encoder, index: ShardIndex, batches: list[list[Clip]], new: set[str], p: EncodeParams,
+    device: torch.device, show: bool,
+) -> RankWork:
+    """Encode whole batches; store the new clips' latents, a shard per `shard_mb`.
 
-    Shards and the VAE batches inside them are planned from the sorted pending list alone, so a
-    resumed run (whose pending list is the old one minus its first, registered shards) repeats
-    the uninterrupted run's remaining shards exactly.
+    A batch's already-encoded clips go through the VAE again with it (its composition is part of
+    the result) but are not stored twice. The shards are grouped from the plan alone, so a resumed
+    run (whose batches are the old ones minus its registered shards) writes the same shards.
     """
     vae, sr, multiple = enc.vae, enc.vae.sample_rate, enc.multiple
-    batch_samples = int(batch_seconds(p, device) * sr)
-    padded = [math.ceil(n / multiple) * multiple for _, _, n in pending]
-    failed: dict[str, str] = {}
-    seconds = 0.0
-    bar = tqdm(total=len(pending), desc="encode", unit="clip")
+    frame_bytes = vae.latent_dim * 4 * multiple // vae.hop_length  # fp32 latent bytes per padded unit
+    sizes = [sum(math.ceil(c.samples / multiple) * frame_bytes for c in b if c.sha in new) for b in batches]
+    flat = [(g, batches[i]) for g, group in enumerate(group_shards(sizes, p.shard_mb * 1e6)) for i in group]
+    work = RankWork()
+    tensors: dict[str, torch.Tensor] = {}
+    bar = tqdm(total=sum(len(b) for b in batches), desc="encode", unit="clip", disable=not show)
     with ThreadPoolExecutor(max_workers=1) as reader:  # decodes the next batch while the VAE runs
-        for shard in _plan_shards([n // vae.hop_length for n in padded], vae.latent_dim, p.shard_mb * 1e6):
-            clips = pending[shard]
-            batches = plan_batches(padded[shard], batch_samples)
-            tensors: dict[str, torch.Tensor] = {}
-            future = reader.submit(_decode_all, [clips[i][1] for i in batches[0]], sr)
-            for k, batch in enumerate(batches):
-                decoded = dict(zip((clips[i][0] for i in batch), future.result(), strict=True))
-                if k + 1 < len(batches):
-                    future = reader.submit(_decode_all, [clips[i][1] for i in batches[k + 1]], sr)
-                failed.update((sha, w) for sha, w in decoded.items() if isinstance(w, str))
-                good = {sha: w for sha, w in decoded.items() if not isinstance(w, str)}
-                if good:
-                    latents = encode_batch(vae, list(good.values()), multiple, device)
-                    tensors.update(zip(good, latents, strict=True))
-                    seconds += sum(len(w) for w in good.values()) / sr
-                bar.update(len(batch))
-            if tensors:
-                index.write_shard(out, LATENTS, enc.vae_hash, tensors)
+        future = reader.submit(_decode_all, [c.path for c in flat[0][1]], sr) if flat else None
+        for k, (group, batch) in enumerate(flat):
+            decoded = future.result()
+            if k + 1 < len(flat):
+                future = reader.submit(_decode_all, [c.path for c in flat[k + 1][1]], sr)
+            work.failed.update((c.sha, w) for c, w in zip(batch, decoded, strict=True)
+                               if isinstance(w, str) and c.sha in new)
+            good = [(c.sha, w) for c, w in zip(batch, decoded, strict=True) if not isinstance(w, str)]
+            if any(sha in new for sha, _ in good):
+                latents = encode_batch(vae, [w for _, w in good], multiple, device)
+                for (sha, wav), z in zip(good, latents, strict=True):
+                    if sha in new:
+                        tensors[sha] = z
+                        work.seconds += len(wav) / sr
+            bar.update(len(batch))
+            if tensors and (k + 1 == len(flat) or flat[k + 1][0] != group):
+                index.write_shard(LATENTS, enc.vae_hash, tensors)
+                work.stored += len(tensors)
+                tensors = {}
     bar.close()
-    return failed, seconds
+    return work
 
 
-def _tokenize_pending(enc: Encoder, index: ShardIndex, out: Path, texts: dict[str, str]) -> int:
+def _tokenize_pending(enc: Encoder, index: ShardIndex, texts: dict[str, str]) -> int:
     """Token ids of texts not yet in the index, in one shard; returns how many were tokenized."""
     pending = sorted(k for k in texts if not index.has(TOKENS, enc.tokenizer_hash, k))
     if pending:
         ids = enc.tokenizer.encode_batch([texts[k] for k in pending])
         tensors = {k: torch.tensor(i, dtype=torch.int32) for k, i in zip(pending, ids, strict=True)}
-        index.write_shard(out, TOKENS, enc.tokenizer_hash, tensors)
+        index.write_shard(TOKENS, enc.tokenizer_hash, tensors)
     return len(pending)
 
 
@@ -526,55 +536,75 @@ def _manifest_files(paths: Iterable[str]) -> list[Path]:
     return files
 
 
-def encode(p: EncodeParams) -> EncodeResult:
-    start = time.perf_counter()
+def encode(params: Params) -> EncodeResult:
+    """`encode`, reading the base checkpoint from model.base (train's base: latents must match it).
+
+    Plain or under torchrun: every rank runs this; rank 0 merges, writes the splits and reports.
+    """
+    p = params.encode
     files = _manifest_files(p.manifest)
     out = Path(p.out)
     out.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out / "shards")
-    enc = load_encoder(p.model)
-    index = ShardIndex(out)
+    with joined_world() as world:
+        return _encode(world, p, params.model.base, files, out)
+
+
+def _encode(world: World, p: EncodeParams, base: str, files: list[Path], out: Path) -> EncodeResult:
+    start = time.perf_counter()
+    if world.is_main:  # what a killed run left: temp files, unmerged rank parts, a torn index line
+        remove_stale_temps(out / "shards")
+        merge_parts(out)
+    world.barrier()
+    rejected = verify_index(out, world)
+    enc = load_encoder(base)
+    index = ShardIndex(out, world.rank)
 
     quarantine = Quarantine()
     per_file = {f: read_manifest(f, quarantine) for f in files}
     rows = [r for rs in per_file.values() for r in rs]
     rows_in = len(rows) + len(quarantine.entries)
     paths = sorted({p_ for r in rows for p_ in (r.audio, r.ref) if p_ is not None})
-    hashes = FileHashes(out / "file_hashes.json").hash_all(paths)
+    hashes = FileHashes(out / "file_hashes.json").hash_all(paths, world)
 
     # clips by content: one entry per distinct audio sha, whatever the number of paths or rows using it
     clip_path: dict[str, Path] = {}
     for path in paths:
         if hashes[path][0] is not None:
             clip_path.setdefault(hashes[path][0], path)
-    problems: dict[str, str] = {}
-    pending: list[tuple[str, Path, int]] = []
-    reused = 0
-    for sha, path in clip_path.items():
-        if index.has(LATENTS, enc.vae_hash, sha):
-            reused += 1
-            continue
-        samples, problem = _estimate_samples(path, enc.vae.sample_rate)
-        if problem:
-            problems[sha] = problem
-        else:
-            pending.append((sha, path, samples))
-    pending.sort(key=lambda c: (c[2], c[0]))
+    new = {sha for sha in clip_path if not index.has(LATENTS, enc.vae_hash, sha)}
 
     texts = {_text_key(r.data["text"]): r.data["text"] for r in rows}
-    tokenized = _tokenize_pending(enc, index, out, texts)
+    tokenized = _tokenize_pending(enc, index, texts) if world.is_main else 0
 
     device = None
-    failed: dict[str, str] = {}
-    seconds = 0.0
+    problems: dict[str, str] = {}
+    work = RankWork()
     encode_start = time.perf_counter()
-    if pending:
-        device = _device(p.device)
-        enc.vae.to(device)
-        failed, seconds = _encode_pending(enc, index, out, pending, p, device)
+    if new:
+        device = _device(p.device, world.local_rank)
+        sr = enc.vae.sample_rate
+        clips = []
+        for (sha, path), (samples, problem) in zip(
+            clip_path.items(), world.map(lambda path: _estimate_samples(path, sr), list(clip_path.values())),
+            strict=True,
+        ):
+            if problem:
+                problems[sha] = problem
+            else:
+                clips.append(Clip(sha, path, samples))
+        mine = plan(clips, new, enc.multiple, int(batch_seconds(p, device) * sr), world.size)[world.rank]
+        with _cpu_threads(device, p.cpu_threads):
+            enc.vae.to(device)
+            work = _encode_batches(enc, index, mine, new, p, device, show=world.is_main)
+    done = world.all_gather((work, str(device)))
     encode_seconds = time.perf_counter() - encode_start
-    problems.update(failed)
+    if not world.is_main:
+        return EncodeResult(out, None, None)
 
+    merge_parts(out)
+    index = ShardIndex(out)
+    for rank_work, _ in done:
+        problems.update(rank_work.failed)
     splits = {f.name: _write_split(out / f.name, file_rows, out, enc, index, hashes, problems, quarantine)
               for f, file_rows in per_file.items()}
     quarantine.entries.sort(key=lambda e: (e["source"]["file"], e["source"]["line"]))
@@ -582,34 +612,40 @@ def encode(p: EncodeParams) -> EncodeResult:
                                                          for e in quarantine.entries))
 
     rows_kept = sum(s["rows"] for s in splits.values())
-    encoded = len(pending) - len(failed)
+    encoded = sum(w.stored for w, _ in done)
+    # report.json: what was produced (byte-identical for the same inputs); run.json: how this run went
     report = {
         "manifests": [str(f) for f in files],
-        "model": str(p.model),
+        "model": str(base),
         "rows_in": rows_in,
         "rows_kept": rows_kept,
         "rows_quarantined": len(quarantine.entries),
         "reasons": dict(sorted(quarantine.reasons.items())),
         "splits": splits,
-        "clips": {"total": len(clip_path), "encoded": encoded, "reused": reused, "failed": len(problems)},
-        "texts_tokenized": tokenized,
-        "audio_seconds_encoded": round(seconds, 3),
-        "encode_seconds": round(encode_seconds, 3),
-        "clips_per_s": round(encoded / encode_seconds, 3) if encoded and encode_seconds > 0 else 0.0,
-        "seconds": round(time.perf_counter() - start, 3),
-        "device": str(device) if device else None,
+        "clips": {"total": len(clip_path), "failed": len(problems)},
         "patch_size": enc.patch_size,
         "latent_dim": enc.vae.latent_dim,
         "vae_hash": enc.vae_hash,
         "tokenizer_hash": enc.tokenizer_hash,
-        "batch_seconds": batch_seconds(p, device) if device else None,
+        "cpu_threads": p.cpu_threads,
         "shard_mb": p.shard_mb,
     }
-    write_report(out, report)
+    run = {
+        "clips": {"encoded": encoded, "reused": len(clip_path) - len(new)},
+        "shards_rejected": rejected,
+        "texts_tokenized": tokenized,
+        "audio_seconds_encoded": round(sum(w.seconds for w, _ in done), 3),
+        "encode_seconds": round(encode_seconds, 3),
+        "clips_per_s": round(encoded / encode_seconds, 3) if encoded and encode_seconds > 0 else 0.0,
+        "seconds": round(time.perf_counter() - start, 3),
+        "world_size": world.size,
+        "ranks": [{"device": d, "clips_encoded": w.stored} for w, d in done],
+        "batch_seconds": batch_seconds(p, device) if device else None,
+    }
+    write_report(out, report, run)
     if rows_kept == 0:
         raise StepError(
             f"no row could be encoded ({rows_in} in, all quarantined: {report['reasons']}); "
             f"see {out / 'quarantine.jsonl'} for each row's file, line and reason"
         )
-    return EncodeResult(out, report)
-
+    return EncodeResult(out, report, run)

@@ -1,12 +1,14 @@
-"""`voxpipe ingest`: parquet rows → 16 kHz mono FLAC files + raw.jsonl, bad rows quarantined.
+"""`voxpipe ingest`: input rows → 16 kHz mono FLAC files + raw.jsonl, bad rows quarantined.
 
-The parquet files are streamed in small batches; a process pool decodes, checks, resamples and
+The inputs (parquet, CSV/TSV/JSONL manifests, LJSpeech folders: `sources`) are streamed in small
+batches; a process pool decodes, checks, resamples and
 writes each row's audio, and the parent writes results strictly in input order. At most
 `2 × workers` batches are in flight, so memory stays flat however large the data set is. Audio
 files are named by a hash of the decoded 16 kHz samples: a rerun finds them already written and
 produces byte-identical raw.jsonl. Every input row ends up either in raw.jsonl or, with a
 machine-readable reason, in quarantine.jsonl — never dropped silently. Files left in `out/audio/`
-by earlier runs on other inputs are kept (they are simply not referenced).
+by earlier runs on other inputs are kept (they are simply not referenced). With `shards` > 1 the
+same work is planned, run shard by shard and merged (`ingest_shards`), with byte-identical raw.jsonl.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import multiprocessing
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -27,7 +29,8 @@ from typing import Any
 from tqdm import tqdm
 
 from voxpipe.data.ingest_row import REASONS, Batch, Kept, Rejected, RowChecks, process_batch
-from voxpipe.data.parquet_source import Columns, SourceFile, find_parquet_files, iter_rows, open_source
+from voxpipe.data.parquet_source import Columns
+from voxpipe.data.sources import SourceFile, iter_rows, open_sources
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
 from voxpipe.report import write_report
@@ -35,7 +38,7 @@ from voxpipe.report import write_report
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     """The cores this process may run on (taskset, cpusets), not the host's total where that differs."""
     try:
         return len(os.sched_getaffinity(0))
@@ -76,12 +79,16 @@ class IngestResult:
     seconds_kept: float = 0.0
     wall_seconds: float = 0.0
     workers: int = 1
+    shards: int = 1
+    notices: list[str] = field(default_factory=list)
 
     @property
     def hours_kept(self) -> float:
         return self.seconds_kept / 3600
 
-    def report(self, files: list[SourceFile], error: str | None) -> dict[str, Any]:
+    def save(self, inputs: list[dict[str, Any]], error: str | None, run: dict[str, Any] | None = None,
+             **extra: Any) -> None:
+        """report.json (what was ingested: the same for the same inputs) and run.json (how fast)."""
         wall = max(self.wall_seconds, 1e-9)
         report: dict[str, Any] = {
             "rows_in": self.rows_in,
@@ -90,24 +97,32 @@ class IngestResult:
             "reasons": {r: self.reasons[r] for r in REASONS},
             "hours_kept": round(self.hours_kept, 6),
             "speakers": dict(sorted(self.speakers.items())),
-            "inputs": [{"file": f.path.as_posix(), "rows": f.num_rows} for f in files],
+            "inputs": inputs,
+            "notices": self.notices,
+            **extra,
+        }
+        if error:
+            report["error"] = error
+        write_report(self.out, report, {
+            **(run or {}),
             "workers": self.workers,
             "timings": {
                 "seconds": round(self.wall_seconds, 3),
                 "rows_per_s": round(self.rows_in / wall, 2),
                 "audio_seconds_per_s": round(self.seconds_kept / wall, 2),
             },
-        }
-        if error:
-            report["error"] = error
-        return report
+        })
 
     def summary(self) -> str:
         bad = ", ".join(f"{r} {n}" for r, n in sorted(self.reasons.items()) if n) or "none"
+        shards = f" in {self.shards} shards" if self.shards > 1 else ""
+        n = len(self.notices)
+        notices = f"; {n} notice{'s' if n > 1 else ''} (report.json)" if n else ""
         return (
             f"ingest: {self.rows_in} rows → {self.rows_kept} kept ({self.hours_kept:.3f} h, "
             f"{len(self.speakers)} speakers), {self.rows_quarantined} quarantined ({bad}) "
-            f"in {self.wall_seconds:.1f} s with {self.workers} workers → {self.out / 'raw.jsonl'}"
+            f"in {self.wall_seconds:.1f} s with {self.workers} workers{shards} → {self.out / 'raw.jsonl'}"
+            f"{notices}"
         )
 
 
@@ -125,8 +140,27 @@ class _Writer:
         for tmp, final in zip(self.tmp, self.final, strict=True):
             os.replace(tmp, final)
 
+    def discard(self) -> None:
+        """After a failed close (a full disk fails the last flush too): no temp file is left behind."""
+        for f, tmp in zip((self.raw, self.quarantine), self.tmp, strict=True):
+            try:
+                f.close()
+            except OSError:
+                pass  # the same full disk; the file is removed next
+            tmp.unlink(missing_ok=True)
 
-def _line(obj: dict[str, Any]) -> str:
+
+def write_failed(e: OSError, out: Path, result: IngestResult) -> StepError:
+    """A write into `out` failed (disk full, read-only, quota): say so in one paragraph."""
+    return StepError(
+        f"writing into {out} failed ({e.strerror or e}{f': {e.filename}' if e.filename else ''}) after "
+        f"{result.rows_in} input rows. raw.jsonl, quarantine.jsonl and report.json hold those rows where "
+        "they could still be written; no temp file is left. Free space (or make the folder writable) and "
+        "rerun: audio already written is reused"
+    )
+
+
+def json_line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
@@ -141,7 +175,7 @@ def _record(
             outcome = Rejected(outcome.row, "duplicate", f"same decoded audio and text as kept row {row_id}")
         else:
             seen.add(int(row_id, 16))
-            writer.raw.write(_line({
+            writer.raw.write(json_line({
                 "id": row_id, "audio": outcome.audio, "text": outcome.text, "speaker": outcome.speaker,
                 "duration": outcome.duration, "source": source,
             }))
@@ -149,36 +183,58 @@ def _record(
             result.seconds_kept += outcome.duration
             result.speakers[outcome.speaker] += 1
             return
-    writer.quarantine.write(_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
+    writer.quarantine.write(json_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
     result.rows_quarantined += 1
     result.reasons[outcome.reason] += 1
 
 
-def _batches(sources: list[SourceFile], cols: Columns, checks: RowChecks) -> Iterator[Batch]:
-    for i, src in enumerate(sources):
+Range = tuple[int, int, int]  # (index into the sources, first row, row after the last)
+
+
+def columns_of(p: IngestParams) -> Columns:
+    return Columns(audio=p.audio_column, text=p.text_column, speaker=p.speaker_column)
+
+
+def _batches(sources: Mapping[int, SourceFile], ranges: list[Range], checks: RowChecks) -> Iterator[Batch]:
+    for i, start, stop in ranges:
+        src = sources[i]
         base = str(src.path.parent.resolve())
         root = str(src.root.resolve())
-        for rows in iter_rows(src, cols, BATCH_ROWS):
+        for rows in iter_rows(src, start, stop, BATCH_ROWS):
             yield Batch(i, base, root, rows, checks)
 
 
-def ingest(p: IngestParams) -> IngestResult:
-    """Run the ingest step; raises StepError on run-level problems (after writing the reports)."""
-    cols = Columns(audio=p.audio_column, text=p.text_column, speaker=p.speaker_column)
-    sources = [open_source(f, root, cols) for f, root in find_parquet_files(p.input)]
-    out = Path(p.out)
+def too_many_bad(result: IngestResult, max_bad_fraction: float, out: Path) -> StepError | None:
+    """The run-level error when more rows were quarantined than `max_bad_fraction` allows."""
+    if result.rows_quarantined <= max_bad_fraction * result.rows_in:
+        return None
+    share = result.rows_quarantined / result.rows_in
+    return StepError(
+        f"{result.rows_quarantined} of {result.rows_in} rows quarantined ({share:.0%}), "
+        f"more than max_bad_fraction={max_bad_fraction}; "
+        f"reasons: {dict((r, n) for r, n in result.reasons.items() if n)}. "
+        f"See {out / 'quarantine.jsonl'} for each row's file, row and reason."
+    )
+
+
+def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
+                  notices: list[str], whole_run: bool = True, **extra: Any) -> IngestResult:
+    """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
+    (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
+    which sees every row."""
     (out / "audio").mkdir(parents=True, exist_ok=True)
     checks = RowChecks(p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()))
-    workers = p.workers or _usable_cores()
-    result = IngestResult(out=out, workers=workers)
+    workers = p.workers or usable_cores()
+    result = IngestResult(out=out, workers=workers, notices=notices)
     writer = _Writer(out)
     seen: set[int] = set()
     error: StepError | None = None
     start = time.perf_counter()
-    total = sum(s.num_rows for s in sources)
+    total = sum(stop - first for _, first, stop in ranges)
     try:
-        with tqdm(total=total, unit="row", desc="ingest", mininterval=1.0) as bar:
-            for file_index, outcomes in _ordered_map(process_batch, _batches(sources, cols, checks), workers):
+        with tqdm(total=total, unit="row", desc="ingest", mininterval=1.0, disable=None) as bar:
+            batches = _batches(sources, ranges, checks)
+            for file_index, outcomes in _ordered_map(process_batch, batches, workers):
                 for outcome in outcomes:
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
@@ -187,19 +243,36 @@ def ingest(p: IngestParams) -> IngestResult:
         error = e
     except BrokenProcessPool as e:
         error = StepError(f"a decode worker died ({e}); the reports cover the rows processed before it")
+    except OSError as e:
+        error = write_failed(e, out, result)
     result.wall_seconds = time.perf_counter() - start
-    writer.close()  # not reached on Ctrl-C or a crash: earlier outputs are then left as they were
-    if error is None and result.rows_in == 0:
-        error = StepError(f"the input files hold no rows: {', '.join(s.path.as_posix() for s in sources)}")
-    if error is None and result.rows_quarantined > p.max_bad_fraction * result.rows_in:
-        share = result.rows_quarantined / result.rows_in
-        error = StepError(
-            f"{result.rows_quarantined} of {result.rows_in} rows quarantined ({share:.0%}), "
-            f"more than max_bad_fraction={p.max_bad_fraction}; "
-            f"reasons: {dict((r, n) for r, n in result.reasons.items() if n)}. "
-            f"See {out / 'quarantine.jsonl'} for each row's file, row and reason."
-        )
-    write_report(out, result.report(sources, str(error) if error else None))
+    try:
+        writer.close()  # not reached on Ctrl-C or a crash: earlier outputs are then left as they were
+    except OSError as e:
+        writer.discard()
+        error = error or write_failed(e, out, result)
+    if whole_run and error is None and result.rows_in == 0:
+        names = ", ".join(s.path.as_posix() for s in sources.values())
+        error = StepError(f"the input files hold no rows: {names}")
+    if whole_run and error is None:
+        error = too_many_bad(result, p.max_bad_fraction, out)
+    inputs = [{"file": sources[i].path.as_posix(), "rows": stop - first} for i, first, stop in ranges]
+    try:
+        result.save(inputs, str(error) if error else None, **extra)
+    except OSError as e:
+        error = error or write_failed(e, out, result)
     if error is not None:
         raise error
     return result
+
+
+def ingest(p: IngestParams) -> IngestResult:
+    """Run the ingest step; raises StepError on run-level problems (after writing the reports)."""
+    if p.shards > 1:  # plan, shards and merge, on this machine
+        from voxpipe.data.ingest_shards import ingest_sharded  # it builds on this module
+
+        return ingest_sharded(p)
+    notices: list[str] = []
+    sources = open_sources(p.input, columns_of(p), notices)
+    ranges = [(i, 0, src.num_rows) for i, src in enumerate(sources)]
+    return ingest_ranges(p, dict(enumerate(sources)), ranges, Path(p.out), notices)

@@ -21,6 +21,7 @@ from voxpipe.data.audio import AudioDecodeError, decode, flac16_bytes
 # Machine-readable quarantine reasons in the order the checks run; a row gets the first that applies.
 # `duplicate` is judged last, by the parent, because it depends on the rows before it.
 REASONS = (
+    "malformed_row",
     "missing_text",
     "missing_speaker",
     "no_audio",
@@ -38,12 +39,13 @@ REASONS = (
 
 @dataclass(frozen=True)
 class RawRow:
-    """One parquet row as read: audio is encoded bytes, a path to a file, or None."""
+    """One input row as read: audio is encoded bytes, a path to a file, or None."""
 
     row: int  # index within its file
     audio: bytes | str | None
     text: str | None
     speaker: str | None
+    problem: str = ""  # why the record could not be read as a row (a malformed manifest line)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class RowChecks:
 @dataclass(frozen=True)
 class Batch:
     file_index: int
-    base: str  # the parquet file's folder: relative audio paths start here
+    base: str  # the input file's folder: relative audio paths start here
     root: str  # the dataset folder: audio paths must stay inside it
     rows: list[RawRow]
     checks: RowChecks
@@ -88,10 +90,10 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def _resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str]:
+def resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str]:
     """(file, "") for a path-only row, or (None, why it must not be opened). Nothing is opened here."""
     if os.path.isabs(rel) or rel.startswith("~"):
-        return None, f"audio path {rel!r} is absolute; paths must be relative to the parquet file"
+        return None, f"audio path {rel!r} is absolute; paths must be relative to the input file"
     inside = os.path.normpath(os.path.join(os.path.relpath(base, root), rel))
     if inside == ".." or inside.startswith(".." + os.sep):
         return None, f"audio path {rel!r} escapes the dataset folder {root}"
@@ -107,7 +109,7 @@ def _judge_audio(raw: RawRow, batch: Batch) -> tuple[np.ndarray | None, Rejected
     if audio is None:
         return None, Rejected(raw.row, "no_audio", "the row has no audio (null bytes and no path)")
     if isinstance(audio, str):
-        path, unsafe = _resolve_audio_path(audio, batch.base, batch.root)
+        path, unsafe = resolve_audio_path(audio, batch.base, batch.root)
         if path is None:
             return None, Rejected(raw.row, "unsafe_path", unsafe)
         if not path.is_file():
@@ -168,13 +170,19 @@ def _store(x: np.ndarray, checks: RowChecks) -> tuple[str, str]:
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(flac16_bytes(pcm, checks.sample_rate))
-        os.replace(tmp, path)  # atomic: a clip is never seen half-written under its final name
+        try:
+            tmp.write_bytes(flac16_bytes(pcm, checks.sample_rate))
+            os.replace(tmp, path)  # atomic: a clip is never seen half-written under its final name
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full or read-only disk leaves no half-written temp file
+            raise
     return digest, rel
 
 
 def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     """Judge one row; for a good row write its 16 kHz FLAC. Cheap checks run before decoding."""
+    if raw.problem:
+        return Rejected(raw.row, "malformed_row", raw.problem)
     text = normalize_text(raw.text) if raw.text is not None else ""
     if not text:
         what = "null" if raw.text is None else "blank"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voxpipe.data.jsonl import utf8_lines
 from voxpipe.errors import StepError
 from voxpipe.params import ManifestParams
 from voxpipe.report import atomic_write_text, write_report
@@ -119,14 +120,11 @@ def read_clips(inputs: list[str]) -> list[Clip]:
     seen: dict[str, Clip] = {}
     for path in map(_input_file, inputs):
         base = path.resolve().parent
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                clip = _parse_clip(line, f"{path}:{n}", base)
-                if clip.id in seen:
-                    raise StepError(f"duplicate id {clip.id!r}: {seen[clip.id].origin} and {clip.origin}")
-                seen[clip.id] = clip
+        for n, line in utf8_lines(path):
+            clip = _parse_clip(line, f"{path}:{n}", base)
+            if clip.id in seen:
+                raise StepError(f"duplicate id {clip.id!r}: {seen[clip.id].origin} and {clip.origin}")
+            seen[clip.id] = clip
     if not seen:
         raise StepError(f"no rows in {', '.join(inputs)}: nothing to split")
     return sorted(seen.values(), key=lambda c: c.id)
@@ -218,7 +216,7 @@ def _figures(clips: list[Clip]) -> dict[str, Any]:
     return {"rows": len(clips), "hours": round(sum(c.duration for c in clips) / 3600, 6)}
 
 
-def _report(inputs: list[str], train: list[Clip], val: list[Clip], seconds: float) -> dict[str, Any]:
+def _report(inputs: list[str], train: list[Clip], val: list[Clip]) -> dict[str, Any]:
     splits = {}
     for name, rows in (("train", train), ("val", val)):
         refs = sum(c.ref is not None for c in rows)
@@ -235,7 +233,6 @@ def _report(inputs: list[str], train: list[Clip], val: list[Clip], seconds: floa
         "rows_in": len(train) + len(val),
         "splits": splits,
         "speakers": speakers,
-        "seconds": round(seconds, 3),
     }
 
 
@@ -248,6 +245,6 @@ def build_manifest(p: ManifestParams) -> ManifestResult:
     out_dir = os.path.abspath(out)
     atomic_write_text(out / "train.jsonl", _jsonl(train, out_dir))
     atomic_write_text(out / "val.jsonl", _jsonl(val, out_dir))
-    report = _report(list(p.input), train, val, time.perf_counter() - start)
-    write_report(out, report)
+    report = _report(list(p.input), train, val)
+    write_report(out, report, run={"seconds": round(time.perf_counter() - start, 3)})
     return ManifestResult(out=out, report=report)

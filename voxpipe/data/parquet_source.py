@@ -1,8 +1,8 @@
-"""Find parquet inputs, check their columns up front, and stream their rows in bounded batches.
+"""Parquet inputs: check their columns up front, and stream a row range in bounded batches.
 
 Checking every file's schema before decoding anything means a wrong column name fails in a second,
-not after an hour of work. Rows are read with `iter_batches`, so memory stays flat however many GB
-the files hold.
+not after an hour of work. Rows are read with `iter_batches` from only the row groups a range
+covers, so memory stays flat however many GB the files hold, and a shard reads only its own part.
 """
 
 from __future__ import annotations
@@ -25,35 +25,7 @@ AudioValue = bytes | str | None
 class Columns:
     audio: str
     text: str
-    speaker: str  # "" = the data set has one speaker and no speaker column
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    path: Path
-    root: Path  # the dataset folder: audio paths must resolve inside it
-    num_rows: int
-    audio_kind: str  # "struct" (HF {bytes, path}), "bytes" or "path"
-
-
-def find_parquet_files(inputs: list[str]) -> list[tuple[Path, Path]]:
-    """(file, dataset root) for every input; folders are searched recursively in sorted order."""
-    found: list[tuple[Path, Path]] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found += [(f, path) for f in sorted(path.rglob("*.parquet")) if f.is_file()]
-        elif path.is_file():
-            found.append((path, path.parent))
-        else:
-            raise StepError(f"input {item} does not exist")
-    unique: dict[Path, tuple[Path, Path]] = {}
-    for f, r in found:  # the same file named twice is read once
-        unique.setdefault(f.resolve(), (f, r))
-    if not unique:
-        where = ", ".join(inputs) or "(no inputs given)"
-        raise StepError(f"no input files: no *.parquet file found in {where}")
-    return list(unique.values())
+    speaker: str  # "" = no speaker column: every row is speaker "default"
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -81,23 +53,20 @@ def _audio_kind(t: pa.DataType) -> str | None:
     return None
 
 
-def open_source(path: Path, root: Path, cols: Columns) -> SourceFile:
-    """Open one parquet file and check that the configured columns exist with usable types."""
+def open_parquet(path: Path, cols: Columns) -> tuple[int, str, Columns]:
+    """(rows, audio kind, the columns to read) of one parquet file, after checking the columns exist
+    with usable types. A file without the speaker column is read as one speaker."""
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
         raise StepError(f"{path}: unreadable parquet file: {e}") from e
     schema = pf.schema_arrow
     names = schema.names
-    wanted = [("audio", cols.audio), ("text", cols.text)]
-    if cols.speaker:
-        wanted.append(("speaker", cols.speaker))
-    for role, name in wanted:
+    for role, name in (("audio", cols.audio), ("text", cols.text)):
         if name not in names:
-            hint = " (set --speaker-column '' for a single-speaker data set)" if role == "speaker" else ""
             raise StepError(
                 f"{path}: no {role} column {name!r}; the file has columns: {', '.join(names)}."
-                f" Choose one with --{role}-column NAME{hint}."
+                f" Choose one with --{role}-column NAME."
             )
     kind = _audio_kind(schema.field(cols.audio).type)
     if kind is None:
@@ -108,11 +77,25 @@ def open_source(path: Path, root: Path, cols: Columns) -> SourceFile:
     text_type = schema.field(cols.text).type
     if not _is_string(text_type):
         raise StepError(f"{path}: text column {cols.text!r} has type {text_type}, not string")
-    if cols.speaker:
-        t = schema.field(cols.speaker).type
-        if not (_is_string(t) or pa.types.is_integer(t)):
-            raise StepError(f"{path}: speaker column {cols.speaker!r} has type {t}, not string or integer")
-    return SourceFile(path=path, root=root, num_rows=pf.metadata.num_rows, audio_kind=kind)
+    if cols.speaker not in names:
+        cols = Columns(cols.audio, cols.text, "")
+    elif not (_is_string(t := schema.field(cols.speaker).type) or pa.types.is_integer(t)):
+        raise StepError(f"{path}: speaker column {cols.speaker!r} has type {t}, not string or integer")
+    return pf.metadata.num_rows, kind, cols
+
+
+def row_groups(path: Path, audio_column: str) -> list[tuple[int, int]]:
+    """(rows, compressed bytes of the audio column) per row group, from the footer alone: the
+    planner's measure of a row group's audio volume."""
+    meta = pq.ParquetFile(path).metadata
+    groups = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        # a struct column is stored as several leaf columns: count every leaf under the audio column
+        size = sum(group.column(c).total_compressed_size for c in range(group.num_columns)
+                   if group.column(c).path_in_schema.split(".")[0] == audio_column)
+        groups.append((group.num_rows, size))
+    return groups
 
 
 def _audio_values(column: pa.Array, kind: str) -> list[AudioValue]:
@@ -133,20 +116,38 @@ def _audio_values(column: pa.Array, kind: str) -> list[AudioValue]:
     return out
 
 
-def iter_rows(src: SourceFile, cols: Columns, batch_rows: int) -> Iterator[list[RawRow]]:
-    """Batches of at most `batch_rows` rows, in file order."""
+def iter_parquet(path: Path, audio_kind: str, cols: Columns, start: int, stop: int,
+                 batch_rows: int) -> Iterator[list[RawRow]]:
+    """Rows [start, stop) of one file in batches of at most `batch_rows`, reading only the row groups
+    that hold them."""
     names = [cols.audio, cols.text] + ([cols.speaker] if cols.speaker else [])
-    start = 0
+    row = start
     try:
-        pf = pq.ParquetFile(src.path)
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
-            audio = _audio_values(batch.column(cols.audio), src.audio_kind)
+        pf = pq.ParquetFile(path)
+        wanted, first = [], None
+        offset = 0
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if offset < stop and offset + n > start:
+                wanted.append(g)
+                first = offset if first is None else first
+            offset += n
+        if not wanted:
+            return
+        at = first
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=wanted, columns=names):
+            lo, hi = max(start - at, 0), min(stop - at, batch.num_rows)
+            at += batch.num_rows
+            if lo >= hi:
+                continue
+            batch = batch.slice(lo, hi - lo)
+            audio = _audio_values(batch.column(cols.audio), audio_kind)
             text = batch.column(cols.text).to_pylist()
             if cols.speaker:
                 speaker = [None if s is None else str(s) for s in batch.column(cols.speaker).to_pylist()]
             else:
                 speaker = ["default"] * batch.num_rows
-            yield [RawRow(start + i, audio[i], text[i], speaker[i]) for i in range(batch.num_rows)]
-            start += batch.num_rows
+            yield [RawRow(row + i, audio[i], text[i], speaker[i]) for i in range(batch.num_rows)]
+            row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
-        raise StepError(f"{src.path}: unreadable parquet file after row {start}: {e}") from e
+        raise StepError(f"{path}: unreadable parquet file after row {row}: {e}") from e

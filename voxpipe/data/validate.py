@@ -18,8 +18,9 @@ import soundfile as sf
 from tqdm import tqdm
 
 from voxpipe.data.audio import AudioDecodeError, decode
+from voxpipe.data.jsonl import utf8_lines
 from voxpipe.errors import StepError
-from voxpipe.params import ValidateParams
+from voxpipe.params import IngestParams, Params
 
 # ingest measures durations from the decoded 16 kHz samples; anything beyond rounding is a stale field
 DURATION_TOLERANCE_S = 0.05
@@ -63,7 +64,7 @@ class AudioCheck:
     seconds: float | None  # decoded length, when the file is usable
 
 
-def check_audio(path: str, p: ValidateParams) -> AudioCheck:
+def check_audio(path: str, p: IngestParams) -> AudioCheck:
     """Exists, is mono at the expected rate (cheap header read), and decodes to the end."""
     if not os.path.isfile(path):
         return AudioCheck("does not exist", None)
@@ -89,7 +90,7 @@ def check_audio(path: str, p: ValidateParams) -> AudioCheck:
 class _Checker:
     """Checks rows one by one; each audio file is decoded once, however many rows name it."""
 
-    def __init__(self, p: ValidateParams, base: Path) -> None:
+    def __init__(self, p: IngestParams, base: Path) -> None:
         self.p = p
         self.base = base
         self.cache: dict[str, AudioCheck] = {}
@@ -149,17 +150,16 @@ class _Checker:
         return problems, seconds, has_ref
 
 
-def validate_manifest(p: ValidateParams) -> ValidateResult:
-    path = Path(p.manifest)
+def validate_manifest(params: Params) -> ValidateResult:
+    """Check `validate.manifest` against ingest's sample rate and duration bounds (the data's promise)."""
+    manifest = params.validate_.manifest
+    path = Path(manifest)
     if not path.is_file():
         raise StepError(f"manifest {path} does not exist")
-    with path.open(encoding="utf-8") as f:
-        lines = list(f)
-    checker = _Checker(p, path.resolve().parent)
-    result = ValidateResult(manifest=p.manifest)
-    for n, line in enumerate(tqdm(lines, desc=f"validate {path.name}", unit="row", disable=None), 1):
-        if not line.strip():
-            continue
+    lines = list(utf8_lines(path))
+    checker = _Checker(params.ingest, path.resolve().parent)
+    result = ValidateResult(manifest=manifest)
+    for n, line in tqdm(lines, desc=f"validate {path.name}", unit="row", disable=None):
         problems, seconds, has_ref = checker.row(line)
         result.rows += 1
         result.seconds += seconds or 0.0

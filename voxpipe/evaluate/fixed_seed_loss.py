@@ -13,6 +13,7 @@ batches and seed.
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,20 @@ def val_loss_batches(
         LossBatch(min(b.indices), collate([data[i] for i in b.indices], patch_size, max_len), b.counted)
         for b in plan
     ]
+
+
+def val_digest(batches: Iterable[LossBatch], seeds: Sequence[int]) -> str:
+    """What a fixed-seed loss can be compared on: the collated val batches (rows, packing, cut) and the
+    seeds. Two losses with the same digest saw the same tensors with the same draws; the promotion rule
+    compares a candidate with a champion only then."""
+    digest = hashlib.sha256(repr(list(seeds)).encode())
+    for lb in batches:
+        digest.update(f"{lb.key}:{lb.counted}".encode())
+        for name in sorted(lb.batch):
+            tensor = lb.batch[name].contiguous()
+            digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+            digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 @torch.no_grad()

@@ -1,15 +1,17 @@
 """`voxpipe evaluate`: did the fine-tune learn, and does it keep the voice?
 
 1. Fixed-seed loss (fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
-   set, for each seed; mean and spread over seeds tell a real improvement from noise, and
-   `--require-improvement` turns that into a gate.
+   set, for each seed; mean and spread over seeds tell a real improvement from noise.
 2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
    reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
    voice consistency per speaker (consistency.py), stop failures and real-time factor.
+3. The promotion rule (promotion.py) on those figures; `--require-improvement` fails the step when
+   it says no. `evaluate.model` may be a folder of step-N exports: each is scored and the rule
+   picks one (exports.py).
 
-The two checkpoints are loaded one after the other (never both in memory). Outputs in `out/`:
-eval.json (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz),
-eval.png, report.json.
+Checkpoints are loaded one after the other (never two in memory). Outputs in `out/`: eval.json
+(flat top-level figures for DVC, details nested), samples/*.wav (48 kHz), eval.png, exports.png,
+report.json.
 """
 
 from __future__ import annotations
@@ -23,31 +25,33 @@ from typing import Any
 
 import soundfile as sf
 import torch
-from tqdm import tqdm
 
 from voxpipe.data.dataset import EncodedDataset
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
 from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.exports import Scored, choose, find_candidates, plot_exports
 from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.fixed_seed_loss import (
     FixedSeedLoss,
     LossBatch,
     fixed_seed_loss,
-    improvement,
     summarize_seeds,
+    val_digest,
     val_loss_batches,
 )
 from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.metrics import ClipMeasures, Voice, load_16k, measure, real_voice
+from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.speaker import SpeakerEncoder
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
-from voxpipe.params import EvaluateParams
+from voxpipe.model.npu import KernelsChoice
+from voxpipe.params import EvaluateParams, Params
+from voxpipe.progress import bar as progress_bar
 from voxpipe.report import write_json, write_report
+from voxpipe.track.lineage import dvc_md5
 from voxpipe.train.device import resolve_device_type
-
-TAGS = ("model", "baseline")
 
 
 @dataclass
@@ -68,7 +72,8 @@ class EvaluateResult:
             f"speaker similarity {num('speaker_similarity_mean')} (baseline "
             f"{num('speaker_similarity_baseline')}); voice split flag {f['voice_split_flag']}; "
             f"stop failures {num('stop_failure_rate', '.0%')}; rtf {num('rtf', '.2f')}; "
-            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}) -> {self.out / 'eval.json'}"
+            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}); {self.verdict} "
+            f"-> {self.out / 'eval.json'}"
         )
 
 
@@ -111,13 +116,14 @@ class CheckpointRun:
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
     plans: list[SpeakerPlan], voices: dict[str, Voice], encoder: SpeakerEncoder,
-    transcriber: Transcriber | None, samples: Path,
+    transcriber: Transcriber | None, samples: Path, kernels: KernelsChoice,
 ) -> CheckpointRun:
     start = time.perf_counter()
-    model = from_pretrained(path, device=device)
-    losses = [fixed_seed_loss(model, batches, device, seed) for seed in tqdm(p.seeds, desc=f"{tag} loss")]
+    model = from_pretrained(path, device=device, kernels=kernels)
+    seeds = progress_bar(p.seeds, desc=f"{tag} loss")
+    losses = [fixed_seed_loss(model, batches, device, seed) for seed in seeds]
     generated = []
-    bar = tqdm(total=sum(len(plan.utterances) for plan in plans), desc=f"{tag} generate", unit="utt")
+    bar = progress_bar(total=sum(len(plan.utterances) for plan in plans), desc=f"{tag} generate", unit="utt")
     for plan in plans:
         generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
                                 inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
@@ -126,7 +132,7 @@ def _run_checkpoint(
     del model
     gc.collect()
     clips = []
-    for g in tqdm(generated, desc=f"{tag} measure", unit="utt"):
+    for g in progress_bar(generated, desc=f"{tag} measure", unit="utt"):
         sf.write(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate, subtype="PCM_16")
         clips.append(measure(g, voices, encoder, transcriber))
     return CheckpointRun(
@@ -204,62 +210,112 @@ def _real_asr(plans: list[SpeakerPlan], transcriber: Transcriber) -> list[tuple[
     return out
 
 
-def evaluate(p: EvaluateParams) -> EvaluateResult:
+def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
+    """The promotion rule's view of one checkpoint: loss over seeds, similarity per speaker with its CI."""
+    totals = [loss.total for loss in run.losses]
+    by_speaker: dict[str, list[float]] = {}
+    for c in run.clips:
+        by_speaker.setdefault(c.record["speaker"], [])
+        if c.record["similarity"] is not None:
+            by_speaker[c.record["speaker"]].append(c.record["similarity"])
+    return Scores(
+        loss=statistics.fmean(totals),
+        loss_std=statistics.stdev(totals) if len(totals) > 1 else 0.0,
+        similarity={speaker: mean_ci(values) for speaker, values in sorted(by_speaker.items())},
+        stop_failure_rate=_mean([c.record["hit_limit"] for c in run.clips]),
+        split_groups=[f"{g['speaker']}/{'ref' if g['with_reference'] else 'noref'}"
+                      for g in groups if g["voice_split"]],
+    )
+
+
+def evaluate(params: Params) -> EvaluateResult:
+    """`evaluate`: evaluate.model (one checkpoint, or a folder of step-N exports: the best is chosen)
+    against model.base, in val batches of train.max_tokens (the trainer's)."""
+    p = params.evaluate
     start = time.perf_counter()
-    out, data_dir = Path(p.out), Path(p.data)
+    out, data_dir, base_path = Path(p.out), Path(p.data), Path(params.model.base)
     val = _open_split(data_dir, "val")
     if val is None or not len(val):
         raise StepError(f"{data_dir}: no encoded val rows (val.jsonl); `voxpipe encode` a val manifest first")
-    configs = {tag: _read_config(Path(getattr(p, tag))) for tag in TAGS}
-    for tag, config in configs.items():
-        _check_data(val, config, Path(getattr(p, tag)))
-    config = configs["model"]
+    candidates = find_candidates(Path(p.model))
+    configs = {c.path: _read_config(c.path) for c in candidates}
+    configs[base_path] = _read_config(base_path)
+    for path, config in configs.items():
+        _check_data(val, config, path)
+    config = configs[candidates[-1].path]
     device = torch.device(resolve_device_type(p.device))
 
     lengths = val.lengths(config.patch_size)
     # the WHOLE val set: a row longer than the budget gets a batch of its own instead of being dropped
-    batches = val_loss_batches(val, config.patch_size, max(p.max_tokens, max(lengths)), config.max_length)
+    batches = val_loss_batches(val, config.patch_size, max(params.train.max_tokens, max(lengths)),
+                               config.max_length)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
     encoder = SpeakerEncoder()
     transcriber = Transcriber() if p.asr else None
-    voices = {plan.speaker: real_voice(plan, encoder) for plan in tqdm(plans, desc="real voices")}
+    voices = {plan.speaker: real_voice(plan, encoder) for plan in progress_bar(plans, desc="real voices")}
     real_asr = _real_asr(plans, transcriber) if transcriber is not None else []
 
     samples = out / "samples"
     samples.mkdir(parents=True, exist_ok=True)
     for stale in samples.glob("*.wav"):
         stale.unlink()
-    runs = {tag: _run_checkpoint(tag, Path(getattr(p, tag)), p, device, batches, plans, voices, encoder,
-                                 transcriber, samples) for tag in TAGS}
+
+    def run(tag: str, path: Path) -> CheckpointRun:
+        return _run_checkpoint(tag, path, p, device, batches, plans, voices, encoder, transcriber, samples,
+                               params.model.kernels)
+
+    base_run = run("baseline", base_path)
+    base_groups = _groups("baseline", base_run.clips)
+    base_scores = _scores(base_run, base_groups)
+    runs, groups, scored = {}, {}, []
+    for c in candidates:
+        runs[c.tag] = run(c.tag, c.path)
+        groups[c.tag] = _groups("model", runs[c.tag].clips)
+        scores = _scores(runs[c.tag], groups[c.tag])
+        scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance)))
+    best, why = choose(scored)
+    chosen = best.candidate
+    table = [s.row() for s in scored]
+    verdict = best.verdict
+    sentence = verdict.sentence()
+    model_run = runs[chosen.tag]
 
     per_seed = [
         {"seed": seed, "model": m.as_dict(), "baseline": b.as_dict(), "delta": m.total - b.total}
-        for seed, m, b in zip(p.seeds, runs["model"].losses, runs["baseline"].losses, strict=True)
+        for seed, m, b in zip(p.seeds, model_run.losses, base_run.losses, strict=True)
     ]
     summary = summarize_seeds(per_seed)
-    verdict, sentence = improvement(summary)
-    groups = {tag: _groups(tag, runs[tag].clips) for tag in TAGS}
-    per_tag = {tag: _checkpoint_figures(runs[tag], groups[tag]) for tag in TAGS}
+    consistency_groups = {"model": groups[chosen.tag], "baseline": base_groups}
+    per_tag = {"model": _checkpoint_figures(model_run, consistency_groups["model"]),
+               "baseline": _checkpoint_figures(base_run, base_groups)}
     real_rates = corpus_rates([errs for _, errs in real_asr])
-    figures = _flat(summary, verdict, per_tag, real_rates)
-    records = {tag: [c.record for c in runs[tag].clips] for tag in TAGS}
+    figures = _flat(summary, verdict.promoted, per_tag, real_rates)
+    figures["chosen_step"] = chosen.step
+    records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
     write_json(out / "eval.json", {
         **figures,
         "verdict": sentence,
+        "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance},
+        "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
+        "val_digest": val_digest(batches, p.seeds),
+        "chosen": {"path": str(chosen.path), "step": chosen.step, "md5": dvc_md5(chosen.path), "why": why},
+        "exports": table,
         "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
         "voices": {
             plan.speaker: {**voices[plan.speaker].as_dict(), "reference_id": plan.reference_id}
             for plan in plans
         },
-        "consistency": groups["model"] + groups["baseline"],
+        "consistency": consistency_groups["model"] + base_groups,
         "utterances": records,
         "real_asr": [record for record, _ in real_asr],
         "settings": p.model_dump(),
     })
     plot(out / "eval.png", records, voices)
+    plot_exports(out / "exports.png", table, base_scores, chosen.step)
     write_report(out, {
         "model": p.model,
-        "baseline": p.baseline,
+        "chosen": str(chosen.path),
+        "baseline": str(base_path),
         "data": p.data,
         "device": str(device),
         "seeds": p.seeds,
@@ -267,11 +323,14 @@ def evaluate(p: EvaluateParams) -> EvaluateResult:
         "val_batches": len(batches),
         "speakers": len(plans),
         "utterances_per_checkpoint": sum(len(plan.utterances) for plan in plans),
+        "checkpoints_scored": len(candidates),
+        "improved": verdict.promoted,
+    }, run={
         "seconds": round(time.perf_counter() - start, 3),
-        "checkpoint_seconds": {tag: round(runs[tag].seconds, 3) for tag in TAGS},
-        "improved": verdict,
+        "checkpoint_seconds": {"baseline": round(base_run.seconds, 3),
+                               **{tag: round(r.seconds, 3) for tag, r in runs.items()}},
     })
-    if p.require_improvement and not verdict:
+    if p.require_improvement and not verdict.promoted:
         raise StepError(f"{sentence}. evaluate.require_improvement is set, so this run fails "
                         f"(outputs written to {out})")
     return EvaluateResult(out, figures, sentence)

@@ -1,4 +1,4 @@
-"""`voxpipe launch-train`: the `train` section as a Volcano Job, rendered (--dry-run) or run to its end."""
+"""`voxpipe launch-train` / `launch-encode`: the step as a Volcano Job, rendered (--dry-run) or run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import Owner, job_yaml, render_job
+from voxpipe.launch.volcano import Owner, StepJob, job_yaml, render_job
 from voxpipe.params import Params
 
 if TYPE_CHECKING:
@@ -49,11 +49,20 @@ def _api_client() -> ApiClient:
 
 
 def launch_train(params: Params) -> LaunchResult:
+    return _launch(params, StepJob.train(params.launch), params.train.out)
+
+
+def launch_encode(params: Params) -> LaunchResult:
+    """`encode` as a Volcano Job on launch.encode_devices accelerators; a restart resumes from the index."""
+    return _launch(params, StepJob.encode(params.launch), params.encode.out)
+
+
+def _launch(params: Params, step: StepJob, out: str) -> LaunchResult:
     launch = params.launch
     own_namespace = pod_namespace()
     namespace = launch.namespace or own_namespace or "default"
     owner = Owner.from_env(os.environ, own_namespace) if own_namespace else None
-    job = render_job(launch, params.train, namespace, owner)
+    job = render_job(params, namespace, owner, step)
     if launch.dry_run:
         return LaunchResult(job_yaml(job).rstrip("\n"))
 
@@ -69,5 +78,5 @@ def launch_train(params: Params) -> LaunchResult:
     )
     return LaunchResult(
         f"Volcano job {outcome.namespace}/{outcome.name} {outcome.phase} after {outcome.restarts} "
-        f"restart(s) in {outcome.seconds:.0f} s; outputs in {params.train.out} on PVC {launch.pvc}"
+        f"restart(s) in {outcome.seconds:.0f} s; outputs in {out} on PVC {launch.pvc}"
     )

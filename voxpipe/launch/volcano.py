@@ -1,16 +1,22 @@
-"""Render `voxpipe train` as a Volcano Job: gang-scheduled pods, one torchrun per pod.
+"""Render `voxpipe train` (or `encode`) as a Volcano Job: gang-scheduled pods, one torchrun per pod.
 
 Volcano's pytorch plugin gives every pod MASTER_ADDR (the master task's pod, resolvable through the
 svc plugin's headless service), MASTER_PORT, WORLD_SIZE (= pods) and RANK (master 0, workers 1..);
 torchrun turns them into one training process per device. An evicted or failed pod restarts the
 whole job (FSDP cannot go on with a rank missing); every restart runs the same command, and
 `voxpipe train` resumes from the newest complete checkpoint under train.out on the shared PVC.
+`encode` runs the same way with its own device count (`StepJob`), and resumes from its shard index.
+
+The pods meet the "restricted" Pod Security Standard (non-root, no privilege escalation, no
+capabilities, RuntimeDefault seccomp, read-only root filesystem with /tmp an emptyDir, no service
+account token: training never calls the API). Secrets arrive by reference only (`launch.secret_env`
+as secretKeyRef); a rendered job that would carry a secret value is refused.
 """
 
 from __future__ import annotations
 
 import copy
-import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +24,9 @@ from typing import Any
 import yaml
 
 from voxpipe.errors import StepError
-from voxpipe.params import LaunchParams, TrainParams
+from voxpipe.launch.workspace import inside_workspace
+from voxpipe.params import LaunchParams, Params
+from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords
 
 GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 JOB_NAME_LABEL = "volcano.sh/job-name"  # Volcano puts it on every pod of a job
@@ -26,11 +34,27 @@ MASTER_PORT = 23456
 # KFP v2 sets these on every task pod from the downward API (metadata.name, metadata.uid)
 POD_NAME_ENV, POD_UID_ENV = "KFP_POD_NAME", "KFP_POD_UID"
 PARAMS_ENV = "VOXPIPE_PARAMS"
-PARAMS_FILE = "/tmp/voxpipe-params.yaml"
+SCRATCH = "/tmp"  # an emptyDir: the root filesystem is read-only
+PARAMS_FILE = f"{SCRATCH}/voxpipe-params.yaml"
 ASCEND_RESOURCE_PREFIX = "huawei.com/Ascend"
+# keys holding workspace paths: relative to the PVC mount, and never outside it
+WORKSPACE_PATHS = ("train.data", "train.out", "model.base", "tracking.work")
 # set by the pytorch plugin or by us: a user value would silently lose or break the rendezvous
-RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", PARAMS_ENV, "HCCL_IF_IP"})
+RESERVED_ENV = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", PARAMS_ENV, "HCCL_IF_IP", "HOME", SECRET_ENV_NAMES}
+)
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_REF = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)/([-._a-zA-Z0-9]+)$")
 LABELS = {"app.kubernetes.io/name": "voxpipe", "app.kubernetes.io/component": "train"}
+# pods that may reach the MLflow server (its NetworkPolicy, manifests/namespaced/mlflow-networkpolicy.yaml)
+MLFLOW_CLIENT_LABEL = {"voxpipe.io/mlflow-client": "true"}
 
 
 @dataclass(frozen=True)
@@ -51,43 +75,107 @@ def is_ascend(launch: LaunchParams) -> bool:
     return launch.accelerator.startswith(ASCEND_RESOURCE_PREFIX)
 
 
-def train_script(launch: LaunchParams) -> str:
-    """The pod's shell command: write the params the job carries, then exec torchrun on `voxpipe train`.
+@dataclass(frozen=True)
+class StepJob:
+    """The step a job runs, the params sections it reads (carried whole), its path keys, its gang."""
+
+    step: str
+    carried: tuple[str, ...]
+    paths: tuple[str, ...]  # keys holding workspace paths (a list value: each item)
+    pods: int
+    devices_per_pod: int
+
+    @classmethod
+    def train(cls, launch: LaunchParams) -> StepJob:
+        return cls("train", CARRIED, WORKSPACE_PATHS, launch.pods, launch.devices_per_pod)
+
+    @classmethod
+    def encode(cls, launch: LaunchParams) -> StepJob:
+        """launch.encode_devices accelerators: one pod when they fit in one, else full pods."""
+        per_pod = min(launch.encode_devices, launch.devices_per_pod)
+        if launch.encode_devices % per_pod:
+            raise StepError(
+                f"launch.encode_devices={launch.encode_devices} does not fill whole pods of "
+                f"launch.devices_per_pod={launch.devices_per_pod}: use at most {launch.devices_per_pod} "
+                f"or a multiple of it"
+            )
+        return cls("encode", ("model", "encode"), ("encode.manifest", "encode.out", "model.base"),
+                   launch.encode_devices // per_pod, per_pod)
+
+
+def train_script(launch: LaunchParams, job: StepJob | None = None) -> str:
+    """The pod's shell command: write the params the job carries, then exec torchrun on `voxpipe <step>`.
 
     torchrun passes SIGTERM on to its workers but SIGKILLs them after its shutdown timeout (30 s by
     default); raised to the pod's grace period so the trainer can finish its SIGTERM checkpoint.
     """
+    job = job or StepJob.train(launch)
     return (
         f'printf \'%s\' "${PARAMS_ENV}" > {PARAMS_FILE} && exec torchrun'
         " --nnodes=$WORLD_SIZE --node_rank=$RANK"
-        f" --nproc_per_node={launch.devices_per_pod}"
+        f" --nproc_per_node={job.devices_per_pod}"
         " --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT"
         f" --shutdown_timeout={launch.grace_seconds}"
-        f" -m voxpipe.cli train --params {PARAMS_FILE}"
+        f" -m voxpipe.cli {job.step} --params {PARAMS_FILE}"
     )
 
 
-def train_params_yaml(train: TrainParams) -> str:
-    """The whole `train` section, so the job reproduces this run whatever params.yaml the image has."""
-    return yaml.safe_dump({"train": train.model_dump()}, sort_keys=False)
+CARRIED = ("model", "train", "tracking")  # what `voxpipe train` reads
 
 
-def _check_out_on_pvc(train: TrainParams, mount_path: str) -> None:
-    out = posixpath.normpath(train.out)
-    mount = posixpath.normpath(mount_path)
-    if posixpath.isabs(out) and not (out == mount or out.startswith(mount + "/")):
-        raise StepError(
-            f"train.out={train.out!r} is outside the workspace PVC mounted at {mount_path}: the pods "
-            "would not share their checkpoint shards and a restarted job could not resume. Use a path "
-            "relative to the PVC (the working directory) or one under the mount path."
-        )
+def train_params_yaml(params: Params, carried: tuple[str, ...] = CARRIED) -> str:
+    """The sections the step reads (`voxpipe train`'s by default), whole, so the job reproduces this run
+    whatever params.yaml the image has."""
+    return yaml.safe_dump(params.model_dump(by_alias=True, include=set(carried)), sort_keys=False)
 
 
-def _env(launch: LaunchParams, train: TrainParams) -> list[dict[str, Any]]:
-    clash = RESERVED_ENV & launch.env.keys()
+def _check_paths(params: Params, keys: tuple[str, ...]) -> None:
+    flat = params.flat()
+    for key in keys:
+        for path in flat[key] if isinstance(flat[key], list) else [flat[key]]:
+            inside_workspace(params.launch.mount_path, key, path)
+
+
+def _secret_env(launch: LaunchParams) -> list[dict[str, Any]]:
+    """launch.secret_env as secretKeyRef entries, and their names for voxpipe's redaction in the pod."""
+    env = []
+    for name, ref in sorted(launch.secret_env.items()):
+        match = _SECRET_REF.match(ref)
+        if not _ENV_NAME.match(name) or match is None:
+            raise StepError(
+                f"launch.secret_env.{name}: {ref!r} is not an environment variable name mapped to a "
+                "Kubernetes Secret reference `secret-name/key` (lowercase secret name; key of letters, "
+                "digits, '-', '_', '.'). Name the Secret here, never its value."
+            )
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": match[1], "key": match[3]}}})
+    if env:
+        env.append({"name": SECRET_ENV_NAMES, "value": ",".join(sorted(launch.secret_env))})
+    return env
+
+
+def _plain_env(launch: LaunchParams) -> list[dict[str, Any]]:
+    clash = RESERVED_ENV & (launch.env.keys() | launch.secret_env.keys())
     if clash:
-        raise StepError(f"launch.env sets {sorted(clash)}: these are set by Volcano or voxpipe itself")
-    env: list[dict[str, Any]] = [{"name": PARAMS_ENV, "value": train_params_yaml(train)}]
+        raise StepError(f"launch.env / launch.secret_env set {sorted(clash)}: Volcano or voxpipe sets them")
+    both = sorted(launch.env.keys() & launch.secret_env.keys())
+    if both:
+        raise StepError(f"{both} are in both launch.env and launch.secret_env: keep the secret_env entry")
+    for name, value in launch.env.items():
+        if is_secret_name(name) or uri_passwords(value):
+            raise StepError(
+                f"launch.env.{name} holds a secret (its name says so, or a URI password): a plain value "
+                "would sit in the Job spec for anyone who can read Jobs. Store it in a Kubernetes Secret "
+                f"and reference it instead: launch.secret_env.{name}=<secret-name>/<key> (docs/security.md)."
+            )
+    return [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
+
+
+def _env(launch: LaunchParams, params: Params, job: StepJob) -> list[dict[str, Any]]:
+    plain = _plain_env(launch)
+    env: list[dict[str, Any]] = [
+        {"name": PARAMS_ENV, "value": train_params_yaml(params, job.carried)},
+        {"name": "HOME", "value": SCRATCH},  # caches (torch, CANN logs) need a writable home
+    ]
     if is_ascend(launch):
         env += [
             # HCCL binds its rendezvous to this address: the pod IP, not whatever interface it guesses
@@ -96,16 +184,15 @@ def _env(launch: LaunchParams, train: TrainParams) -> list[dict[str, Any]]:
             {"name": "HCCL_EXEC_TIMEOUT", "value": str(launch.hccl_exec_timeout)},
             {"name": "PYTORCH_NPU_ALLOC_CONF", "value": "expandable_segments:True"},
         ]
-    env += [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
-    return env
+    return env + plain + _secret_env(launch)
 
 
-def _resources(launch: LaunchParams) -> dict[str, Any]:
+def _resources(launch: LaunchParams, job: StepJob) -> dict[str, Any]:
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if launch.accelerator:
         # extended resources must have request == limit
-        requests[launch.accelerator] = limits[launch.accelerator] = launch.devices_per_pod
+        requests[launch.accelerator] = limits[launch.accelerator] = job.devices_per_pod
     if launch.cpu:
         requests["cpu"] = launch.cpu
     if launch.memory:
@@ -113,49 +200,62 @@ def _resources(launch: LaunchParams) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def pod_template(launch: LaunchParams, train: TrainParams) -> dict[str, Any]:
+def pod_template(launch: LaunchParams, params: Params, job: StepJob | None = None) -> dict[str, Any]:
+    job = job or StepJob.train(launch)
     container: dict[str, Any] = {
-        "name": "train",
+        "name": job.step,
         "image": launch.image,
         "imagePullPolicy": launch.image_pull_policy,
         # args, not command: the image's entrypoint stays (the CANN image's sources set_env.sh)
-        "args": ["/bin/sh", "-c", train_script(launch)],
+        "args": ["/bin/sh", "-c", train_script(launch, job)],
         "workingDir": launch.mount_path,
-        "env": _env(launch, train),
+        "env": _env(launch, params, job),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "workspace", "mountPath": launch.mount_path},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "scratch", "mountPath": SCRATCH},
         ],
     }
-    resources = _resources(launch)
+    resources = _resources(launch, job)
     if resources:
         container["resources"] = resources
     spec: dict[str, Any] = {
         # a failed container must fail the pod, so Volcano restarts the whole gang (PodFailed)
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": launch.grace_seconds,
+        "automountServiceAccountToken": False,  # training never calls the Kubernetes API
+        "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container],
         "volumes": [
             {"name": "workspace", "persistentVolumeClaim": {"claimName": launch.pvc}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": launch.shm_size}},
+            {"name": "scratch", "emptyDir": {}},
         ],
     }
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:
         spec["tolerations"] = [dict(t) for t in launch.tolerations]
-    return {"metadata": {"labels": dict(LABELS)}, "spec": spec}
+    return {"metadata": {"labels": {**_labels(job), **MLFLOW_CLIENT_LABEL}}, "spec": spec}
+
+
+def _labels(job: StepJob) -> dict[str, str]:
+    return {**LABELS, "app.kubernetes.io/component": job.step}
 
 
 def render_job(
-    launch: LaunchParams, train: TrainParams, namespace: str, owner: Owner | None = None
+    params: Params, namespace: str, owner: Owner | None = None, job: StepJob | None = None
 ) -> dict[str, Any]:
-    """The Volcano Job for one training run; the server picks the name (generateName)."""
-    _check_out_on_pvc(train, launch.mount_path)
+    """The Volcano Job for one training run (params.launch runs params.train); the server picks the name
+    (generateName)."""
+    launch = params.launch
+    job = job or StepJob.train(launch)
+    _check_paths(params, job.paths)
     metadata: dict[str, Any] = {
-        "generateName": "voxpipe-train-",
+        "generateName": f"voxpipe-{job.step}-",
         "namespace": namespace,
-        "labels": dict(LABELS),
+        "labels": _labels(job),
     }
     if owner is not None:
         if owner.namespace != namespace:
@@ -166,7 +266,7 @@ def render_job(
         metadata["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}
         ]
-    template = pod_template(launch, train)
+    template = pod_template(launch, params, job)
     tasks: list[dict[str, Any]] = [
         {
             "name": "master",
@@ -177,16 +277,16 @@ def render_job(
             "template": template,
         }
     ]
-    if launch.pods > 1:
-        tasks.append({"name": "worker", "replicas": launch.pods - 1, "template": copy.deepcopy(template)})
-    return {
+    if job.pods > 1:
+        tasks.append({"name": "worker", "replicas": job.pods - 1, "template": copy.deepcopy(template)})
+    rendered = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Job",
         "metadata": metadata,
         "spec": {
             "schedulerName": "volcano",
             "queue": launch.queue,
-            "minAvailable": launch.pods,  # gang: all pods start together or none does
+            "minAvailable": job.pods,  # gang: all pods start together or none does
             "maxRetry": launch.max_retry,
             "ttlSecondsAfterFinished": launch.ttl_seconds,
             "plugins": {
@@ -197,6 +297,23 @@ def render_job(
             "tasks": tasks,
         },
     }
+    _refuse_secret_values(rendered)
+    return rendered
+
+
+def _refuse_secret_values(job: dict[str, Any]) -> None:
+    """No secret value the launcher knows (its environment's, URI passwords) may be in the spec: a params
+    or env value holding one must come from a Secret instead."""
+    text = job_yaml(job)
+    for value in secret_values(texts=[text]):
+        if value in text:
+            env = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
+            where = next((e["name"] for e in env if value in e.get("value", "")), "the spec")
+            raise StepError(
+                f"the Volcano job would carry a secret value in {where} (a password in a URI, or the value "
+                "of a secret environment variable of this process): anyone who can read Jobs would see it. "
+                "Pass secrets only by reference (launch.secret_env, docs/security.md), never in params."
+            )
 
 
 class _BlockStrDumper(yaml.SafeDumper):

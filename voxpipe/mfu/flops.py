@@ -10,9 +10,11 @@ Conventions (they decide every MFU figure, so they are fixed here and tested):
   only the lower triangle.
 - Training = 3 x forward (backward does two matmuls per forward matmul). Activation recompute
   is not model work and is not counted.
-- The LMs, the local encoder and the heads run at the padded batch shape: B sequences of L in
-  the base and residual LM; B*L inner sequences of P+1 in the local encoder (a special token + P
-  frames, bidirectional). Padding rows are computed there, so they count.
+- The LMs and the heads run at the padded batch shape: B sequences of L in the base and
+  residual LM. Padding positions are computed there, so they count.
+- The local encoder runs on `enc_rows` inner sequences of P+1 (a special token + P frames,
+  bidirectional): voxpipe's model encodes only the audio rows (targets and references), so a
+  batch counts those; `enc_rows=None` means all B*L rows, as upstream's model runs it.
 - The local DiT runs on `dit_rows` inner sequences of 2 + 1 + P + P (base-LM and residual-LM
   conditions, the time token, the previous patch, the noisy patch): voxpipe's model feeds it only
   the patch rows that carry loss weight (target audio), so a batch counts those
@@ -65,12 +67,14 @@ def forward_flops(
     seq_len: int,
     causal_half: bool = False,
     dit_rows: int | None = None,
+    enc_rows: int | None = None,
 ) -> dict[str, int]:
     """Forward FLOPs per tower for a batch padded to [batch_size, seq_len] LM positions."""
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch shape must be positive, got B={batch_size}, L={seq_len}")
     rows = batch_size * seq_len  # one patch per LM position
     dit_rows = rows if dit_rows is None else dit_rows
+    enc_rows = rows if enc_rows is None else enc_rows
     p, d = config.patch_size, config.feat_dim
     hidden = config.lm_config.hidden_size
     enc, dit = config.encoder_config.hidden_dim, config.dit_config.hidden_dim
@@ -78,7 +82,9 @@ def forward_flops(
     return {
         "base_lm": stack_flops(config.lm_config, batch_size, seq_len, causal_half),
         "residual_lm": stack_flops(config.residual_lm_config(), batch_size, seq_len, causal_half),
-        "local_encoder": _linear(rows * p, d, enc) + stack_flops(config.encoder_lm_config(), rows, p + 1),
+        "local_encoder": (
+            _linear(enc_rows * p, d, enc) + stack_flops(config.encoder_lm_config(), enc_rows, p + 1)
+        ),
         "local_dit": (
             _linear(dit_rows * p, d, dit) * 2  # in_proj (noisy patch) and cond_proj (previous patch)
             + _linear(dit_rows, dit, dit) * 4  # time_mlp and delta_time_mlp, two layers each
@@ -86,7 +92,7 @@ def forward_flops(
             + _linear(dit_rows * p, dit, d)  # out_proj
         ),
         "projections": (
-            _linear(rows, enc, hidden)  # enc_to_lm_proj
+            _linear(enc_rows, enc, hidden)  # enc_to_lm_proj
             + _linear(rows, 2 * hidden, hidden)  # fusion_concat_proj
             + _linear(rows, hidden, dit) * 2  # lm_to_dit_proj, res_to_dit_proj
         ),
@@ -101,9 +107,10 @@ def training_flops(
     seq_len: int,
     causal_half: bool = False,
     dit_rows: int | None = None,
+    enc_rows: int | None = None,
 ) -> float:
     """Model FLOPs of one forward + backward over a [batch_size, seq_len] batch (3 x forward)."""
-    per_tower = forward_flops(config, batch_size, seq_len, causal_half, dit_rows)
+    per_tower = forward_flops(config, batch_size, seq_len, causal_half, dit_rows, enc_rows)
     return float((1 + BACKWARD_FACTOR) * sum(per_tower.values()))
 
 
@@ -122,9 +129,17 @@ def batch_dit_rows(batch: Mapping[str, torch.Tensor]) -> int:
     return max(1, int((batch["loss_mask"] > 0).sum()))
 
 
+def batch_enc_rows(batch: Mapping[str, torch.Tensor]) -> int:
+    """Patch rows the local encoder runs on: the audio rows, at least one (see voxcpm2.py)."""
+    return max(1, int((batch["audio_mask"] > 0).sum()))
+
+
 def batch_training_flops(config: VoxCPM2Config, batch: Mapping[str, torch.Tensor]) -> float:
-    """Training FLOPs of one micro-batch: its padded shape, and the DiT on its loss-weighted rows."""
-    return training_flops(config, *batch_shape(batch, config), dit_rows=batch_dit_rows(batch))
+    """Training FLOPs of one micro-batch: its padded shape, the encoder on its audio rows and the
+    DiT on its loss-weighted rows."""
+    return training_flops(
+        config, *batch_shape(batch, config), dit_rows=batch_dit_rows(batch), enc_rows=batch_enc_rows(batch)
+    )
 
 
 def tower_shares(per_tower: Mapping[str, float]) -> dict[str, float]:

@@ -15,19 +15,39 @@ import torch
 
 from voxpipe.errors import StepError
 
-# (substring of the lower-cased device name, label, dense bf16 FLOP/s). First match wins, so the
-# more specific names come first ("h200" before "h20", "h100 pcie" before "h100").
-PEAK_TABLE: tuple[tuple[str, str, float], ...] = (
-    # one Ascend 910B2 / one 910C die: 24 cube cores x 16^3 MAC x 2 FLOP x 1.8 GHz
-    ("ascend910b2", "Ascend 910B2", 24 * 16**3 * 2 * 1.8e9),
-    ("ascend910_939", "Ascend 910C die", 24 * 16**3 * 2 * 1.8e9),
-    ("h200", "H200", 989e12),
-    ("h100 pcie", "H100 PCIe", 756e12),
-    ("h100", "H100 SXM", 989e12),
-    ("h20", "H20", 148e12),
-    ("a100", "A100", 312e12),
-    ("mi300x", "MI300X", 1300e12),
-    ("l40s", "L40S", 362e12),
+
+def _cann_peak(cube_cores: int, cube_ghz: float) -> float:
+    """CANN's formula for an Ascend die: cube cores x 16^3 MAC per cycle x 2 FLOP x cube frequency."""
+    return cube_cores * 16**3 * 2 * cube_ghz * 1e9
+
+
+# 910B and 910C dies by the name torch.npu.get_device_name() reports. Inputs are the [SoCInfo]
+# cube_core_cnt and [AICoreSpec] cube_freq of CANN's platform_config/<name>.ini. CANN's SoC
+# table pairs each 910C die with a 910B class (9391/9392 ~ B1, 9381/9382 ~ B2, 9372 ~ B3,
+# 9362 ~ B4); docs/accelerators.md says which inputs were read from an .ini and which inferred.
+_B_24_CORES = _cann_peak(24, 1.8)  # Ascend910B2.ini: cube_freq=1800; 24 cube cores
+_B3 = _cann_peak(20, 1.8)  # 20 cube cores at the B2's 1.8 GHz
+_B4 = _cann_peak(20, 1.5)  # Ascend910B4.ini: cube_core_cnt=20, cube_freq=1500
+ASCEND_SOURCE = "CANN formula cube cores x 16^3 x 2 x GHz"
+
+# (substring of the lower-cased device name, label, dense bf16 FLOP/s, source). First match wins,
+# so the more specific names come first ("h200" before "h20", "h100 pcie" before "h100").
+PEAK_TABLE: tuple[tuple[str, str, float, str], ...] = (
+    ("ascend910b1", "Ascend 910B1", _B_24_CORES, f"{ASCEND_SOURCE}: 24 x 1.8"),
+    ("ascend910b2", "Ascend 910B2", _B_24_CORES, f"{ASCEND_SOURCE}: 24 x 1.8 (Ascend910B2.ini)"),
+    ("ascend910b3", "Ascend 910B3", _B3, f"{ASCEND_SOURCE}: 20 x 1.8"),
+    ("ascend910b4", "Ascend 910B4", _B4, f"{ASCEND_SOURCE}: 20 x 1.5 (Ascend910B4.ini)"),
+    ("ascend910_9372", "Ascend 910C die (B3 class)", _B3, f"{ASCEND_SOURCE}: 20 x 1.8"),
+    ("ascend910_9362", "Ascend 910C die (B4 class)", _B4, f"{ASCEND_SOURCE}: 20 x 1.5"),
+    # 9391, 9392, 9381, 9382 (the port's die): 24 cube cores (Ascend910_9392.ini) at 1.8 GHz
+    ("ascend910_93", "Ascend 910C die", _B_24_CORES, f"{ASCEND_SOURCE}: 24 x 1.8"),
+    ("h200", "H200", 989e12, "NVIDIA H200 datasheet, dense BF16"),
+    ("h100 pcie", "H100 PCIe", 756e12, "NVIDIA H100 datasheet, dense BF16"),
+    ("h100", "H100 SXM", 989e12, "NVIDIA H100 datasheet, dense BF16"),
+    ("h20", "H20", 148e12, "NVIDIA H20 datasheet, dense BF16"),
+    ("a100", "A100", 312e12, "NVIDIA A100 datasheet, dense BF16"),
+    ("mi300x", "MI300X", 1300e12, "AMD MI300X datasheet, dense BF16"),
+    ("l40s", "L40S", 362e12, "NVIDIA L40S datasheet, dense BF16"),
 )
 
 CPU_GEMM_SIZE = 2048
@@ -41,9 +61,9 @@ class UnknownPeakError(StepError):
 def table_peak(device_name: str) -> tuple[float, str] | None:
     """(FLOP/s, source) from the table for a device name such as 'NVIDIA H200' or 'Ascend910B2'."""
     name = device_name.lower().replace("-", " ")
-    for key, label, value in PEAK_TABLE:
+    for key, label, value, source in PEAK_TABLE:
         if key in name:
-            return value, f"table: {label}"
+            return value, f"table: {label} ({source})"
     return None
 
 
@@ -131,7 +151,7 @@ def lookup_peak(name: str, dtype_name: str = "bfloat16") -> tuple[float, str]:
     """Table peak for a device name; an unknown accelerator is an error naming the way out."""
     found = table_peak(name)
     if found is None:
-        known = ", ".join(label for _, label, _ in PEAK_TABLE)
+        known = ", ".join(label for _, label, _, _ in PEAK_TABLE)
         raise UnknownPeakError(
             f"no peak FLOP/s known for device {name!r} (table: {known}); set mfu.peak_tflops"
         )

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from voxpipe.errors import StepError
 from voxpipe.mfu.flops import TOWERS, dit_inner_length, forward_flops, tower_shares, training_flops
-from voxpipe.mfu.peak import lookup_peak, peak_flops
+from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, peak_flops
 from voxpipe.mfu.published import published_check
 from voxpipe.model.config import VoxCPM2Config
-from voxpipe.params import MfuParams
+from voxpipe.params import MfuParams, Params
 from voxpipe.report import atomic_write_text, read_json_object, write_json, write_report
 
 
@@ -30,7 +31,8 @@ class StepRecord:
     flops: float  # all ranks, all micro-batches
     tokens: int | None  # padded LM positions, all ranks
     real_tokens: int | None  # positions holding text or audio, all ranks
-    shapes: tuple[tuple[int, int, int | None], ...]  # rank 0's micro-batches (B, L, DiT rows or None = B*L)
+    # rank 0's micro-batches: (B, L, DiT rows, encoder rows); None = all B*L rows
+    shapes: tuple[tuple[int, int, int | None, int | None], ...]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,12 @@ class MfuResult:
 
     def summary(self) -> str:
         f = self.figures
+        if f["mfu"] is None:
+            return (
+                f"mfu: null ({f['mfu_null_reason']}) | {f['achieved_tflops_per_device']:.3g} TFLOP/s per "
+                "device | "
+                f"{f['step_time_s']:.3g} s/step over {f['steps_measured']} steps -> {self.out}/mfu.json"
+            )
         return (
             f"mfu {100 * f['mfu']:.2f} % | {f['achieved_tflops_per_device']:.3g} TFLOP/s per device of "
             f"{f['peak_tflops']:.4g} ({f['peak_source']}) | {f['step_time_s']:.3g} s/step over "
@@ -47,19 +55,19 @@ class MfuResult:
         )
 
 
-def _shapes(value: Any, where: str) -> tuple[tuple[int, int, int | None], ...]:
+def _shapes(value: Any, where: str) -> tuple[tuple[int, int, int | None, int | None], ...]:
     if value is None:
         return ()
     ok = isinstance(value, list) and all(
-        isinstance(s, list) and len(s) in (2, 3) and all(isinstance(x, int) and x > 0 for x in s)
+        isinstance(s, list) and len(s) in (2, 3, 4) and all(isinstance(x, int) and x > 0 for x in s)
         for s in value
     )
     if not ok:
         raise StepError(
-            f"{where}: 'shapes' must be a list of [batch_size, seq_len] or [batch_size, seq_len, dit_rows], "
+            f"{where}: 'shapes' must be a list of [batch_size, seq_len(, dit_rows(, encoder_rows))], "
             f"got {value!r}"
         )
-    return tuple((s[0], s[1], s[2] if len(s) == 3 else None) for s in value)
+    return tuple((*s, *[None] * (4 - len(s))) for s in value)
 
 
 def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepRecord]:
@@ -84,15 +92,20 @@ def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepR
         if row.get("flops") is not None:
             flops = float(row["flops"])
         elif shapes:
-            flops = world_size * sum(training_flops(config, b, length, dit_rows=r) for b, length, r in shapes)
+            flops = world_size * sum(
+                training_flops(config, b, length, dit_rows=r, enc_rows=e) for b, length, r, e in shapes
+            )
         else:
             raise StepError(f"{where}: a step line needs 'flops' or 'shapes' to count model FLOPs")
         tokens = row.get("tokens")
         if tokens is None and shapes:
-            tokens = world_size * sum(b * length for b, length, _ in shapes)
+            tokens = world_size * sum(s[0] * s[1] for s in shapes)
         step = int(row.get("step", number))
         records.append(StepRecord(step, float(step_time), flops, tokens, row.get("real_tokens"), shapes))
     return sorted(records, key=lambda r: r.step)
+
+
+PEAK_KEY = "mfu.peak_tflops"
 
 
 def _run_peak(p: MfuParams, run: dict[str, Any], dtype: str) -> tuple[float, str]:
@@ -107,9 +120,9 @@ def _run_peak(p: MfuParams, run: dict[str, Any], dtype: str) -> tuple[float, str
     return lookup_peak(str(run["device_name"]), dtype)
 
 
-def compute(p: MfuParams) -> dict[str, Any]:
-    """Every figure of mfu.json."""
-    config = VoxCPM2Config.from_file(Path(p.model) / "config.json")
+def compute(p: MfuParams, base: Path) -> dict[str, Any]:
+    """Every figure of mfu.json; `base` is the checkpoint folder whose config.json gives the shapes."""
+    config = VoxCPM2Config.from_file(base / "config.json")
     report_path = Path(p.train_report)
     run = read_json_object(report_path, "the train report")
     for key in ("world_size", "device_type", "device_name"):
@@ -130,19 +143,30 @@ def compute(p: MfuParams) -> dict[str, Any]:
             f"{metrics_path}: {len(records)} optimizer steps, none left after skipping "
             f"mfu.warmup_steps={p.warmup_steps}"
         )
-    peak, peak_source = _run_peak(p, run, dtype)
+    # An accelerator missing from the table must not fail a finished pipeline run: MFU is then
+    # null with the reason and the key that supplies the peak; every other figure still counts.
+    peak: float | None = None
+    peak_source: str | None = None
+    null_reason: str | None = None
+    try:
+        peak, peak_source = _run_peak(p, run, dtype)
+    except UnknownPeakError as e:
+        null_reason = str(e)
+        warnings.warn(f"mfu: null: {e}", stacklevel=2)
 
     total_time = sum(r.time_s for r in used)
     total_flops = sum(r.flops for r in used)
     achieved = total_flops / total_time / world
     figures: dict[str, Any] = {
-        "mfu": achieved / peak,
+        "mfu": achieved / peak if peak else None,
+        "mfu_null_reason": null_reason,
+        "peak_key": PEAK_KEY,
         "achieved_tflops_per_device": achieved / 1e12,
         "step_time_s": total_time / len(used),
         "step_time_s_median": statistics.median(r.time_s for r in used),
         "flops_per_step": total_flops / len(used),
         "flops_per_step_per_device": total_flops / len(used) / world,
-        "peak_tflops": peak / 1e12,
+        "peak_tflops": peak / 1e12 if peak else None,
         "peak_source": peak_source,
         "world_size": world,
         "device_name": run["device_name"],
@@ -167,20 +191,20 @@ def compute(p: MfuParams) -> dict[str, Any]:
     if shapes:
         towers = {name: 0.0 for name in TOWERS}
         half = 0.0
-        for b, length, rows in shapes:
-            for name, value in forward_flops(config, b, length, dit_rows=rows).items():
+        for b, length, rows, enc_rows in shapes:
+            for name, value in forward_flops(config, b, length, dit_rows=rows, enc_rows=enc_rows).items():
                 towers[name] += value
-            half += training_flops(config, b, length, causal_half=True, dit_rows=rows)
+            half += training_flops(config, b, length, causal_half=True, dit_rows=rows, enc_rows=enc_rows)
         figures["tower_shares"] = tower_shares(towers)
-        # same run, the lower-triangle attention convention of other ports
-        figures["mfu_causal_half"] = figures["mfu"] * half / (3 * sum(towers.values()))
+        if peak:  # same run, the lower-triangle attention convention of other ports
+            figures["mfu_causal_half"] = figures["mfu"] * half / (3 * sum(towers.values()))
         figures["mean_batch_shape"] = [
             statistics.fmean(s[0] for s in shapes),
             statistics.fmean(s[1] for s in shapes),
         ]
     figures["conventions"] = {
-        "flops": "matmuls only, forward + backward = 3 x forward, padded shapes (the local DiT on the "
-        "loss-weighted patch rows it runs on), no recompute",
+        "flops": "matmuls only, forward + backward = 3 x forward, padded shapes (the local encoder on the "
+        "audio rows and the local DiT on the loss-weighted rows they run on), no recompute",
         "attention": "full L x L score square (what the MATH SDPA backend runs); mfu_causal_half halves it "
         "in the causal LMs",
         "local_encoder_inner_length": config.patch_size + 1,
@@ -201,6 +225,10 @@ def render_markdown(f: dict[str, Any]) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     causal_half = "n/a" if f["mfu_causal_half"] is None else _pct(f["mfu_causal_half"])
+    mfu_text = f"**{_pct(f['mfu'])}**" if f["mfu"] is not None else f"null: {f['mfu_null_reason']}"
+    peak_text = (
+        f"{f['peak_tflops']:.4g} ({f['peak_source']})" if f["peak_tflops"] else f"unknown: set {PEAK_KEY}"
+    )
 
     conv = f["conventions"]
     lines = [
@@ -208,9 +236,9 @@ def render_markdown(f: dict[str, Any]) -> str:
         "",
         "| figure | value |",
         "|---|---|",
-        f"| MFU | **{_pct(f['mfu'])}** |",
+        f"| MFU | {mfu_text} |",
         f"| achieved TFLOP/s per device | {f['achieved_tflops_per_device']:.4g} |",
-        f"| peak TFLOP/s per device | {f['peak_tflops']:.4g} ({f['peak_source']}) |",
+        f"| peak TFLOP/s per device | {peak_text} |",
         f"| step time (mean / median) | {f['step_time_s']:.4g} s / {f['step_time_s_median']:.4g} s |",
         f"| model FLOPs per step (all devices) | {f['flops_per_step']:.4g} |",
         f"| LM tokens/s (padded, all devices / per device) | {opt(f['tokens_per_s'], '.4g')} / "
@@ -282,17 +310,19 @@ def _published_section(check: dict[str, Any]) -> list[str]:
         f"L = {pub['seq_len']}), nor does 6 x params x tokens ({check['parameters'] / 1e9:.2f} B params: "
         f"{100 * naive['vs_published']:+.0f} %, because every LM position also runs 5 encoder and 11 DiT "
         f"inner tokens). Same run, same hardware: their {_pct(pub['mfu'])} is {_pct(ours['mfu'])} in "
-        "voxpipe's convention. This check counts the DiT on all B x L patch rows, as upstream's model runs "
-        "it; voxpipe's model runs the DiT only on the rows with loss weight (target audio), and the figures "
-        "of this run count only those.",
+        "voxpipe's convention. This check counts the local encoder and DiT on all B x L patch rows, as "
+        "upstream's model runs them; voxpipe's model runs the encoder only on audio rows and the DiT only on "
+        "the rows with loss weight (target audio), and the figures of this run count only those.",
         "",
     ]
     return lines
 
 
-def mfu(p: MfuParams) -> MfuResult:
+def mfu(params: Params) -> MfuResult:
+    """`mfu`: the train report's steps against model.base's shapes."""
+    p, base = params.mfu, Path(params.model.base)
     start = time.perf_counter()
-    figures = compute(p)
+    figures = compute(p, base)
     out = Path(p.out)
     write_json(out / "mfu.json", figures)
     atomic_write_text(out / "mfu.md", render_markdown(figures))
@@ -300,11 +330,11 @@ def mfu(p: MfuParams) -> MfuResult:
         out,
         {
             "train_report": p.train_report,
-            "model": p.model,
+            "model": str(base),
             "steps_measured": figures["steps_measured"],
             "mfu": figures["mfu"],
             "peak_source": figures["peak_source"],
-            "seconds": time.perf_counter() - start,
         },
+        run={"seconds": round(time.perf_counter() - start, 3)},
     )
     return MfuResult(out, figures)

@@ -19,6 +19,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from voxpipe.model.config import CfmConfig
 from voxpipe.model.locdit import LocalDiT
 
+
+def active_rows(weight: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the rows with weight > 0, at least one (row 0): every rank then still runs
+    each FSDP-sharded tower, whose collectives need all ranks. On an accelerator this reads the
+    count back to the host (a sync): the trainer computes the rows from its host batch instead."""
+    rows = torch.nonzero(weight.reshape(-1) > 0).squeeze(1)
+    return rows if rows.numel() else rows.new_zeros(1)
+
 # upstream's log-normal time distribution: t = sigmoid(N(-0.4, 1))
 T_MEAN = -0.4
 T_STD = 1.0
@@ -61,11 +69,13 @@ class ConditionalFlowMatching(nn.Module):
         *,
         generator: torch.Generator | None = None,
         cond_dropout: bool = True,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Flow-matching loss (fp32 scalar).
 
         x1 [N, C, P] target patches, mu [N, k*hidden] LM conditions, cond [N, C, P'] previous
         patches, tgt_mask [N, 1, P] 1 where the loss counts, progress in [0, 1] of training.
+        rows: indices of the rows with loss weight (`active_rows`); None = found from tgt_mask.
         """
         cfm = self.cfm
         n = x1.size(0)
@@ -99,9 +109,8 @@ class ConditionalFlowMatching(nn.Module):
             # that carry loss weight: text, reference and padding rows would add exact zeros.
             # One row is kept when none count, so every rank still runs the FSDP-sharded DiT.
             weights = tgt_mask.squeeze(1).float()
-            rows = torch.nonzero(weights.amax(dim=1) > 0).squeeze(1)
-            if rows.numel() == 0:
-                rows = rows.new_zeros(1)
+            if rows is None:
+                rows = active_rows(weights.amax(dim=1))
             if rows.numel() < n:
                 x1, mu, cond, z, r, t, weights = (
                     x.index_select(0, rows) for x in (x1, mu, cond, z, r, t, weights)

@@ -24,6 +24,8 @@ from voxpipe.model.audiovae import (
     load_audiovae_weights,
 )
 from voxpipe.model.config import VoxCPM2Config, preset
+from voxpipe.model.memory import ensure_fits, parameter_bytes
+from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.tokenizer import VoxTokenizer, train_tokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
@@ -67,9 +69,14 @@ def load_weights_strict(
 
 
 def from_pretrained(
-    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    directory: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    kernels: KernelsChoice = "auto",
 ) -> VoxCPM2:
     """The model (parameters in `dtype`, fp32 masters by default) with its VAE (fp32) and tokenizer attached.
+
+    kernels: `model.kernels` (voxpipe.model.npu): auto = the fused NPU kernels on an NPU, eager elsewhere.
 
     The model is built on the meta device and takes the checkpoint's tensors directly, so even
     the 2.29 B shape loads without a throw-away random initialisation.
@@ -81,8 +88,12 @@ def from_pretrained(
     config = VoxCPM2Config.from_file(config_path)
     with torch.device("meta"):
         model = VoxCPM2(config)
+    vae_bytes = parameter_bytes(lambda: AudioVAE(config.audio_vae_config))
+    needed = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    ensure_fits(needed + vae_bytes, torch.device(device), "the model and its AudioVAE", config_path)
     load_weights_strict(model, read_model_state(directory), str(directory), dtype)
     model.to(device)
+    use_npu_kernels(model, resolve_kernels(kernels, torch.device(device)))
 
     vae = AudioVAE(config.audio_vae_config)
     try:
@@ -167,7 +178,7 @@ def init_model(p: ModelParams) -> InitModelResult:
             "parameters": parameters,
             "vae_parameters": sum(t.numel() for t in vae.parameters()),
             "vocab_size": tokenizer.vocab_size,
-            "seconds": round(result.seconds, 3),
         },
+        run={"seconds": round(result.seconds, 3)},
     )
     return result

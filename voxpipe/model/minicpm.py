@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxpipe.model.config import MiniCPM4Config
-from voxpipe.model.npu import OFF, NpuKernels, fused_rms_norm, fused_swiglu, on_npu
+from voxpipe.model.npu import OFF, NpuKernels, fused_rms_norm, fused_swiglu
 
 
 class RMSNorm(nn.Module):
@@ -29,7 +29,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.npu_kernels.rms_norm and on_npu(x):
+        if self.npu_kernels.rms_norm:
             return fused_rms_norm(x, self.weight, self.eps)
         # statistics in fp32 whatever the activations are; result goes back to the input dtype
         x32 = x.float()
@@ -165,8 +165,7 @@ class MiniCPMAttention(nn.Module):
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
-            upcast = not (self.npu_kernels.bf16_rope and on_npu(q))
-            q, k = apply_rope(q, k, *rope, upcast=upcast)
+            q, k = apply_rope(q, k, *rope, upcast=not self.npu_kernels.bf16_rope)
         if cache is not None:
             k, v = cache.write(self.layer_idx, k, v)
         out = attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, is_causal)
@@ -183,7 +182,7 @@ class MiniCPMMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.npu_kernels.swiglu and on_npu(x):
+        if self.npu_kernels.swiglu:
             return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 

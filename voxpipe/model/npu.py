@@ -1,19 +1,27 @@
-"""Fused Ascend kernels for the MiniCPM blocks, each behind its own switch.
+"""Fused Ascend kernels for the MiniCPM blocks and the `model.kernels` setting that turns them on.
 
-The switches only act on tensors that live on an `npu` device; everywhere else the portable
-PyTorch code runs and torch_npu is never imported (importing it without CANN breaks torch).
-Turn them on for a whole model with `use_npu_kernels(model, NpuKernels(...))`.
+The seed port's speed on Ascend came from three changes: torch_npu's fused `npu_rms_norm` and
+`npu_swiglu` and RoPE kept in bf16. `model.kernels` decides them for every step that builds a
+model: `auto` = all three on an NPU, the portable PyTorch code elsewhere; `fused` forces them
+(torch_npu must be importable); `eager` never uses them. Once set, a block follows its switch
+whatever device its tensors are on, so a test double put in place of torch_npu exercises the
+very path an NPU runs. torch_npu is imported on first use only: importing it without CANN
+breaks torch.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from functools import cache
 from types import ModuleType
+from typing import Literal
 
 import torch
 from torch import nn
+
+from voxpipe.errors import StepError
+
+KernelsChoice = Literal["auto", "fused", "eager"]
 
 
 @dataclass(frozen=True)
@@ -26,8 +34,34 @@ class NpuKernels:
     def all(cls) -> NpuKernels:
         return cls(rms_norm=True, swiglu=True, bf16_rope=True)
 
+    @property
+    def label(self) -> str:
+        """What the train report and the MLflow run record: 'fused' or 'eager'."""
+        return "fused" if self == NpuKernels.all() else "eager" if self == OFF else repr(self)
+
 
 OFF = NpuKernels()
+
+
+def torch_npu() -> ModuleType:
+    """torch_npu, imported on first use (sys.modules makes later calls a dict lookup)."""
+    return importlib.import_module("torch_npu")
+
+
+def resolve_kernels(choice: KernelsChoice, device: torch.device) -> NpuKernels:
+    """The switches `model.kernels` means on `device`; `fused` without torch_npu is a StepError."""
+    if choice == "eager" or (choice == "auto" and device.type != "npu"):
+        return OFF
+    if choice == "fused":
+        try:
+            torch_npu()
+        except (ImportError, OSError, RuntimeError) as e:
+            raise StepError(
+                f"model.kernels is 'fused' but torch_npu cannot be imported here ({e}). The fused RMSNorm "
+                "and SwiGLU kernels exist only on Ascend NPUs with CANN: set model.kernels to auto (fused "
+                "on an NPU, eager elsewhere) or eager."
+            ) from e
+    return NpuKernels.all()
 
 
 def use_npu_kernels(model: nn.Module, kernels: NpuKernels) -> None:
@@ -37,19 +71,10 @@ def use_npu_kernels(model: nn.Module, kernels: NpuKernels) -> None:
             module.npu_kernels = kernels
 
 
-def on_npu(x: torch.Tensor) -> bool:
-    return x.device.type == "npu"
-
-
-@cache
-def torch_npu() -> ModuleType:
-    """Imported on first use only: a tensor on an npu device means the backend is already loaded."""
-    return importlib.import_module("torch_npu")
-
-
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch_npu().npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
 
 
 def fused_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """npu_swiglu splits its input in halves along `dim`: silu(first) * second."""
     return torch_npu().npu_swiglu(torch.cat((gate, up), dim=-1), dim=-1)

@@ -104,7 +104,11 @@ class VoxTokenizer:
             raise FileNotFoundError(
                 f"{path}: missing (a VoxCPM2 checkpoint ships its tokenizer as tokenizer.json)"
             )
-        spec = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{path}: not a tokenizer file ({e}); copy tokenizer.json again from the base "
+                             "checkpoint") from None
         config_path = directory / "tokenizer_config.json"
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
         special_map_path = directory / "special_tokens_map.json"
@@ -122,7 +126,11 @@ class VoxTokenizer:
             spec["added_tokens"] = []
         else:
             added = []
-        tokenizer = Tokenizer.from_str(json.dumps(spec))
+        try:
+            tokenizer = Tokenizer.from_str(json.dumps(spec))
+        except Exception as e:  # the tokenizers library raises a bare Exception for a bad spec
+            raise ValueError(f"{path}: not a tokenizer the `tokenizers` library can load ({e}); copy "
+                             "tokenizer.json again from the base checkpoint") from None
         named = [
             _token_content(config.get(key, special_map.get(key, default)))
             for key, default in (("unk_token", UNK), ("bos_token", BOS), ("eos_token", EOS))

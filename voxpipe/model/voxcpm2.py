@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxpipe.model.cfm import ConditionalFlowMatching
+from voxpipe.model.cfm import ConditionalFlowMatching, active_rows
 from voxpipe.model.config import (
     AUDIO_START_ID,
     REF_AUDIO_END_ID,
@@ -31,6 +31,21 @@ from voxpipe.model.fsq import ScalarQuantizer
 from voxpipe.model.locdit import LocalDiT
 from voxpipe.model.locenc import LocalEncoder
 from voxpipe.model.minicpm import MiniCPMModel
+
+ROW_MASKS = {"audio_rows": "audio_mask", "loss_rows": "loss_mask"}
+
+
+def host_rows(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`audio_rows` and `loss_rows` (see `VoxCPM2.forward`) of a batch still in host memory.
+
+    numpy finds them, so no device is involved; moved to the device with the batch, they spare
+    the forward its two device-to-host syncs. Same rule as `active_rows`: at least one row.
+    """
+    out = {}
+    for name, key in ROW_MASKS.items():
+        rows = np.flatnonzero(batch[key].numpy().reshape(-1) > 0)
+        out[name] = torch.from_numpy(rows if rows.size else np.zeros(1, dtype=np.int64))
+    return out
 
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
@@ -117,10 +132,26 @@ class VoxCPM2(nn.Module):
         return self.enc_to_lm_proj.weight.dtype
 
     def _embed(
-        self, tokens: torch.Tensor, feats: torch.Tensor, text_w: torch.Tensor, audio_w: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        feats: torch.Tensor,
+        text_w: torch.Tensor,
+        audio_w: torch.Tensor,
+        audio_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """LM input (text embedding or patch embedding per position) and the patch embeddings."""
-        feat_embed = self.enc_to_lm_proj(self.feat_encoder(feats))
+        """LM input (text embedding or patch embedding per position) and the patch embeddings.
+
+        audio_rows: flat indices (into B*T) of the patches to encode; every other row gets a zero
+        patch embedding, which its zero audio weight would have multiplied away (None: encode all).
+        """
+        if audio_rows is None:
+            feat_embed = self.enc_to_lm_proj(self.feat_encoder(feats))
+        else:
+            b, t, p, d = feats.shape
+            picked = feats.reshape(b * t, p, d).index_select(0, audio_rows).unsqueeze(0)  # [1, R, P, D]
+            encoded = self.enc_to_lm_proj(self.feat_encoder(picked))[0]  # [R, H]
+            feat_embed = encoded.new_zeros(b * t, encoded.size(-1)).index_copy(0, audio_rows, encoded)
+            feat_embed = feat_embed.view(b, t, -1)
         text_embed = self.base_lm.embed_tokens(tokens.long())
         if self.embed_scale != 1.0:
             text_embed = text_embed * self.embed_scale
@@ -143,6 +174,8 @@ class VoxCPM2(nn.Module):
         generator: torch.Generator | None = None,
         cond_dropout: bool = True,
         progress: float = 0.0,
+        audio_rows: torch.Tensor | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Flow-matching and stop losses (fp32 scalars) for a right-padded batch.
 
@@ -151,6 +184,11 @@ class VoxCPM2(nn.Module):
         the LMs are causal while the local encoder/DiT never mix patches. `position_ids` is
         accepted for the batch contract only. Random draws (condition dropout, t, noise) come
         from `generator` when given, else from the global RNG in upstream's order.
+
+        Work not done: the local encoder runs only on audio rows (targets and references) and
+        the local DiT only on loss rows (targets); text and padding rows would only be masked
+        away. `audio_rows`/`loss_rows` are those flat indices (`host_rows` of the host batch);
+        None = found here from the masks, a device-to-host sync each on an accelerator.
         """
         del position_ids
         dtype = self._compute_dtype()
@@ -159,7 +197,11 @@ class VoxCPM2(nn.Module):
         text_w = text_mask.to(dtype).unsqueeze(-1)
         audio_w = audio_mask.to(dtype).unsqueeze(-1)
 
-        embed, feat_embed = self._embed(text_tokens, feats, text_w, audio_w)
+        if audio_rows is None:
+            audio_rows = active_rows(audio_mask)
+        if loss_rows is None:
+            loss_rows = active_rows(loss_mask)
+        embed, feat_embed = self._embed(text_tokens, feats, text_w, audio_w, audio_rows)
         enc = self.base_lm(embed, is_causal=True)
         enc = self.fsq_layer(enc) * audio_w + enc * text_w
         lm_hidden = _shift_right(enc)
@@ -179,6 +221,7 @@ class VoxCPM2(nn.Module):
             progress=progress,
             generator=generator,
             cond_dropout=cond_dropout,
+            rows=loss_rows,
         )
 
         stop_logits = self._stop_logits(lm_hidden).float()

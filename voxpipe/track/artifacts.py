@@ -97,17 +97,27 @@ def _data_lineage(folder: Path) -> DataLineage:
     return DataLineage(folder, dvc_md5(folder), report, rows)
 
 
+def _export(p: RegisterParams, evaluation: dict[str, Any], eval_path: Path) -> Path:
+    """register.model, or (None) the checkpoint evaluate chose: the best of its exports."""
+    if p.model:
+        return Path(p.model)
+    chosen = evaluation.get("chosen")
+    if not isinstance(chosen, dict) or not isinstance(chosen.get("path"), str):
+        raise StepError(f"{eval_path}: no chosen.path (the checkpoint evaluate judged); set register.model")
+    return Path(chosen["path"])
+
+
 def load_artifacts(p: RegisterParams) -> PipelineArtifacts:
-    export = Path(p.model)
+    eval_path = Path(p.eval)
+    evaluation = read_json(eval_path, "eval.json")
+    if not isinstance(evaluation.get("loss_model"), int | float):
+        raise StepError(f"{eval_path}: no numeric 'loss_model' (the fine-tuned model's fixed-seed loss)")
+    export = _export(p, evaluation, eval_path)
     model_config = read_json(export / "config.json", "exported model config.json")
     train_dir = Path(p.train)
     metrics_path = train_dir / "metrics.jsonl"
     metrics = read_jsonl(metrics_path, "training metrics.jsonl")
     _check_metrics(metrics_path, metrics)
-    eval_path = Path(p.eval)
-    evaluation = read_json(eval_path, "eval.json")
-    if not isinstance(evaluation.get("loss_model"), int | float):
-        raise StepError(f"{eval_path}: no numeric 'loss_model' (the fine-tuned model's fixed-seed loss)")
     samples_dir = eval_path.parent / "samples"
     samples = sorted(f for f in samples_dir.rglob("*") if f.suffix.lower() in AUDIO_SUFFIXES and f.is_file())
     return PipelineArtifacts(

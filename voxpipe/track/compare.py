@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.errors import StepError
-from voxpipe.params import CompareParams
+from voxpipe.params import Params
 from voxpipe.track.plots import val_curves
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
@@ -101,16 +101,20 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def compare(p: CompareParams) -> CompareResult:
-    with session(resolve_tracking_uri(p.tracking_uri, Path(p.work))) as client:
-        experiment = client.get_experiment_by_name(p.experiment)
+def compare(params: Params) -> CompareResult:
+    """`compare`: the runs of tracking.experiment, read where train and register logged them."""
+    p, tracking = params.compare, params.tracking
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
+        experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
-            raise StepError(f"no MLflow experiment {p.experiment!r} there (`voxpipe register` creates it)")
+            raise StepError(
+                f"no MLflow experiment {tracking.experiment!r} there (`voxpipe register` creates it)"
+            )
         newest = client.search_runs([experiment.experiment_id], max_results=p.max_runs,
                                     order_by=["attributes.start_time DESC"])
         runs = list(reversed(newest))  # oldest first, as they happened
         if not runs:
-            raise StepError(f"MLflow experiment {p.experiment!r} has no runs")
+            raise StepError(f"MLflow experiment {tracking.experiment!r} has no runs")
         curves = {
             f"{r.info.run_name} ({r.info.run_id[:8]})": sorted(
                 (m.step, m.value) for m in client.get_metric_history(r.info.run_id, "val/loss")

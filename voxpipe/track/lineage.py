@@ -3,7 +3,7 @@
 The data version is the md5 DVC itself records for a path (`dvc.lock`, `.dvc` files): a file's md5,
 or for a folder the md5 of DVC's sorted JSON listing of (relpath, md5) plus ".dir". Computing it
 here gives the same value with or without DVC installed, so an MLflow run and a DVC commit can be
-matched by it.
+matched by it. Like DVC (.dvcignore), it leaves out a folder's run.json: the timings of one run.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 from pathlib import Path
+
+from voxpipe.report import RUN_FACTS
 
 CHUNK = 1 << 20
 
@@ -33,7 +35,7 @@ def dvc_md5(path: Path) -> str:
         raise FileNotFoundError(f"{path}: no such file or folder")
     entries = [
         {"md5": md5_file(f), "relpath": f.relative_to(path).as_posix()}
-        for f in path.rglob("*") if f.is_file()
+        for f in path.rglob("*") if f.is_file() and f.name != RUN_FACTS
     ]
     entries.sort(key=lambda e: e["relpath"])
     listing = json.dumps(entries, sort_keys=True).encode()

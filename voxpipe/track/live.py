@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
 
-from voxpipe.params import TrainParams
+from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import write_json
 from voxpipe.track.record import flatten, log_metrics, log_params, numbers
 from voxpipe.track.tracking import (
@@ -45,13 +45,15 @@ EVERY_STEP = "lr"  # finite on every step: its history says which steps a run ho
 
 
 class LiveRun:
-    def __init__(self, p: TrainParams, folder: Path, resume_step: int):
-        work = Path(p.work)
-        self.uri = resolve_tracking_uri(p.tracking_uri, work)
-        params = redact_params(flatten(p.model_dump(), "train."))
+    def __init__(self, tracking: TrackingParams, p: TrainParams, folder: Path, resume_step: int):
+        work = Path(tracking.work)
+        self.uri = resolve_tracking_uri(tracking.uri, work)
+        params = redact_params({**flatten(p.model_dump(), "train."),
+                                **flatten(tracking.model_dump(), "tracking.")})
         place = {"tracking_uri": redact_uri(self.uri), "params": pipeline_key(params)}
         with session(self.uri) as client:
-            place["experiment_id"] = experiment_id(client, p.experiment, local_artifact_root(self.uri, work))
+            root = local_artifact_root(self.uri, work)
+            place["experiment_id"] = experiment_id(client, tracking.experiment, root)
             self.run_id = _join_or_create(client, folder / RUN_FILE, place, resume_step)
             log_params(client, self.run_id, params)
             held = client.get_metric_history(self.run_id, EVERY_STEP)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -34,15 +35,16 @@ from voxpipe.track.tracking import active_run, scrub
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-TRACKING_SECTIONS = ("register", "compare")
-RUN_FIELDS = ("world_size", "device_type", "device_name", "dtype", "lora")
+TRACKING_SECTIONS = ("register", "compare", "synthesize")
+RUN_FIELDS = ("world_size", "device_type", "device_name", "dtype", "lora", "kernels", "compile")
 DATA_COUNTS = ("rows_in", "rows_kept", "rows_quarantined", "hours_kept")
 TRAIN_TOTALS = (
     "steps", "tokens", "samples", "tokens_per_s", "samples_per_s", "train_seconds", "wall_seconds",
-    "skipped_steps",
+    "skipped_steps", "peak_memory_gib",
 )
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 BATCH = 1000  # MLflow's limit on metrics per log_batch (params/tags: 100)
+TEXT_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".yaml")
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
 
 
@@ -155,11 +157,27 @@ def _log_dataset(data: DataLineage) -> None:
     mlflow.log_input(dataset, context="training", tags=counts)
 
 
-def _log_folder_files(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
+def _log_folder_files(
+    client: MlflowClient, run_id: str, folder: Path, artifact_path: str, secrets: list[str]
+) -> None:
     """Top-level report files of a step folder (json, md, png); not its large outputs."""
     for f in sorted(folder.glob("*")):
         if f.is_file() and f.suffix in (".json", ".jsonl", ".md", ".png"):
-            client.log_artifact(run_id, str(f), artifact_path)
+            log_file(client, run_id, f, artifact_path, secrets)
+
+
+def log_file(client: MlflowClient, run_id: str, path: Path, artifact_path: str, secrets: list[str]) -> None:
+    """One file as a run artifact; a text file holding a secret value goes up scrubbed (a copy)."""
+    if path.suffix in TEXT_SUFFIXES:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        clean = scrub(text, secrets)
+        if clean != text:
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp) / path.name
+                copy.write_text(clean, encoding="utf-8")
+                client.log_artifact(run_id, str(copy), artifact_path)
+            return
+    client.log_artifact(run_id, str(path), artifact_path)
 
 
 def _once(client: MlflowClient, run_id: str, part: str, digest: str, log: Callable[[], None]) -> bool:
@@ -172,36 +190,38 @@ def _once(client: MlflowClient, run_id: str, part: str, digest: str, log: Callab
 
 
 def log_pipeline_run(
-    client: MlflowClient, run_id: str, art: PipelineArtifacts, params: dict[str, str], key: str, plots: Path
+    client: MlflowClient, run_id: str, art: PipelineArtifacts, params: dict[str, str], key: str, plots: Path,
+    secrets: list[str],
 ) -> list[str]:
-    """Log every part not yet logged for its current content; returns the parts logged now."""
+    """Log every part not yet logged for its current content; returns the parts logged now. `secrets`:
+    the values scrubbed from tags and text artifacts (tracking.run_secrets)."""
 
     def setup() -> None:
         log_params(client, run_id, params)
         for k, v in run_tags(art).items():
-            client.set_tag(run_id, k, scrub(v))
+            client.set_tag(run_id, k, scrub(v, secrets))
         if art.data is not None:
             with active_run(run_id):
                 _log_dataset(art.data)
-            client.log_artifact(run_id, str(art.data.folder / "report.json"), "data")
+            log_file(client, run_id, art.data.folder / "report.json", "data", secrets)
 
     def train() -> None:
         log_metrics(client, run_id, unheld(client, run_id, step_metrics(art)))
-        client.log_artifact(run_id, str(art.train_dir / "report.json"), "train")
-        client.log_artifact(run_id, str(art.train_dir / "metrics.jsonl"), "train")
+        log_file(client, run_id, art.train_dir / "report.json", "train", secrets)
+        log_file(client, run_id, art.train_dir / "metrics.jsonl", "train", secrets)
         png = loss_curve(art.metrics, art.train_report.get("val_curve") or [], plots / "loss_curve.png")
         client.log_artifact(run_id, str(png), "plots")
 
     def evaluation() -> None:
         log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()])
-        _log_folder_files(client, run_id, art.eval_path.parent, "eval")
+        _log_folder_files(client, run_id, art.eval_path.parent, "eval", secrets)
         samples = art.eval_path.parent / "samples"
         if art.samples:
             client.log_artifacts(run_id, str(samples), "eval/samples")
 
     def mfu() -> None:
         log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.mfu, "mfu/").items()])
-        _log_folder_files(client, run_id, art.mfu_path.parent, "mfu")
+        _log_folder_files(client, run_id, art.mfu_path.parent, "mfu", secrets)
 
     parts = (
         ("setup", key, setup),

@@ -28,6 +28,8 @@ from voxpipe.track.tracking import (
     redact_params,
     redact_uri,
     resolve_tracking_uri,
+    run_secrets,
+    scrub,
     session,
 )
 
@@ -50,21 +52,24 @@ class RegisterResult:
 
 
 def register(params: Params) -> RegisterResult:
-    p = params.section("register")
+    p, tracking = params.register_, params.tracking
     start = time.perf_counter()
-    work, out = Path(p.work), Path(p.out)
+    work, out = Path(tracking.work), Path(p.out)
     art = load_artifacts(p)
-    uri = resolve_tracking_uri(p.tracking_uri, work)
-    logged_params = redact_params(run_params(params, art))
+    uri = resolve_tracking_uri(tracking.uri, work)
+    flat = run_params(params, art)
+    secrets = run_secrets(params, flat)
+    logged_params = redact_params(flat, secrets)
+    run_name = scrub(p.run_name, secrets) if p.run_name else None
     key = pipeline_key({"params": logged_params, "export": art.export_md5, "train": art.train_digest,
                         "eval": art.eval_digest, "mfu": md5_file(art.mfu_path), "kfp_run_id": kfp_run_id()})
     extra = {"voxpipe.pipeline_key": key}
     if art.data is not None:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
-        experiment = experiment_id(client, p.experiment, local_artifact_root(uri, work))
-        ref = pipeline_run(client, experiment, work, key, uri, p.run_name, art.live_run_id)
-        logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out)
+        experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
+        ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
+        logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
         reg = register_export(client, p.model_name, ref.run_id, art, extra)
         client.set_terminated(ref.run_id, "FINISHED")
     registered = {
@@ -81,5 +86,5 @@ def register(params: Params) -> RegisterResult:
         "logged": logged,
     }
     write_json(out / "registered.json", registered)
-    write_report(out, {**registered, "seconds": round(time.perf_counter() - start, 3)})
+    write_report(out, registered, run={"seconds": round(time.perf_counter() - start, 3)})
     return RegisterResult(out, registered)

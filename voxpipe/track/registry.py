@@ -1,22 +1,39 @@
 """The exported checkpoint as a registered MLflow pyfunc model version, and who gets `@champion`.
 
-Every registered version gets `@candidate`. `@champion` moves to it only when its fixed-seed eval
-loss is lower than the current champion's (recorded on that version as `voxpipe.eval_loss`), or,
-with no champion yet, lower than the base model's loss from the same evaluation. The decision and
-both numbers are tags on the version. A version is identified by (run id, export md5): registering
-the same export from the same run again returns the existing version and leaves aliases alone.
+Every registered version gets `@candidate`. `@champion` moves to it only when the promotion rule
+(voxpipe/evaluate/promotion.py) holds: the voice criteria as `evaluate` judged them against the
+baseline, and the loss criterion against the current champion's fixed-seed loss (recorded on that
+version), or the baseline's when there is no champion yet. A champion is challenged only on the
+val set it was scored on (same `voxpipe.val_digest`); otherwise the candidate is refused, with the
+reason. Every criterion, its numbers and its verdict are tags on the version.
+
+Races: the upload (seconds) happens first, outside any lock; then reading the champion, deciding
+and moving the aliases happen under a registry-wide lock (`registry_lock`: the atomic creation of
+a marker registered model, which every MLflow store serialises), and the champion is re-read right
+before the alias moves (compare-and-set). What `register` reports is read back from the registry.
+A version is identified by (run id, export md5): registering the same export from the same run
+again returns the existing version and leaves aliases alone.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import random
+import re
+import socket
+import time
 import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import requires, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import voxpipe
+from voxpipe.errors import StepError
+from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.tracking import active_run
 
@@ -27,7 +44,14 @@ if TYPE_CHECKING:
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 LOSS_TAG = "voxpipe.eval_loss"
+LOSS_STD_TAG = "voxpipe.eval_loss_std"
+VAL_TAG = "voxpipe.val_digest"
 EXPORT_TAG = "voxpipe.export_md5"
+RULE_TAG = "voxpipe.rule."
+MAX_TAG = 5000  # MLflow's limit on a tag value
+LOCK_SUFFIX = ".register-lock"
+LOCK_LEASE_S = 120.0  # a lock unchanged for this long is a crashed register's: broken
+CAS_TRIES = 3
 SERVING_CODE = Path(__file__).with_name("serving.py")
 
 
@@ -35,32 +59,53 @@ SERVING_CODE = Path(__file__).with_name("serving.py")
 class Decision:
     promoted: bool
     eval_loss: float
-    compared_to: str  # "champion v3" or "base model"
+    compared_to: str  # "champion v3" or "baseline"
     compared_loss: float | None
-    reason: str
+    reason: str  # the rule's sentence: verdict and every criterion with its numbers
+    criteria: list[dict[str, Any]] = field(default_factory=list)
 
     def tags(self) -> dict[str, str]:
-        return {
+        tags = {
             "voxpipe.decision": "promoted" if self.promoted else "not promoted",
-            "voxpipe.decision_reason": self.reason,
+            "voxpipe.decision_reason": self.reason[:MAX_TAG],
             LOSS_TAG: repr(self.eval_loss),
             "voxpipe.compared_to": self.compared_to,
             "voxpipe.compared_loss": repr(self.compared_loss),
         }
+        for c in self.criteria:
+            verdict = "ok" if c["passed"] else "FAIL"
+            tags[f"{RULE_TAG}{_tag_key(c['name'])}"] = f"{verdict}: {c['detail']}"[:MAX_TAG]
+        return tags
 
     @classmethod
     def from_tags(cls, tags: dict[str, str]) -> Decision:
         compared = tags.get("voxpipe.compared_loss", "None")
+        criteria = [
+            {"name": k.removeprefix(RULE_TAG), "passed": v.startswith("ok"), "detail": v.partition(": ")[2]}
+            for k, v in sorted(tags.items()) if k.startswith(RULE_TAG)
+        ]
         return cls(
             promoted=tags.get("voxpipe.decision") == "promoted",
             eval_loss=float(tags.get(LOSS_TAG, "nan")),
             compared_to=tags.get("voxpipe.compared_to", ""),
             compared_loss=None if compared == "None" else float(compared),
             reason=tags.get("voxpipe.decision_reason", ""),
+            criteria=criteria,
         )
+
+    @classmethod
+    def from_verdict(cls, verdict: Verdict, eval_loss: float) -> Decision:
+        loss = next((c for c in verdict.criteria if c.name == "loss"), None)
+        return cls(verdict.promoted, eval_loss, verdict.against, loss.reference if loss else None,
+                   verdict.sentence(), [c.as_dict() for c in verdict.criteria])
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _tag_key(name: str) -> str:
+    """A criterion name as a tag key segment: similarity[spk_f] -> similarity.spk_f."""
+    return re.sub(r"[^\w\-. /]", ".", name).strip(".").replace("..", ".")
 
 
 def pinned_requirements() -> list[str]:
@@ -78,7 +123,8 @@ def pinned_requirements() -> list[str]:
 
 
 def signature() -> ModelSignature:
-    """Input: texts (one string column). Params: seed, cfg_value, inference_timesteps, max_len.
+    """Input: "text" and an optional "reference_audio" (path or base64 clip of the voice to clone).
+    Params: seed, cfg_value, inference_timesteps, max_len.
     Output: per text the 48 kHz float32 waveform, its sample rate and whether it hit max_len."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
@@ -86,7 +132,8 @@ def signature() -> ModelSignature:
     from voxpipe.track.serving import GENERATION_DEFAULTS as d
 
     return ModelSignature(
-        inputs=Schema([ColSpec(DataType.string)]),
+        inputs=Schema([ColSpec(DataType.string, "text"),
+                       ColSpec(DataType.string, "reference_audio", required=False)]),
         outputs=Schema([
             ColSpec(Array(DataType.float), "audio"),
             ColSpec(DataType.long, "sample_rate"),
@@ -125,7 +172,7 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
             code_paths=[str(Path(voxpipe.__file__).parent)],
             signature=signature(),
             pip_requirements=pinned_requirements(),
-            model_config={"device": "auto", "dtype": "float32"},
+            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},  # serving.py: load-time
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id
@@ -140,24 +187,72 @@ def _alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion 
         return None
 
 
-def decide(client: MlflowClient, name: str, eval_loss: float, baseline_loss: float | None) -> Decision:
+def decide(client: MlflowClient, name: str, art: PipelineArtifacts) -> tuple[Decision, str | None]:
+    """The rule for this candidate against the registry's current champion; also the champion's version."""
+    verdict = Verdict.from_dict(art.eval["promotion"])
+    candidate = Scores.from_dict(art.eval["scores"]["model"])
     champion = _alias_version(client, name, CHAMPION)
-    if not math.isfinite(eval_loss):
-        return Decision(False, eval_loss, "nothing", None, "eval loss is not finite")
-    if champion is not None:
+    if not math.isfinite(candidate.loss):
+        verdict = Verdict(False, verdict.against, verdict.criteria)
+    elif champion is not None:
         label = f"champion v{champion.version}"
-        recorded = champion.tags.get(LOSS_TAG)
-        if recorded is None:
-            return Decision(False, eval_loss, label, None, f"{label} has no recorded {LOSS_TAG} to beat")
-        reference = float(recorded)
-    else:
-        label = "base model"
-        if baseline_loss is None:
-            return Decision(False, eval_loss, label, None, "no champion and eval.json has no loss_baseline")
-        reference = baseline_loss
-    promoted = eval_loss < reference
-    reason = f"eval loss {eval_loss:.6g} {'<' if promoted else '>='} {label}'s {reference:.6g}"
-    return Decision(promoted, eval_loss, label, reference, reason)
+        recorded, digest = champion.tags.get(LOSS_TAG), champion.tags.get(VAL_TAG)
+        mine = art.eval.get("val_digest")
+        if recorded is None or digest != mine:
+            why = (f"{label} has no recorded {LOSS_TAG}" if recorded is None else
+                   f"{label} was scored on val set {digest}, this candidate on {mine} (other data, batching "
+                   "or seeds): its loss is not comparable")
+            return Decision(False, candidate.loss, label, None, f"not promoted over the {label}: {why}. To "
+                            f"challenge it, evaluate both on one val set (point evaluate.model at each) or "
+                            f"move @champion by hand", verdict.as_dict()["criteria"]), champion.version
+        reference = LossReference(label, float(recorded), float(champion.tags.get(LOSS_STD_TAG, "0")))
+        verdict = with_loss_reference(verdict, candidate, reference)
+    return Decision.from_verdict(verdict, candidate.loss), champion.version if champion else None
+
+
+@contextmanager
+def registry_lock(client: MlflowClient, name: str, lease_s: float = LOCK_LEASE_S) -> Iterator[None]:
+    """Serialise `register`s on one store: the holder is who created the marker model `<name>.register-lock`.
+
+    Creating a registered model is atomic in every MLflow store (a unique name), so exactly one
+    creator wins. A marker that stays the same for `lease_s` seconds of waiting belongs to a register
+    that died inside its (sub-second) critical section: it is deleted and the race starts again.
+    """
+    from mlflow.exceptions import MlflowException
+
+    lock = f"{name}{LOCK_SUFFIX}"
+    holder = f"{socket.gethostname()} pid {os.getpid()}"
+    seen, since = None, time.monotonic()
+    while True:
+        try:
+            client.create_registered_model(lock, description=f"held by voxpipe register on {holder}")
+            break
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        try:
+            stamp = client.get_registered_model(lock).creation_timestamp
+        except MlflowException:
+            continue  # released between our two calls
+        if stamp != seen:
+            seen, since = stamp, time.monotonic()
+        elif time.monotonic() - since > lease_s:
+            _delete_quietly(client, lock)
+            continue
+        time.sleep(0.1 + 0.2 * random.random())
+    try:
+        yield
+    finally:
+        _delete_quietly(client, lock)
+
+
+def _delete_quietly(client: MlflowClient, lock: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_registered_model(lock)
+    except MlflowException:
+        pass  # already gone (broken as stale by another register)
 
 
 def _ensure_registered_model(client: MlflowClient, name: str) -> None:
@@ -180,23 +275,55 @@ class Registration:
     aliases: list[str]
 
 
+def _check_eval(art: PipelineArtifacts) -> None:
+    missing = [k for k in ("promotion", "scores", "val_digest") if k not in art.eval]
+    if missing:
+        raise StepError(f"{art.eval_path}: no {', '.join(missing)} (written by this version's `voxpipe "
+                        "evaluate`); rerun evaluate, then register")
+    chosen = art.eval.get("chosen", {}).get("md5")
+    if chosen is not None and chosen != art.export_md5:
+        raise StepError(f"{art.eval_path} judged {art.eval['chosen']['path']} (md5 {chosen}), but "
+                        f"register.model {art.export} is another checkpoint (md5 {art.export_md5}); leave "
+                        "register.model empty to register the one evaluate chose, or evaluate this one")
+
+
+def promote(client: MlflowClient, name: str, version: str, art: PipelineArtifacts) -> Decision:
+    """Under the registry lock: decide against the current champion, tag the version, move the aliases.
+
+    Compare-and-set: the champion is read again right before `@champion` moves; if it changed (someone
+    outside voxpipe moved it), the decision is made again, at most CAS_TRIES times, then refused."""
+    with registry_lock(client, name):
+        for _ in range(CAS_TRIES):
+            decision, read = decide(client, name, art)
+            now = _alias_version(client, name, CHAMPION)
+            if (now.version if now else None) == read:
+                break
+        else:
+            decision = Decision(False, decision.eval_loss, decision.compared_to, decision.compared_loss,
+                                f"not promoted: @champion kept moving while this register decided "
+                                f"({CAS_TRIES} tries); rerun register", decision.criteria)
+        for key, value in {**decision.tags(), LOSS_STD_TAG: repr(art.eval["scores"]["model"]["loss_std"]),
+                           VAL_TAG: str(art.eval["val_digest"])}.items():
+            client.set_model_version_tag(name, version, key, value)
+        client.set_registered_model_alias(name, CANDIDATE, version)
+        if decision.promoted:
+            client.set_registered_model_alias(name, CHAMPION, version)
+    return decision
+
+
 def register_export(
     client: MlflowClient, name: str, run_id: str, art: PipelineArtifacts, extra_tags: dict[str, str]
 ) -> Registration:
+    _check_eval(art)
     existing = find_version(client, name, run_id, art.export_md5)
     if existing is not None:
         current = client.get_model_version(name, existing.version)
         return Registration(name, current.version, False, Decision.from_tags(current.tags), current.source,
                             sorted(current.aliases))
-    baseline = art.eval.get("loss_baseline")
-    decision = decide(client, name, float(art.eval["loss_model"]),
-                      float(baseline) if isinstance(baseline, int | float) else None)
     model_uri, model_id = log_model(run_id, art)
     _ensure_registered_model(client, name)
-    tags = {EXPORT_TAG: art.export_md5, **extra_tags, **decision.tags()}
+    tags = {EXPORT_TAG: art.export_md5, **extra_tags}
     mv = client.create_model_version(name, model_uri, run_id=run_id, tags=tags, model_id=model_id)
-    client.set_registered_model_alias(name, CANDIDATE, mv.version)
-    if decision.promoted:
-        client.set_registered_model_alias(name, CHAMPION, mv.version)
-    current = client.get_model_version(name, mv.version)
+    decision = promote(client, name, mv.version, art)
+    current = client.get_model_version(name, mv.version)  # what the registry holds now, not what we meant
     return Registration(name, current.version, True, decision, current.source, sorted(current.aliases))

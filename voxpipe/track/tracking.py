@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,52 +32,46 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from voxpipe.errors import StepError
 from voxpipe.report import write_json
+from voxpipe.secrets import REDACTED, is_secret_name, scrub, secret_values
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+    from voxpipe.params import Params
+
 RUN_FILE = "mlflow_run.json"
 KEY_TAG = "voxpipe.pipeline_key"
-REDACTED = "***"
-SECRET_NAME = re.compile(r"password|passwd|token|secret|access_key|api_key|credential", re.IGNORECASE)
-_URI_WITH_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)([^/\s:@]+):([^/\s@]+)@", re.IGNORECASE)
 
 
-# -- secrets --------------------------------------------------------------------------------------
-def secret_values() -> list[str]:
-    """Values of environment variables whose names say they hold a secret (longest first)."""
-    # by key, not items(): MLflow's telemetry thread may drop a variable while we look
-    values = {os.environ.get(k, "") for k in list(os.environ) if SECRET_NAME.search(k)}
-    values = {v for v in values if len(v) >= 4}
-    return sorted(values, key=len, reverse=True)
-
-
+# -- secrets (voxpipe/secrets.py: by value) --------------------------------------------------------
 def redact_uri(uri: str) -> str:
     """The URI with a password and secret-looking query values replaced; the user name is kept.
 
     A URI with neither comes back unchanged (re-joining would turn sqlite:////abs into sqlite://abs)."""
     parts = urlsplit(uri)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if parts.password is None and not any(SECRET_NAME.search(k) for k, _ in pairs):
+    if parts.password is None and not any(is_secret_name(k) for k, _ in pairs):
         return uri
     netloc = parts.netloc
     if parts.password is not None:
         netloc = f"{parts.username}:{REDACTED}@{netloc.rpartition('@')[2]}"
-    query = urlencode([(k, REDACTED if SECRET_NAME.search(k) else v) for k, v in pairs], safe="*")
+    query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs], safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def scrub(text: str) -> str:
-    """`text` with URI passwords and the values of secret environment variables replaced."""
-    text = _URI_WITH_USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
-    for value in secret_values():
-        text = text.replace(value, REDACTED)
-    return text
+def run_secrets(params: Params, logged: dict[str, Any] | None = None) -> list[str]:
+    """The secret values a run's record must not hold: the environment's, those of the variables
+    `launch.secret_env` names, and every URI password inside any param (and any `logged` value)."""
+    values = [*params.flat().values(), *(logged or {}).values()]
+    return secret_values(params.launch.secret_env, [_as_text(v) for v in values])
 
 
-def redact_params(flat: dict[str, Any]) -> dict[str, str]:
-    """Params as MLflow strings: secret-named keys blanked, everything else scrubbed."""
-    return {k: REDACTED if SECRET_NAME.search(k) else scrub(_as_text(v)) for k, v in flat.items()}
+def redact_params(flat: dict[str, Any], values: list[str] | None = None) -> dict[str, str]:
+    """Params as MLflow strings with every secret value scrubbed (keys are never judged by name).
+    `values`: the secrets to hide (default: the environment's and the URI passwords in `flat`)."""
+    texts = {k: _as_text(v) for k, v in flat.items()}
+    values = secret_values(texts=texts.values()) if values is None else values
+    return {k: scrub(text, values) for k, text in texts.items()}
 
 
 def _as_text(value: Any) -> str:

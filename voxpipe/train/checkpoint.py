@@ -3,35 +3,55 @@
 Layout of `checkpoints/step-N/`:
   .metadata, __*.distcp   torch.distributed.checkpoint (each rank writes its own shards)
   rank-R.json             per rank: RNG states (torch CPU, device, python, numpy) and data sampler state
-  trainer.json            step, counters, world size (rank 0)
-  voxpipe-done.json       written last; a folder without it (or without .metadata) is ignored
+  trainer.json            step, counters, world size, the params the result depends on (rank 0)
+  voxpipe-manifest.json   written last: size + sha256 of every file, HMAC-signed (voxpipe.integrity)
 
 Every rank writes into `.tmp-step-N/`; rank 0 renames it to `step-N/` only after all ranks have
-finished, so a crash mid-save never leaves a folder that looks complete. The checkpoint folder
-must be on storage every rank sees (the shared workspace volume on a cluster).
+finished and the manifest is written, so a crash mid-save never leaves a folder that looks complete.
+The checkpoint folder must be on storage every rank sees (the shared workspace volume on a cluster).
+
+Resume trusts nothing it has not verified: DCP's reader unpickles `.metadata`, so rank 0 checks the
+manifest's signature and every file's size and hash before any rank opens a file. A checkpoint that
+fails is renamed `step-N.rejected-<reason>` (kept for inspection, never deleted) and the next older
+one is tried. The signing key is env VOXPIPE_CHECKPOINT_KEY, else `checkpoints/.voxpipe-key` (0600),
+which lives and persists with the checkpoints it signs.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import random
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from voxpipe.errors import StepError
+from voxpipe.integrity import (
+    KEY_ENV,
+    MANIFEST,
+    IntegrityError,
+    hash_files,
+    listed_files,
+    read_manifest,
+    signing_key,
+    verify_manifest,
+    write_manifest,
+)
 from voxpipe.report import write_json
 from voxpipe.train.device import Runtime
 
-DONE_MARKER = "voxpipe-done.json"
+log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -42,13 +62,13 @@ class Resumed:
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint under root, oldest first."""
+    """(step, folder) of every checkpoint under root that has a manifest, oldest first (not verified)."""
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         m = _STEP_DIR.match(child.name)
-        if m and (child / ".metadata").is_file() and (child / DONE_MARKER).is_file():
+        if m and (child / MANIFEST).is_file():
             found.append((int(m.group(1)), child))
     return sorted(found)
 
@@ -56,6 +76,83 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(root: Path) -> Path | None:
     done = complete_checkpoints(root)
     return done[-1][1] if done else None
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """Rename `folder` to `<name>.<why>` (numbered if taken): out of the way, never deleted."""
+    target = folder.with_name(f"{folder.name}.{why}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder.with_name(f"{folder.name}.{why}-{n}")
+    folder.rename(target)
+    return target
+
+
+def _verify(folder: Path, step: int, key: bytes) -> None:
+    manifest = verify_manifest(folder, key)
+    if manifest.get("step") != step:
+        raise IntegrityError("wrong-step", f"{folder}: its manifest is for step {manifest.get('step')}")
+
+
+def newest_verified(root: Path) -> Path | None:
+    """Rank 0: the newest checkpoint whose signed manifest and files verify; failures are set aside.
+
+    When every checkpoint fails on its signature alone, the key is the likely culprit (a different
+    VOXPIPE_CHECKPOINT_KEY than the one that wrote them): nothing is set aside and the run stops.
+    """
+    candidates = complete_checkpoints(root)[::-1]
+    if not candidates:
+        return None
+    key = signing_key(root)
+    signature_ok = []
+    for _, folder in candidates:
+        try:
+            read_manifest(folder, key)
+            signature_ok.append(folder)
+        except IntegrityError as e:
+            if e.reason != "bad-signature":
+                signature_ok.append(folder)  # set aside below, with its own reason
+    if not signature_ok:
+        raise StepError(
+            f"{root}: no checkpoint's manifest verifies with this signing key ({len(candidates)} tried, "
+            f"newest {candidates[0][1].name}). Run with the key that wrote them ({KEY_ENV}, or the "
+            f"{root}/.voxpipe-key file), or start fresh with --no-resume (they are then moved aside)"
+        )
+    for step, folder in candidates:
+        try:
+            _verify(folder, step, key)
+            return folder
+        except IntegrityError as e:
+            kept = set_aside(folder, f"rejected-{e.reason}")
+            log.warning("checkpoint %s failed verification (%s); set aside as %s, trying the previous one",
+                        folder.name, e, kept.name)
+    log.warning("no checkpoint under %s verified; training starts from the base model", root)
+    return None
+
+
+def pick_checkpoint(root: Path, rt: Runtime) -> Path | None:
+    """Collective: rank 0 verifies, every rank gets its answer (no rank opens an unverified file)."""
+    box: list[Any] = [None]
+    if rt.is_main:
+        try:
+            found = newest_verified(root)
+            box[0] = str(found) if found else None
+        except StepError as e:
+            box[0] = e
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], StepError):
+        raise box[0]
+    return Path(box[0]) if box[0] else None
+
+
+def set_aside_all(root: Path, reason: str) -> Path | None:
+    """A fresh start moves the old checkpoints aside so they are never mixed with new ones."""
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    kept = set_aside(root, time.strftime("replaced-%Y%m%dT%H%M%S"))
+    log.warning("starting fresh (%s): the previous checkpoints were moved to %s", reason, kept)
+    return kept
 
 
 # -- RNG states as JSON (no pickle) ---------------------------------------------------------------
@@ -116,10 +213,16 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     write_json(tmp / f"rank-{rt.rank}.json", {"rng": rng_state(rt.device), "sampler": sampler})
-    rt.barrier()
     if rt.is_main:
         write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
-        write_json(tmp / DONE_MARKER, {"step": step})
+    rt.barrier()
+    # every rank hashes its share of the files; rank 0 signs the whole list
+    names = listed_files(tmp)
+    shares: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(shares, hash_files(tmp, names[rt.rank :: rt.world_size]))
+    if rt.is_main:
+        files = {name: entry for share in shares for name, entry in share.items()}
+        write_manifest(tmp, signing_key(root), files, extra={"step": step})
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -134,7 +237,10 @@ def save_checkpoint(
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime
 ) -> Resumed:
-    """Collective: restore model + optimizer shards, this rank's RNG, and return the rest."""
+    """Collective: restore model + optimizer shards, this rank's RNG, and return the rest.
+
+    Only for a folder `pick_checkpoint` has verified: DCP unpickles `.metadata`.
+    """
     trainer = json.loads((path / "trainer.json").read_text())
     if trainer["world_size"] != rt.world_size:
         raise StepError(

@@ -66,7 +66,7 @@ def check_encoded_by(root: Path, base_dir: Path, rt: Runtime) -> None:
             if theirs != ours:
                 error = (
                     f"{root} was encoded with {part} {str(theirs)[:12]}, but the base model {base_dir} has "
-                    f"{part} {ours[:12]}; run `voxpipe encode --model {base_dir}` for this model"
+                    f"{part} {ours[:12]}; run `voxpipe encode --model-base {base_dir}` for this model"
                 )
     verdict = [error]
     dist.broadcast_object_list(verdict, src=0)

@@ -4,6 +4,7 @@
 tokenizer files) that our `from_pretrained` and upstream's `VoxCPM2Model.from_local` load; with
 LoRA its weights are the adapters merged into the base, and `export/lora/` holds the adapters
 alone (lora_weights.safetensors + lora_config.json) for upstream's `load_lora_weights`.
+Non-finite weights are never exported: a model of NaNs would otherwise be evaluated and registered.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from voxpipe.data.encode import TOKENIZER_FILES
+from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import load_weights_strict, save_pretrained
@@ -37,9 +40,20 @@ def export_checkpoint(
     *,
     lora_params: LoraParams,
     dtype: torch.dtype,
+    step: int,
 ) -> Path | None:
     """Collective gather; rank 0 writes `out_dir` (returned there, None elsewhere)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    verdict = [_nonfinite(full) if rt.is_main else None]  # only rank 0 holds the full state
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        bad, total = verdict[0]
+        listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise StepError(
+            f"step {step}: {len(bad)} of {total} trained tensors hold NaN or inf values ({listed}); "
+            f"not exporting to {out_dir}. Lower train.lr (or check the encoded data), and start fresh "
+            "with --no-resume, as the checkpoints of this run hold the same weights"
+        )
     if not rt.is_main:
         rt.barrier()
         return None
@@ -60,3 +74,9 @@ def export_checkpoint(
             shutil.copyfile(base_dir / name, out_dir / name)
     rt.barrier()
     return out_dir
+
+
+def _nonfinite(state: dict[str, torch.Tensor]) -> tuple[list[str], int] | None:
+    """(names of the floating tensors with a NaN/inf, how many tensors there are), or None if all finite."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    return (bad, len(state)) if bad else None

@@ -1,10 +1,11 @@
 """Build the trained VoxCPM2 the FSDP2 way: meta device, per-layer sharding, one broadcast load.
 
-Order (torchtitan's recipe): build on meta -> (LoRA adapters) -> (activation checkpointing) ->
-`fully_shard` every decoder layer of the base LM, residual LM, local encoder and local DiT, then
-the root -> `to_empty` on the device -> rank 0 reads model.safetensors once and
-`set_model_state_dict(..., broadcast_from_rank0=True)` sends each rank only its shards. No rank
-ever materialises a random init or a second full copy. The AudioVAE is not part of this model.
+Order (torchtitan's recipe): build on meta -> (LoRA adapters) -> model kernels (voxpipe.model.npu)
+-> (activation checkpointing) -> (torch.compile per block) -> `fully_shard` every decoder layer of
+the base LM, residual LM, local encoder and local DiT, then the root -> `to_empty` on the device
+-> rank 0 reads model.safetensors once and `set_model_state_dict(..., broadcast_from_rank0=True)`
+sends each rank only its shards. No rank ever materialises a random init or a second full copy.
+The AudioVAE is not part of this model.
 
 No custom gradient divide factor is set anywhere: HCCL lacks the PREMUL_SUM reduce op that a
 custom factor needs, and FSDP2's default averaging is what we want.
@@ -24,6 +25,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from voxpipe.errors import StepError
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import read_model_state
+from voxpipe.model.memory import ensure_fits
+from voxpipe.model.npu import OFF, NpuKernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams
@@ -74,12 +77,24 @@ def load_base_weights(model: nn.Module, base_dir: Path, rt: Runtime) -> None:
         raise StepError(f"{base_dir}: keys not loaded: {not_loaded}, unexpected: {result.unexpected_keys}")
 
 
-def shard_model(model: VoxCPM2, rt: Runtime, dtype: torch.dtype, activation_checkpointing: bool) -> None:
-    """`fully_shard` every decoder layer, then the root: params in `dtype`, gradients reduced in fp32."""
+def shard_model(
+    model: VoxCPM2,
+    rt: Runtime,
+    dtype: torch.dtype,
+    activation_checkpointing: bool,
+    compile_blocks: bool = False,
+) -> None:
+    """`fully_shard` every decoder layer, then the root: params in `dtype`, gradients reduced in fp32.
+
+    compile_blocks: torch.compile each decoder layer in place (`Module.compile` keeps parameter
+    names); the blocks of a stack share one compiled graph, so each stack compiles once.
+    """
     layers = model.layers_to_shard()
-    if activation_checkpointing:
-        for layer in layers:
+    for layer in layers:
+        if activation_checkpointing:
             checkpoint(layer)  # composable: keeps parameter names, so checkpoints stay portable
+        if compile_blocks:
+            layer.compile()
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in layers:
         fully_shard(layer, mesh=rt.mesh, mp_policy=policy)
@@ -95,13 +110,18 @@ def build_model(
     lora_params: LoraParams,
     activation_checkpointing: bool,
     seed: int,
+    kernels: NpuKernels = OFF,
+    compile_blocks: bool = False,
 ) -> VoxCPM2:
     """The sharded, loaded model ready for training (only adapters trainable when LoRA is on)."""
     with torch.device("meta"):
         model = VoxCPM2(config)
     if lora_params.enabled:
         lora.apply_lora(model, lora_params)
-    shard_model(model, rt, dtype, activation_checkpointing)
+    use_npu_kernels(model, kernels)
+    shard_model(model, rt, dtype, activation_checkpointing, compile_blocks)
+    needed = sum(p.numel() for p in model.parameters()) * 4 // rt.world_size  # fp32 masters, sharded
+    ensure_fits(needed, rt.device, "the model", base_dir / "config.json")
     model.to_empty(device=rt.device)
     # Buffers would be garbage after to_empty; ours computes RoPE per call and registers none.
     buffers = [name for name, _ in model.named_buffers()]

@@ -9,6 +9,8 @@ condition dropout) gives the convergence curve that the raw per-step loss cannot
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import random
 import time
@@ -22,24 +24,29 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from tqdm import tqdm
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.fixed_seed_loss import fixed_seed_loss
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
-from voxpipe.params import TrainParams
+from voxpipe.model.npu import resolve_kernels
+from voxpipe.model.voxcpm2 import host_rows
+from voxpipe.params import Params, TrainParams
+from voxpipe.progress import StepProgress
 from voxpipe.report import write_report
-from voxpipe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from voxpipe.train.checkpoint import load_checkpoint, pick_checkpoint, save_checkpoint, set_aside_all
 from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.export import export_checkpoint
+from voxpipe.train.exports import due, export_step
 from voxpipe.train.fsdp import build_model, compute_dtype
 from voxpipe.train.metrics import MetricsLog, finite_or_none
+from voxpipe.train.resume import result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
-from voxpipe.train.throughput import Throughput
+from voxpipe.train.throughput import Throughput, peak_memory_per_rank
 
+logger = logging.getLogger(__name__)
 LOSS_KEYS = ("loss/diff", "loss/stop")
 
 
@@ -71,6 +78,9 @@ class TrainResult:
             return ""
         r = self.report
         head = f"train: {r['steps_run']} steps this run (step {self.steps}/{r['max_steps']})"
+        if r["steps_run"] == 0 and r["resumed_from"]:
+            head = (f"train: nothing to do, {r['resumed_from']} is already at step {self.steps}/"
+                    f"{r['max_steps']} with these params: 0 steps trained, export rewritten from it")
         if self.stopped_early:
             return f"{head}; SIGTERM: checkpoint saved, rerun the same command to resume"
         val = r["val_curve"]
@@ -103,26 +113,17 @@ def build_optimizer(model: nn.Module, p: TrainParams, device: torch.device) -> t
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=p.lr, **fast)
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
-    """Clip to `max_norm` over all ranks' shards (DTensor-aware); returns the norm before clipping."""
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip to `max_norm` over all ranks' shards (DTensor-aware); the norm before clipping, on the device."""
     params = [q for q in model.parameters() if q.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _all_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
-
-
-def _weighted_losses(
-    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
-) -> tuple[list[float], float]:
-    weight = float(batch["loss_mask"].sum())
-    return [float(out[k].detach()) * weight for k in LOSS_KEYS], weight
 
 
 @torch.no_grad()
@@ -133,29 +134,27 @@ def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[
     return {"val/diff": loss.diff, "val/stop": loss.stop, "val/loss": loss.total}
 
 
-def _max_int(value: int, rt: Runtime) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
 class Trainer:
-    def __init__(self, p: TrainParams, rt: Runtime, stop: TerminationFlag):
-        self.p, self.rt, self.stop = p, rt, stop
+    def __init__(self, params: Params, rt: Runtime, stop: TerminationFlag):
+        p = params.train
+        self.p, self.tracking, self.rt, self.stop = p, params.tracking, rt, stop
+        self.result_params = result_params(params)  # saved with each checkpoint, checked on resume
         self.out = Path(p.out)
-        self.base = Path(p.model)
+        self.base = Path(params.model.base)
         self.ckpt_root = self.out / "checkpoints"
         config_path = self.base / "config.json"
         if not config_path.is_file():
             raise StepError(f"{self.base}: not a VoxCPM2 checkpoint (no config.json)")
         self.config = VoxCPM2Config.from_file(config_path)
         self.dtype = compute_dtype(p.dtype, rt.device)
+        self.kernels = resolve_kernels(params.model.kernels, rt.device)
         _seed_everything(p.seed, rt.rank)
         self.data = TrainData(Path(p.data), self.config, p, rt)
         check_encoded_by(Path(p.data), self.base, rt)
         self.model = build_model(
             self.config, self.base, rt, dtype=self.dtype, lora_params=p.lora,
             activation_checkpointing=p.activation_checkpointing, seed=p.seed,
+            kernels=self.kernels, compile_blocks=p.compile,
         )
         self.optimizer = build_optimizer(self.model, p, rt.device)
         self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, p.max_steps)
@@ -165,12 +164,26 @@ class Trainer:
         self.val_curve: list[dict[str, float]] = []
         self.last: dict[str, Any] = {}
         self.meter = Throughput(self.config, self.dtype, rt, p)
+        self.stop_agreed = False  # some rank had a SIGTERM by the last step's all-reduce
 
     # -- resume ---------------------------------------------------------------------------------
     def _resume(self) -> None:
-        path = latest_checkpoint(self.ckpt_root) if self.p.resume else None
+        """Continue from the newest verified checkpoint of the same run (see voxpipe.train.resume)."""
+        if not self.p.resume:
+            self._start_fresh("--no-resume")
+            return
+        path = pick_checkpoint(self.ckpt_root, self.rt)
         if path is None:
             return
+        saved = json.loads((path / "trainer.json").read_text())  # verified by pick_checkpoint
+        problem = why_not_resume(saved, self.result_params, self.p.max_steps, path)
+        if problem and not self.p.fresh_on_change:
+            raise StepError(problem)
+        if problem:
+            self._start_fresh(f"train.fresh_on_change; {problem}")
+            return
+        p = self.p  # the learning-rate plan of the run that wrote the checkpoint
+        self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, saved["schedule_steps"])
         state = load_checkpoint(path, self.model, self.optimizer, self.rt)
         self.step = state.trainer["step"]
         self.counters = Counters(**state.trainer["counters"])
@@ -178,8 +191,15 @@ class Trainer:
         self.data.load_state_dict(state.sampler)
         self.resumed_from = str(path)
 
+    def _start_fresh(self, reason: str) -> None:
+        """Move old checkpoints aside (never mixed with this run's, never deleted)."""
+        if self.rt.is_main:
+            set_aside_all(self.ckpt_root, reason)
+        self.rt.barrier()
+
     def _save(self) -> None:
-        trainer = {"counters": self.counters.to_dict(), "val_curve": self.val_curve}
+        trainer = {"counters": self.counters.to_dict(), "val_curve": self.val_curve,
+                   "params": self.result_params, "schedule_steps": self.schedule.total_steps}
         save_checkpoint(
             self.ckpt_root, self.step, self.model, self.optimizer, trainer, self.data.state_dict(),
             self.rt, self.p.keep_checkpoints,
@@ -187,24 +207,45 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """Advance one optimizer step; returns its metrics record."""
+        """Advance one optimizer step; returns its metrics record.
+
+        The host reads the device once per step (torchtitan's habit): the loss sums, the token
+        weight, the gradient norm, the meter's counts and any rank's SIGTERM come back in one
+        tensor after the clip, in time to skip a non-finite update. The logged loss and the
+        gradient are the same token-weighted mean over all micro-batches and ranks: each
+        micro-batch's summed loss is divided by the step's total loss weight, all-reduced on the
+        device before the first forward (times the world size: FSDP2 averages over ranks).
+        """
         p, rt, meter = self.p, self.rt, self.meter
         self.step += 1
         lr = self.schedule.lr(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         meter.start()
-        sums = [0.0, 0.0, 0.0]  # weighted diff, weighted stop, weight
-        for _ in range(p.grad_accum):
-            batch = meter.wait_for(lambda: move_to(self.data.next_train_batch(), rt.device))
-            out = self.model(**batch, progress=(self.step - 1) / p.max_steps)
-            loss = (out["loss/diff"] + out["loss/stop"]) / p.grad_accum
-            loss.backward()
-            losses, weight = _weighted_losses(out, batch)
-            sums = [sums[0] + losses[0], sums[1] + losses[1], sums[2] + weight]
-            meter.count(batch)
+        hosts = [meter.wait_for(self.data.next_train_batch) for _ in range(p.grad_accum)]
+        rows = [host_rows(batch) for batch in hosts]  # found on the host: the forward needs no sync
+        weights = [float(batch["loss_mask"].numpy().sum()) for batch in hosts]
+        for batch, batch_rows in zip(hosts, rows, strict=True):
+            meter.count(batch, batch_rows)
+        total_weight = torch.tensor(sum(weights), dtype=torch.float32, device=rt.device)
+        dist.all_reduce(total_weight)
+        scale = rt.world_size / total_weight.clamp(min=1.0)
+        sums = torch.zeros(len(LOSS_KEYS), dtype=torch.float64, device=rt.device)
+        progress = min(1.0, (self.step - 1) / self.schedule.total_steps)
+        for batch, batch_rows, weight in zip(hosts, rows, weights, strict=True):
+            out = self.model(**move_to({**batch, **batch_rows}, rt.device), progress=progress)
+            summed = torch.stack([out[k] for k in LOSS_KEYS]) * weight  # [diff, stop] x loss weight
+            (summed.sum() * scale).backward()
+            sums += summed.detach().double()
         grad_norm = clip_gradients(self.model, p.clip_norm)
-        diff, stop, weight = _all_sum(sums, rt.device)
+        votes = float(self.stop.requested)
+        local = torch.tensor([*meter.counts(), votes], dtype=torch.float64, device=rt.device)
+        reduced = torch.cat((sums, local))
+        dist.all_reduce(reduced)
+        read = torch.cat((reduced, total_weight.double().reshape(1), grad_norm.double().reshape(1)))
+        *values, weight, grad_norm = read.tolist()  # the step's one device-to-host read
+        diff, stop, totals, stop_votes = values[0], values[1], values[2:-1], values[-1]
+        self.stop_agreed = stop_votes > 0
         weight = max(weight, 1.0)
         finite = math.isfinite(diff) and math.isfinite(stop) and math.isfinite(grad_norm)
         if finite:
@@ -214,7 +255,7 @@ class Trainer:
             self.counters.skipped_steps += 1
             self.counters.bad_in_a_row += 1
         self.optimizer.zero_grad(set_to_none=True)
-        stats = meter.finish(rt)
+        stats = meter.finish(totals)
         self.counters.tokens += stats["real_tokens"]
         self.counters.samples += stats["samples"]
         self.counters.train_seconds += stats["step_time_s"]
@@ -245,8 +286,16 @@ class Trainer:
         return figures
 
     def _stop_requested(self) -> bool:
-        """Any rank's SIGTERM stops all ranks at the same step (they must checkpoint together)."""
-        return _max_int(int(self.stop.requested), self.rt) > 0
+        """Any rank's SIGTERM stops all ranks at the same step (they must checkpoint together): the
+        votes travel in the step's all-reduce (`train_step`)."""
+        return self.stop_agreed
+
+    def _export(self, folder: Path) -> None:
+        """Collective: every rank gathers, rank 0 writes `folder` (upstream layout)."""
+        export_checkpoint(
+            self.model, self.config, self.base, folder, self.rt, lora_params=self.p.lora,
+            dtype=torch.float32 if self.p.export_dtype == "float32" else torch.bfloat16, step=self.step,
+        )
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -254,10 +303,10 @@ class Trainer:
         start_wall = time.perf_counter()
         self._resume()
         first_step = self.step
-        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p)
+        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p, self.tracking)
         if not self.val_curve and self.data.has_val:
             self._validate()  # the untrained base: the first point of the convergence curve
-        bar = tqdm(total=p.max_steps, initial=self.step, disable=not rt.is_main, desc="train", unit="step")
+        bar = StepProgress(p.max_steps, self.step, rt.is_main, p.log_every, logger)
         stopped = False
         try:
             while self.step < p.max_steps:
@@ -268,23 +317,19 @@ class Trainer:
                 log.log(record)
                 self.last = record
                 self._check_bad_steps(record)
-                bar.update(1)
-                bar.set_postfix_str(
-                    f"loss {record['loss']:.4f} lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s"
-                )
+                bar.update(record)
                 stopped = self._stop_requested()
                 if stopped or last or (p.checkpoint_every and self.step % p.checkpoint_every == 0):
                     self._save()
+                if not stopped and due(self.step, p.export_every, last):
+                    export_step(self._export, self.out, self.step, p.keep_exports, rt)
                 if stopped:
                     break
         finally:
             bar.close()
             log.close()
         if not stopped:
-            export_checkpoint(
-                self.model, self.config, self.base, self.out / "export", rt, lora_params=p.lora,
-                dtype=torch.float32 if p.export_dtype == "float32" else torch.bfloat16,
-            )
+            self._export(self.out / "export")
         report = self._report(first_step, time.perf_counter() - start_wall, stopped, log.run_id)
         return TrainResult(self.out, self.step, stopped, report, is_main=rt.is_main)
 
@@ -312,6 +357,9 @@ class Trainer:
             "cpu_threads": torch.get_num_threads() if self.rt.device.type == "cpu" else None,
             "dtype": str(self.dtype).removeprefix("torch."),
             "lora": self.p.lora.enabled,
+            "kernels": self.kernels.label,  # what model.kernels resolved to on this device
+            "compile": self.p.compile,
+            **peak_memory_per_rank(self.rt),
             "resumed_from": self.resumed_from,
             "mlflow_run_id": run_id,  # train.track: the live MLflow run that `register` completes
             "params": self.p.model_dump(),
@@ -321,6 +369,7 @@ class Trainer:
         return report
 
 
-def train(p: TrainParams) -> TrainResult:
-    with distributed_runtime(p.device) as rt, TerminationFlag() as stop:
-        return Trainer(p, rt, stop).run()
+def train(params: Params) -> TrainResult:
+    """`train`: the train section on model.base, tracked per the tracking section (`train.track`)."""
+    with distributed_runtime(params.train.device) as rt, TerminationFlag() as stop:
+        return Trainer(params, rt, stop).run()

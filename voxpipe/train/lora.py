@@ -27,15 +27,12 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from voxpipe.errors import StepError
 from voxpipe.params import LoraParams
 from voxpipe.report import atomic_write_text
 
 LORA_WEIGHTS = "lora_weights.safetensors"
 LORA_CONFIG = "lora_config.json"
-
-# Layer names upstream's LoRAConfig targets (its defaults, in its order, for lora_config.json).
-ATTENTION_TARGETS = ("q_proj", "v_proj", "k_proj", "o_proj")
-PROJ_TARGETS = ("enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj", "fusion_concat_proj")
 
 # Name segments that torch wrappers insert (activation checkpointing, torch.compile, FSDP1).
 _WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
@@ -97,21 +94,37 @@ def is_adapter(name: str) -> bool:
 
 
 def _targets(model: nn.Module, params: LoraParams) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute) of every nn.Linear to wrap, as upstream's enable_* switches pick them."""
-    stacks = []
+    """(parent module, attribute) of every nn.Linear to wrap, picked as upstream's LoRAConfig picks them:
+    by attribute name inside the enabled stacks. A configured name that matches no layer is an error
+    (a typo would otherwise train fewer adapters than asked for, silently)."""
+    groups = []
     if params.target_lm:
-        stacks += [model.base_lm, model.residual_lm]
+        groups.append(("target_modules_lm", [model.base_lm, model.residual_lm], params.target_modules_lm))
     if params.target_dit:
-        stacks.append(model.feat_decoder.estimator)
+        groups.append(("target_modules_dit", [model.feat_decoder.estimator], params.target_modules_dit))
     found = []
-    for stack in stacks:
-        for parent in stack.modules():
-            for attr, child in parent.named_children():
-                if attr in ATTENTION_TARGETS and isinstance(child, nn.Linear):
-                    found.append((parent, attr))
+    for key, stacks, names in groups:
+        hits = set()
+        for stack in stacks:
+            for parent in stack.modules():
+                for attr, child in parent.named_children():
+                    if attr in names and isinstance(child, nn.Linear):
+                        found.append((parent, attr))
+                        hits.add(attr)
+        _check_names(key, names, hits)
     if params.target_proj:
-        found += [(model, a) for a in PROJ_TARGETS if isinstance(getattr(model, a, None), nn.Linear)]
+        hits = {a for a in params.target_proj_modules if isinstance(getattr(model, a, None), nn.Linear)}
+        _check_names("target_proj_modules", params.target_proj_modules, hits)
+        found += [(model, a) for a in params.target_proj_modules]
     return found
+
+
+def _check_names(key: str, names: list[str], hits: set[str]) -> None:
+    missing = [n for n in names if n not in hits]
+    if missing:
+        raise StepError(f"train.lora.{key}: {', '.join(missing)} name no nn.Linear layer of VoxCPM2 there "
+                        "(upstream's defaults: q_proj, v_proj, k_proj, o_proj; the MLPs: gate_proj, "
+                        "up_proj, down_proj)")
 
 
 def apply_lora(model: nn.Module, params: LoraParams) -> list[str]:
@@ -125,7 +138,7 @@ def apply_lora(model: nn.Module, params: LoraParams) -> list[str]:
         raise ValueError("LoRA is already applied to this model")
     targets = _targets(model, params)
     if not targets:
-        raise ValueError(f"LoRA selects no layers (target_lm/target_dit/target_proj all off?): {params}")
+        raise StepError("train.lora selects no layers: target_lm, target_dit and target_proj are all off")
     for parent, attr in targets:
         setattr(parent, attr, LoraLinear(getattr(parent, attr), params.r, params.alpha, params.dropout))
     names = []
@@ -171,9 +184,9 @@ def upstream_lora_config(params: LoraParams) -> dict:
         "r": params.r,
         "alpha": params.alpha,
         "dropout": params.dropout,
-        "target_modules_lm": list(ATTENTION_TARGETS),
-        "target_modules_dit": list(ATTENTION_TARGETS),
-        "target_proj_modules": list(PROJ_TARGETS),
+        "target_modules_lm": list(params.target_modules_lm),
+        "target_modules_dit": list(params.target_modules_dit),
+        "target_proj_modules": list(params.target_proj_modules),
     }
 
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from voxpipe.params import TrainParams
+from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import atomic_write_text
 
 
@@ -24,7 +24,7 @@ def finite_or_none(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool, resume_step: int, p: TrainParams):
+    def __init__(self, path: Path, enabled: bool, resume_step: int, p: TrainParams, tracking: TrackingParams):
         self.path = path
         self.enabled = enabled
         self.live = None
@@ -33,7 +33,7 @@ class MetricsLog:
         if p.track:
             from voxpipe.track.live import LiveRun
 
-            self.live = LiveRun(p, path.parent, resume_step)
+            self.live = LiveRun(tracking, p, path.parent, resume_step)
         kept = []
         if resume_step and path.is_file():
             kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]

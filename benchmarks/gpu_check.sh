@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The accelerator check of docs/accelerators.md as one command: the real voxcpm2 shape, bf16, B=4,
+# L=830, FSDP2 world of 1 -> eager vs compile, step time, MFU (voxpipe's and the port's
+# conventions), peak memory, micro-batch 1..8 full vs LoRA and the largest that fits. One JSON on
+# stdout (progress on stderr); under a time limit (LIMIT_S, default 540 s) the parts measured so
+# far are in $OUT/accel_step.json (or ./accel_step.json) even when the limit stops the run.
+#
+#   benchmarks/gpu_check.sh                 # the H200 / NPU check
+#   benchmarks/gpu_check.sh --preset tiny --device cpu --steps 2 --warmup 1 --table-max 2 --search-max 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+out=${OUT:-.}/accel_step.json
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+"$py" -c 'import torch; print(f"[gpu_check] torch {torch.__version__}, cuda {torch.cuda.is_available()}", flush=True)' >&2
+status=0
+timeout "${LIMIT_S:-540}" "$py" benchmarks/accel_step.py --partial "$out" "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "[gpu_check] accel_step.py exited $status (124: the time limit); the parts measured so far:" >&2
+  cat "$out" 2>/dev/null || true
+fi
+exit "$status"

@@ -1,0 +1,107 @@
+"""recipes/: each loads through the schema layered on params.yaml, renders its Volcano job, states its
+memory and step-time figures with their source, and reaches DVC (params.yaml), KFP and the CLI alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from voxpipe.cli import main
+from voxpipe.errors import StepError
+from voxpipe.launch.volcano import PARAMS_ENV, job_yaml, render_job
+from voxpipe.params import Params, load_params, recipe_names
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ["demo-cpu", "voxcpm2-full-npu16", "voxcpm2-lora-gpu1", "voxcpm2-lora-npu8"]
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+def test_the_recipes_are_shipped():
+    assert recipe_names() == RECIPES
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_states_memory_and_step_time_with_a_source(name):
+    header = " ".join(line.lstrip("# ") for line in (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines()
+                      if line.startswith("#"))
+    for label in ("memory:", "step time:", "source:"):
+        assert label in header, f"recipes/{name}.yaml: no {label!r} line in its header"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_loads_through_the_schema_and_renders_its_volcano_job(name):
+    params = load_params(ROOT / "params.yaml", recipe=name)
+    overlay = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+    for section, values in overlay.items():  # every key the recipe sets wins over params.yaml
+        dumped = params.model_dump(by_alias=True)[section]
+        for key, value in values.items():
+            if not isinstance(value, dict):
+                assert dumped[key] == value, f"{section}.{key}"
+    job = render_job(params, "ml")
+    tasks = job["spec"]["tasks"]
+    assert job["spec"]["minAvailable"] == sum(t["replicas"] for t in tasks) == params.launch.pods
+    for task in tasks:
+        spec = task["template"]["spec"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"j-{task['name']}-0"}, "spec": spec}
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        container = spec["containers"][0]
+        assert f"--nproc_per_node={params.launch.devices_per_pod}" in container["args"][-1]
+        if params.launch.accelerator:
+            assert container["resources"]["limits"][params.launch.accelerator] == params.launch.devices_per_pod
+        carried = next(e["value"] for e in container["env"] if e["name"] == PARAMS_ENV)
+        in_pod = Params.model_validate(yaml.safe_load(carried))
+        assert (in_pod.train, in_pod.model.base, in_pod.tracking) == (params.train, params.model.base,
+                                                                       params.tracking)
+    assert job_yaml(job)
+
+
+def test_precedence_file_then_recipe_then_set_then_flag(tmp_path):
+    own = tmp_path / "params.yaml"
+    own.write_text("train:\n  max_steps: 5\n  lr: 0.5\nmodel:\n  base: mine\n")
+    p = load_params(own, recipe="voxcpm2-lora-gpu1")
+    assert (p.train.max_steps, p.model.base, p.train.lr) == (1000, "models/VoxCPM2", 0.5)  # lr: not in it
+    p = load_params(own, ["train.max_steps=7"], recipe="voxcpm2-lora-gpu1")
+    assert p.train.max_steps == 7
+    p = load_params(own, ["train.max_steps=7"], {"train.max_steps": 9}, recipe="voxcpm2-lora-gpu1")
+    assert p.train.max_steps == 9
+
+
+def test_unknown_recipe_names_the_ones_there_are(tmp_path):
+    with pytest.raises(StepError, match="no recipe 'nope'.*demo-cpu.*voxcpm2-lora-npu8"):
+        load_params(None, recipe="nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_stepz: 3\n")
+    with pytest.raises(StepError, match=r"(?s)recipe .*bad\.yaml.*train\.max_stepz: unknown key"):
+        load_params(None, recipe=str(bad))
+
+
+def test_demo_cpu_is_todays_default():
+    assert load_params(ROOT / "params.yaml", recipe="demo-cpu") == load_params(ROOT / "params.yaml")
+
+
+def test_recipe_reaches_dvc_through_params_yaml(tmp_path, monkeypatch):
+    """`make repro RECIPE=NAME` writes the recipe into params.yaml, where `dvc repro` reads and tracks it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    assert main(["params", "--recipe", "voxcpm2-lora-npu8", "--write", "params.yaml"]) == 0
+    written = load_params(tmp_path / "params.yaml")
+    assert written == load_params(ROOT / "params.yaml", recipe="voxcpm2-lora-npu8")
+    assert written.local.nproc == 8 and written.train.lora.enabled
+
+
+def test_recipe_reaches_kfp_as_the_pipeline_defaults(tmp_path):
+    from pipelines.finetune import compile_pipeline
+
+    out = tmp_path / "finetune-npu8.yaml"
+    compile_pipeline(str(out), recipe="voxcpm2-lora-npu8")
+    spec = next(yaml.safe_load_all(out.read_text()))
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    train = inputs["train"]["defaultValue"]
+    assert train["lora"]["enabled"] is True and train["max_steps"] == 1000 and train["device"] == "npu"
+    assert isinstance(train["max_steps"], int)  # the schema's int, not protobuf's 1000.0
+    assert inputs["base_model"]["defaultValue"] == "models/VoxCPM2"
+    assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
+    assert "'max_steps': 1000," in out.read_text().split("\n# ", 1)[0] + out.read_text()

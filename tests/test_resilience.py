@@ -1,0 +1,274 @@
+"""Runs that survive faults (docs/resilience.md): checked and signed checkpoints, honest resume, one
+writer per output folder, workers that die with their launcher, finite numbers only. Real training
+of the tiny model, real torchrun, real signals; faults are made by damaging real files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from voxpipe.errors import StepError
+from voxpipe.integrity import KEY_ENV, MANIFEST, file_entry
+from voxpipe.outlock import hold_output, lock_path
+from voxpipe.params import Params, TrainParams
+from voxpipe.train.loop import train
+
+STEPS = 4
+SETTINGS = {"device": "cpu", "max_tokens": 256, "val_every": 0, "val_batches": 1, "warmup_steps": 1,
+            "lr": 1e-3, "checkpoint_every": 2, "export_dtype": "float32"}
+
+
+def run(sample, out: Path, **changes):
+    p = {"data": str(sample.encoded), "out": str(out), "max_steps": STEPS, **SETTINGS, **changes}
+    return train(Params(model={"base": str(sample.base_model)}, train=TrainParams(**p)))
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def finished(encoded_sample, tmp_path_factory):
+    """A finished STEPS-step run with checkpoints step-2 and step-4 (read-only: copy it)."""
+    out = tmp_path_factory.mktemp("resilience") / "run"
+    os.environ.pop(KEY_ENV, None)
+    run(encoded_sample, out)
+    return out
+
+
+@pytest.fixture
+def copy(finished, tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+# -- checked checkpoints --------------------------------------------------------------------------
+def test_each_checkpoint_has_a_signed_manifest_and_a_private_key(finished):
+    ckpts = finished / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step-")) == ["step-2", "step-4"]
+    manifest = json.loads((ckpts / "step-4" / MANIFEST).read_text())
+    assert manifest["step"] == 4 and len(manifest["hmac"]) == 64
+    assert {".metadata", "trainer.json", "rank-0.json"} <= set(manifest["files"])
+    assert any(name.endswith(".distcp") for name in manifest["files"])
+    assert (ckpts / ".voxpipe-key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_truncated_distcp_falls_back_to_the_previous_checkpoint(encoded_sample, copy, caplog):
+    newest = copy / "checkpoints" / "step-4"
+    shard = next(newest.glob("*.distcp"))
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size // 2)
+    with caplog.at_level(logging.WARNING):
+        result = run(encoded_sample, copy, max_steps=6)
+    r = report(copy)
+    assert r["resumed_from"].endswith("step-2") and r["steps_run"] == 4 and result.steps == 6
+    kept = copy / "checkpoints" / "step-4.rejected-bad-size"
+    assert (kept / shard.name).stat().st_size == size // 2, "the failing checkpoint was not kept as it was"
+    assert "step-4" in caplog.text and "set aside" in caplog.text
+
+
+def _marker_pickle(marker: Path) -> bytes:
+    """A pickle that, when loaded, writes `marker` (what an attacker on the volume would plant)."""
+
+    class Plant:
+        def __reduce__(self):
+            return (Path.write_text, (marker, "pwned"))
+
+    return pickle.dumps(Plant())
+
+
+@pytest.mark.parametrize("resigned", [False, True], ids=["planted", "planted-and-rehashed"])
+def test_a_planted_metadata_pickle_is_never_unpickled(encoded_sample, copy, tmp_path, resigned):
+    control = tmp_path / "control"
+    pickle.loads(_marker_pickle(control))  # the payload works: loading it does write its marker
+    assert control.read_text() == "pwned"
+
+    marker = tmp_path / "marker"
+    newest = copy / "checkpoints" / "step-4"
+    (newest / ".metadata").write_bytes(_marker_pickle(marker))
+    if resigned:  # the attacker also fixes the manifest's hashes, but has no key
+        manifest = json.loads((newest / MANIFEST).read_text())
+        manifest["files"][".metadata"] = file_entry(newest / ".metadata")
+        (newest / MANIFEST).write_text(json.dumps(manifest))
+    run(encoded_sample, copy, max_steps=5)
+    assert not marker.exists()
+    reason = "bad-signature" if resigned else "bad-size"
+    assert (copy / "checkpoints" / f"step-4.rejected-{reason}" / ".metadata").is_file()
+    assert report(copy)["resumed_from"].endswith("step-2")
+
+
+def test_checkpoints_signed_with_another_key_stop_the_run_and_stay(encoded_sample, copy, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "not-the-key-that-signed-them")
+    before = sorted(p.name for p in (copy / "checkpoints").iterdir())
+    with pytest.raises(StepError, match=f"no checkpoint's manifest verifies.*{KEY_ENV}.*--no-resume"):
+        run(encoded_sample, copy, max_steps=6)
+    assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == before
+
+
+# -- honest resume --------------------------------------------------------------------------------
+def test_rerunning_a_finished_folder_trains_0_steps_and_says_so(encoded_sample, copy):
+    export = (copy / "export" / "model.safetensors").read_bytes()
+    result = run(encoded_sample, copy)
+    assert report(copy)["steps_run"] == 0 and result.steps == STEPS
+    assert "nothing to do" in result.summary() and "0 steps trained" in result.summary()
+    assert (copy / "export" / "model.safetensors").read_bytes() == export
+
+
+def test_resuming_with_a_changed_lr_is_refused_and_nothing_is_lost(encoded_sample, copy):
+    before = report(copy)
+    with pytest.raises(StepError, match=r"train\.lr: 0\.001 -> 0\.002.*--no-resume"):
+        run(encoded_sample, copy, lr=2e-3)
+    assert report(copy) == before
+    assert (copy / "checkpoints" / "step-4" / MANIFEST).is_file()
+
+
+def test_a_longer_max_steps_continues_without_an_lr_jump(encoded_sample, copy):
+    run(encoded_sample, copy, max_steps=STEPS + 2)
+    rows = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 3))
+    lrs = [r["lr"] for r in rows]
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False)), f"lr rose after resume: {lrs}"
+    assert report(copy)["resumed_from"].endswith(f"step-{STEPS}")
+
+
+def test_fresh_on_change_starts_fresh_and_move_old_checkpoints_aside(encoded_sample, copy):
+    run(encoded_sample, copy, lr=2e-3, fresh_on_change=True, max_steps=2)
+    assert report(copy)["resumed_from"] is None and report(copy)["steps_run"] == 2
+    aside = [p for p in copy.iterdir() if p.name.startswith("checkpoints.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "step-4" / MANIFEST).is_file()
+    run(encoded_sample, copy, lr=2e-3, max_steps=3)  # same params as the fresh run: resumes it
+    assert report(copy)["resumed_from"].endswith("step-2")
+
+
+# -- finite numbers -------------------------------------------------------------------------------
+def test_every_float_param_must_be_finite():
+    floats = [f"{name}.{key}" for name, section in Params().model_dump(by_alias=True).items()
+              if isinstance(section, dict) for key, v in section.items() if isinstance(v, float)]
+    assert "train.lr" in floats
+    for key in floats:
+        for bad in (".inf", "-.inf", ".nan"):
+            proc_err = None
+            try:
+                from voxpipe.params import load_params
+
+                load_params(None, [f"{key}={bad}"])
+            except StepError as e:
+                proc_err = str(e)
+            assert proc_err and key in proc_err and "finite" in proc_err, f"{key}={bad} accepted"
+
+
+def test_the_cli_refuses_an_infinite_lr_in_one_paragraph(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "voxpipe.cli", "train", "--set", "train.lr=.inf",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "train.lr: Input should be a finite number" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_weights_are_not_exported(encoded_sample, tmp_path):
+    from voxpipe.model.config import VoxCPM2Config
+    from voxpipe.train.device import distributed_runtime
+    from voxpipe.train.export import export_checkpoint
+    from voxpipe.train.fsdp import build_model
+
+    base = encoded_sample.base_model
+    config = VoxCPM2Config.from_file(base / "config.json")
+    with distributed_runtime("cpu") as rt:
+        model = build_model(config, base, rt, dtype=torch.float32, lora_params=TrainParams().lora,
+                            activation_checkpointing=False, seed=0)
+        with torch.no_grad():
+            name, param = next(iter(model.named_parameters()))
+            param.fill_(float("nan"))
+        with pytest.raises(StepError, match=r"step 7: 1 of \d+ trained tensors hold NaN or inf") as err:
+            export_checkpoint(model, config, base, tmp_path / "export", rt, lora_params=TrainParams().lora,
+                              dtype=torch.float32, step=7)
+    assert name.split(".")[0] in str(err.value)
+    assert not (tmp_path / "export").exists()
+
+
+# -- one writer per output folder -----------------------------------------------------------------
+def test_a_second_writer_is_told_who_holds_the_folder(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from voxpipe.outlock import "
+         "hold_output\nwith hold_output(Path(sys.argv[1]), 'manifest'):\n print('held', flush=True)\n "
+         "time.sleep(60)", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = subprocess.run([sys.executable, "-m", "voxpipe.cli", "manifest", "--input", "x.jsonl",
+                               "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert f"pid {holder.pid} on host {os.uname().nodename}" in proc.stderr
+        assert "is in use by another run" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold_output(out, "manifest"):  # the dead holder's lock file is left behind, but not held
+        assert lock_path(out).is_file()
+
+
+def test_out_pointing_at_an_existing_file_is_refused(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    proc = subprocess.run([sys.executable, "-m", "voxpipe.cli", "manifest", "--input", "x.jsonl",
+                           "--out", str(target)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"--out {target} is an existing file" in proc.stderr
+    assert target.read_text() == "keep me"
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_killing_torchruns_process_group_leaves_no_worker(encoded_sample, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "voxpipe.cli", "train", "--data", str(encoded_sample.encoded), "--model-base",
+           str(encoded_sample.base_model), "--out", str(out), "--device", "cpu", "--max-steps", "400",
+           "--checkpoint-every", "2", "--max-tokens", "256", "--val-every", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step-2" / MANIFEST).is_file():  # workers are training
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers), "a worker outlived its launcher"
+    with hold_output(out, "train"):  # and nobody holds the folder any more
+        pass

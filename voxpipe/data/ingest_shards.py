@@ -1,0 +1,287 @@
+"""Sharded ingest: plan the inputs into shards, ingest each shard anywhere, merge into one output.
+
+A shard is a contiguous run of the inputs in their global order (whole files, parquet row groups,
+manifest records), cut so that shards hold about equal audio volume (parquet: the compressed bytes of
+the audio column, from the footers; manifests: the sizes of the files they point to). Each shard is
+an ordinary ingest of its row ranges. Because shards are contiguous and every row keeps its file
+and row number, the merge only has to walk the shards in plan order: copy each kept line verbatim,
+turn a row whose id an earlier shard already kept into a `duplicate` (as a single run would have),
+and link each kept clip into the output's content-addressed `audio/`. The result, raw.jsonl included,
+is byte-identical to a single `voxpipe ingest` of the same inputs.
+
+The merge streams: it holds one line at a time plus the kept row ids as a sorted uint64 array
+(8 bytes per kept row), whatever the size of the data set. Shard folders may come in any order
+(KFP's `dsl.Collected` promises none): each shard's report names its plan and index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voxpipe.data.ingest import (
+    IngestResult,
+    columns_of,
+    ingest_ranges,
+    json_line,
+    too_many_bad,
+)
+from voxpipe.data.ingest_row import resolve_audio_path
+from voxpipe.data.parquet_source import row_groups
+from voxpipe.data.sources import SourceFile, iter_rows, open_source, open_sources
+from voxpipe.errors import StepError
+from voxpipe.params import IngestParams
+from voxpipe.report import atomic_write_text, read_json_object
+
+log = logging.getLogger(__name__)
+PLAN = "plan.json"
+PIECE_ROWS = 64  # manifest rows are weighed and cut in pieces of this many
+
+
+@dataclass
+class PlanResult:
+    path: Path
+    shards: int
+    rows: int
+
+    def summary(self) -> str:
+        return f"ingest-plan: {self.rows} rows in {self.shards} shards → {self.path}"
+
+
+def _path_weights(src: SourceFile, start: int, stop: int) -> int:
+    """Bytes of the audio files that rows [start, stop) point to (missing or unsafe ones count 0)."""
+    base, root = str(src.path.parent.resolve()), str(src.root.resolve())
+    total = 0
+    for rows in iter_rows(src, start, stop, PIECE_ROWS):
+        for raw in rows:
+            if isinstance(raw.audio, str):
+                path, _ = resolve_audio_path(raw.audio, base, root)
+                total += path.stat().st_size if path is not None and path.is_file() else 0
+            elif isinstance(raw.audio, bytes):
+                total += len(raw.audio)
+    return total
+
+
+def _pieces(src: SourceFile) -> Iterator[tuple[int, int, int]]:
+    """(start, stop, audio bytes) of the smallest parts a shard boundary may fall between."""
+    if src.kind == "parquet" and src.audio_kind != "path":
+        start = 0
+        for rows, size in row_groups(src.path, src.columns.audio):
+            yield start, start + rows, size
+            start += rows
+        return
+    for start in range(0, src.num_rows, PIECE_ROWS):
+        stop = min(start + PIECE_ROWS, src.num_rows)
+        yield start, stop, _path_weights(src, start, stop)
+
+
+def plan_shards(sources: list[SourceFile], shards: int) -> list[dict[str, Any]]:
+    """Contiguous shards of about equal audio volume; fewer than asked when there are too few pieces."""
+    pieces = [(i, a, b, w + (b - a)) for i, src in enumerate(sources) for a, b, w in _pieces(src) if b > a]
+    total = sum(w for *_, w in pieces) or 1
+    plan: list[dict[str, Any]] = []
+    done = 0
+    for i, a, b, w in pieces:
+        # a piece goes to the shard its middle falls in: boundaries near k/shards of the volume
+        k = min(shards - 1, int((done + w / 2) * shards / total))
+        done += w
+        if not plan or plan[-1]["k"] != k:
+            plan.append({"k": k, "ranges": [], "rows": 0, "audio_bytes": 0})
+        shard = plan[-1]
+        if shard["ranges"] and shard["ranges"][-1][0] == i and shard["ranges"][-1][2] == a:
+            shard["ranges"][-1][2] = b
+        else:
+            shard["ranges"].append([i, a, b])
+        shard["rows"] += b - a
+        shard["audio_bytes"] += w - (b - a)
+    return [{k: v for k, v in s.items() if k != "k"} for s in plan]
+
+
+def plan(p: IngestParams) -> PlanResult:
+    """`voxpipe ingest-plan`: out/plan.json splitting the inputs into `p.shards` shards."""
+    notices: list[str] = []
+    sources = open_sources(p.input, columns_of(p), notices)
+    shards = plan_shards(sources, p.shards)
+    if not shards:
+        names = ", ".join(s.path.as_posix() for s in sources)
+        raise StepError(f"the input files hold no rows: {names}")
+    out = Path(p.out)
+    atomic_write_text(out / PLAN, json.dumps({
+        "inputs": [{"file": s.path.as_posix(), "root": s.root.as_posix(), "kind": s.kind, "rows": s.num_rows}
+                   for s in sources],
+        "notices": notices,
+        "shards": shards,
+    }, indent=1) + "\n")
+    return PlanResult(out / PLAN, len(shards), sum(s.num_rows for s in sources))
+
+
+def _read_plan(path: str) -> tuple[dict[str, Any], str]:
+    if not path:
+        raise StepError("no plan: set ingest.plan to the plan.json that `voxpipe ingest-plan` wrote")
+    data = read_json_object(Path(path), "an ingest plan (plan.json from `voxpipe ingest-plan`)")
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return data, digest
+
+
+def ingest_shard(p: IngestParams) -> IngestResult:
+    """`voxpipe ingest-shard`: the rows of shard `p.shard` of the plan, ingested into `p.out`."""
+    data, digest = _read_plan(p.plan)
+    shards = data["shards"]
+    if not 0 <= p.shard < len(shards):
+        raise StepError(f"{p.plan}: ingest.shard={p.shard}, but the plan has shards 0..{len(shards) - 1}")
+    ranges = [tuple(r) for r in shards[p.shard]["ranges"]]
+    sources: dict[int, SourceFile] = {}
+    for i in sorted({r[0] for r in ranges}):
+        entry = data["inputs"][i]
+        src = open_source(Path(entry["file"]), Path(entry["root"]), entry["kind"], columns_of(p), [])
+        if src.num_rows != entry["rows"]:
+            raise StepError(
+                f"{src.path} has {src.num_rows} rows, the plan {p.plan} counted {entry['rows']}: the input "
+                "changed after planning. Run `voxpipe ingest-plan` again."
+            )
+        sources[i] = src
+    shard = {"index": p.shard, "of": len(shards), "plan": digest}
+    return ingest_ranges(p, sources, ranges, Path(p.out), [], whole_run=False, shard=shard)
+
+
+def _shard_folders(p: IngestParams, digest: str, count: int) -> list[Path]:
+    """The shard folders in plan order, each checked to be a finished shard of this plan."""
+    found: dict[int, Path] = {}
+    for folder in map(Path, p.shard_dirs):
+        report = read_json_object(folder / "report.json", "an ingest-shard report")
+        shard = report.get("shard") or {}
+        if shard.get("plan") != digest:
+            raise StepError(f"{folder} is not a shard of the plan {p.plan} (its report names another plan)")
+        if report.get("error"):
+            raise StepError(f"{folder}: shard {shard['index']} failed: {report['error']}. Rerun that shard.")
+        found[shard["index"]] = folder
+    missing = sorted(set(range(count)) - set(found))
+    if missing:
+        raise StepError(f"shards {missing} of the plan {p.plan} are missing from ingest.shard_dirs; "
+                        f"give all {count} ingest-shard folders")
+    return [found[i] for i in range(count)]
+
+
+def _lines(path: Path, positions: dict[str, int]) -> Iterator[tuple[tuple[int, int], str, dict[str, Any]]]:
+    """((input index, row), line, parsed) for each line of a shard's jsonl, in file order."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            obj = json.loads(line)
+            yield (positions[obj["source"]["file"]], obj["source"]["row"]), line, obj
+
+
+def _link(source: Path, target: Path) -> None:
+    """Put the shard's clip at its content-addressed place in the output (a hard link where the
+    filesystem allows, else a copy), atomically."""
+    if target.is_file() and os.path.samefile(source, target):
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def merge(p: IngestParams) -> IngestResult:
+    """`voxpipe ingest-merge`: the shards of a plan → one output, as a single `voxpipe ingest` writes it."""
+    return _merge(p, time.perf_counter())
+
+
+def _merge(p: IngestParams, start: float) -> IngestResult:
+    """The merge; run.json times it from `start` (`ingest --shards`: the whole run)."""
+    data, digest = _read_plan(p.plan)
+    folders = _shard_folders(p, digest, len(data["shards"]))
+    positions = {entry["file"]: i for i, entry in enumerate(data["inputs"])}
+    out = Path(p.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = IngestResult(out=out, shards=len(folders), notices=list(data["notices"]))
+    kept = np.empty(0, dtype=np.uint64)  # sorted ids kept by the shards merged so far
+    final = [out / "raw.jsonl", out / "quarantine.jsonl"]
+    tmp = [f.with_name(f".{f.name}.tmp") for f in final]
+    shard_runs = []
+    with open(tmp[0], "w", encoding="utf-8") as raw_out, open(tmp[1], "w", encoding="utf-8") as bad_out:
+        for folder in folders:
+            report = read_json_object(folder / "report.json", "an ingest-shard report")
+            shard_runs.append({"rows_in": report["rows_in"], **_run_facts(folder)})
+            result.workers = max(result.workers, shard_runs[-1]["workers"] or 1)
+            result.rows_in += report["rows_in"]
+            with open(folder / "raw.jsonl", encoding="utf-8") as f:
+                ids = np.fromiter((int(json.loads(line)["id"], 16) for line in f), dtype=np.uint64)
+            repeated = np.isin(ids, kept)
+            kept = np.union1d(kept, ids[~repeated])
+            raws = ((pos, line, obj, bool(dup)) for (pos, line, obj), dup in
+                    zip(_lines(folder / "raw.jsonl", positions), repeated, strict=True))
+            quarantined = _lines(folder / "quarantine.jsonl", positions)
+            bads = ((pos, line, obj, False) for pos, line, obj in quarantined)
+            for _, line, obj, dup in heapq.merge(raws, bads, key=lambda t: t[0]):
+                if "id" not in obj:  # the shard's own quarantine line, already in single-run form
+                    bad_out.write(line)
+                    result.rows_quarantined += 1
+                    result.reasons[obj["reason"]] += 1
+                elif dup:
+                    detail = f"same decoded audio and text as kept row {obj['id']}"
+                    bad_out.write(json_line({"source": obj["source"], "reason": "duplicate",
+                                             "detail": detail}))
+                    result.rows_quarantined += 1
+                    result.reasons["duplicate"] += 1
+                else:
+                    raw_out.write(line)
+                    _link(folder / obj["audio"], out / obj["audio"])
+                    result.rows_kept += 1
+                    result.seconds_kept += obj["duration"]
+                    result.speakers[obj["speaker"]] += 1
+    for t, f in zip(tmp, final, strict=True):
+        os.replace(t, f)
+    result.wall_seconds = time.perf_counter() - start
+    if result.rows_in != result.rows_kept + result.rows_quarantined:
+        raise StepError(
+            f"the shards report {result.rows_in} rows but hold {result.rows_kept} kept and "
+            f"{result.rows_quarantined} quarantined: a shard folder was changed after it finished"
+        )
+    error = too_many_bad(result, p.max_bad_fraction, out)
+    inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]
+    result.save(inputs, str(error) if error else None, run={"shards": shard_runs})
+    if error is not None:
+        raise error
+    return result
+
+
+def _run_facts(folder: Path) -> dict[str, Any]:
+    path = folder / "run.json"
+    facts = json.loads(path.read_text()) if path.is_file() else {}
+    return {"workers": facts.get("workers"), "seconds": facts.get("timings", {}).get("seconds")}
+
+
+def ingest_sharded(p: IngestParams) -> IngestResult:
+    """`voxpipe ingest --shards N`: plan, each shard, merge, on this machine; the shards' folders
+    (out/shards/) are removed once merged: every kept clip is linked into out/audio."""
+    start = time.perf_counter()
+    out = Path(p.out)
+    work = out / "shards"
+    shutil.rmtree(work, ignore_errors=True)
+    planned = plan(p.model_copy(update={"out": str(work)}))
+    folders = []
+    for index in range(planned.shards):
+        folder = work / f"{index:04d}"
+        log.info("ingest shard %d of %d", index + 1, planned.shards)
+        ingest_shard(p.model_copy(update={"plan": str(planned.path), "shard": index, "out": str(folder)}))
+        folders.append(str(folder))
+    merged = p.model_copy(update={"plan": str(planned.path), "shard_dirs": folders})
+    result = _merge(merged, start)
+    shutil.rmtree(work)
+    return result
+

@@ -1,0 +1,103 @@
+"""Ingest inputs of every shape: find them, check each file's columns up front, stream row ranges.
+
+An input is a parquet file, a CSV / TSV / JSONL manifest of audio paths, an LJSpeech folder
+(`metadata.csv` + `wavs/`), or a folder searched recursively for all of these, in sorted order. A row
+range (file, start, stop) is the unit both a whole run and one shard of a sharded run read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from voxpipe.data.ingest_row import RawRow
+from voxpipe.data.parquet_source import Columns, iter_parquet, open_parquet
+from voxpipe.data.table_source import is_ljspeech, iter_table, open_table
+from voxpipe.errors import StepError
+
+log = logging.getLogger(__name__)
+SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    root: Path  # the dataset folder: audio paths must resolve inside it
+    kind: str  # parquet | csv | tsv | jsonl | ljspeech
+    num_rows: int
+    audio_kind: str  # parquet: struct (HF {bytes, path}), bytes or path; manifests: path
+    columns: Columns  # the columns read; speaker "" = none: every row is speaker "default"
+
+
+def _kind(path: Path) -> str | None:
+    return "ljspeech" if is_ljspeech(path) else SUFFIXES.get(path.suffix.lower())
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    """Files under `folder`, skipping hidden folders (.git, .dvc) and the output folders of voxpipe
+    steps (they hold a report.json): an ingest's own raw.jsonl is not an input."""
+    for name in os.listdir(folder):
+        path = folder / name
+        if path.is_dir():
+            if not name.startswith(".") and not (path / "report.json").is_file():
+                yield from _walk(path)
+        elif path.is_file():
+            yield path
+
+
+def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
+    """(file, dataset root, kind) for every input; folders are searched recursively in sorted order."""
+    found: list[tuple[Path, Path, str]] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found += [(f, path, k) for f in sorted(_walk(path)) if (k := _kind(f))]
+        elif path.is_file():
+            kind = _kind(path)
+            if kind is None:
+                raise StepError(f"input {item}: not a .parquet, .csv, .tsv or .jsonl file")
+            found.append((path, path.parent, kind))
+        else:
+            raise StepError(f"input {item} does not exist")
+    unique: dict[Path, tuple[Path, Path, str]] = {}
+    for f, r, k in found:  # the same file named twice is read once
+        unique.setdefault(f.resolve(), (f, r, k))
+    if not unique:
+        where = ", ".join(inputs) or "(no inputs given)"
+        raise StepError(
+            f"no input files: no *.parquet, *.csv, *.tsv, *.jsonl or LJSpeech metadata.csv in {where}"
+        )
+    return list(unique.values())
+
+
+def open_source(path: Path, root: Path, kind: str, cols: Columns, notices: list[str]) -> SourceFile:
+    """Check one input's columns; a file without a speaker column becomes one speaker, with a notice."""
+    if kind == "parquet":
+        rows, audio_kind, used = open_parquet(path, cols)
+    else:
+        (rows, used), audio_kind = open_table(path, kind, cols), "path"
+    if not used.speaker:
+        why = "the LJSpeech layout has no speaker" if kind == "ljspeech" else (
+            f"no speaker column {cols.speaker!r} (if it has another name: --speaker-column NAME)"
+            if cols.speaker else "speaker_column is empty"
+        )
+        notices.append(f'{path}: {why}: its {rows} rows are one speaker, "default"')
+        log.warning(notices[-1])
+    if used.audio != cols.audio:
+        notices.append(f"{path}: no audio column {cols.audio!r}; read audio paths from {used.audio!r}")
+        log.info(notices[-1])
+    return SourceFile(path, root, kind, rows, audio_kind, used)
+
+
+def open_sources(inputs: list[str], cols: Columns, notices: list[str]) -> list[SourceFile]:
+    return [open_source(f, root, kind, cols, notices) for f, root, kind in find_inputs(inputs)]
+
+
+def iter_rows(src: SourceFile, start: int, stop: int, batch_rows: int) -> Iterator[list[RawRow]]:
+    """Rows [start, stop) of one input, in file order, in batches of at most `batch_rows`."""
+    if src.kind == "parquet":
+        return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows)
+    return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows)

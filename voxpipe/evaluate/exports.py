@@ -1,0 +1,124 @@
+"""The best export, not the last: which checkpoints `evaluate` scores, and which one it keeps.
+
+A run that peaks at step 600 of 1000 should ship step 600. With `train.export_every` the trainer
+writes `exports/step-N/` (the last `train.keep_exports` of them, the final step always among
+them); `evaluate.model` may name that folder, and then every export is scored (fixed-seed loss and
+voice metrics against the same baseline) and the promotion rule picks one: among the exports that
+pass it the lowest loss; when none passes, the lowest loss among those that keep the voice; else
+the lowest loss. `eval.json` records the whole table and the choice; `exports.png` plots it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from voxpipe.errors import StepError
+from voxpipe.evaluate.promotion import Scores, Verdict
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    step: int | None  # None: a single checkpoint folder (which step it is, the folder does not say)
+
+    @property
+    def tag(self) -> str:
+        """Names its sample files; a single checkpoint keeps the historical "model"."""
+        return "model" if self.step is None else f"step-{self.step}"
+
+
+def find_candidates(path: Path) -> list[Candidate]:
+    """One checkpoint folder (has config.json), or a folder of `step-N/` checkpoints, oldest first."""
+    if (path / "config.json").is_file():
+        return [Candidate(path, None)]
+    found = []
+    if path.is_dir():
+        for child in path.iterdir():
+            m = STEP_DIR.match(child.name)
+            if m and (child / "config.json").is_file():
+                found.append(Candidate(child, int(m.group(1))))
+    if not found:
+        raise StepError(
+            f"{path}: neither a checkpoint (no config.json) nor a folder of step-N/ exports; point "
+            "evaluate.model at the train step's export/ or, with train.export_every, its exports/"
+        )
+    return sorted(found, key=lambda c: c.step or 0)
+
+
+@dataclass(frozen=True)
+class Scored:
+    candidate: Candidate
+    scores: Scores
+    verdict: Verdict
+
+    def row(self) -> dict[str, Any]:
+        sims = [s["mean"] for s in self.scores.similarity.values() if s.get("mean") is not None]
+        return {
+            "step": self.candidate.step,
+            "path": str(self.candidate.path),
+            "loss": self.scores.loss,
+            "loss_std": self.scores.loss_std,
+            "speaker_similarity": {k: v.get("mean") for k, v in self.scores.similarity.items()},
+            "speaker_similarity_mean": sum(sims) / len(sims) if sims else None,
+            "stop_failure_rate": self.scores.stop_failure_rate,
+            "voice_split_groups": len(self.scores.split_groups),
+            "promoted": self.verdict.promoted,
+            "failed": [c.name for c in self.verdict.failed()],
+        }
+
+
+def choose(scored: list[Scored]) -> tuple[Scored, str]:
+    """The export to keep, and why (see the module docstring for the order)."""
+
+    def keeps_voice(s: Scored) -> bool:
+        return all(c.passed for c in s.verdict.criteria if c.name != "loss")
+
+    def loss(s: Scored) -> float:
+        return s.scores.loss if math.isfinite(s.scores.loss) else math.inf
+
+    for pool, why in (
+        ([s for s in scored if s.verdict.promoted], "the lowest loss among the exports that pass the rule"),
+        ([s for s in scored if keeps_voice(s)], "no export passes the rule: the lowest loss among those "
+                                                "that keep the voice"),
+        (scored, "no export keeps the voice: the lowest loss"),
+    ):
+        if pool:
+            best = min(pool, key=loss)
+            return best, why if len(scored) > 1 else "the only checkpoint evaluated"
+    raise ValueError("no checkpoint was scored")
+
+
+def plot_exports(path: Path, table: list[dict[str, Any]], baseline: Scores, chosen_step: int | None) -> None:
+    """exports.png: fixed-seed loss (± seed std) and mean speaker similarity against the training step."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in table if r["step"] is not None]
+    if not rows:
+        return
+    steps = [r["step"] for r in rows]
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    loss_ax, sim_ax = fig.subplots(2, 1, sharex=True)
+    loss_ax.errorbar(steps, [r["loss"] for r in rows], yerr=[r["loss_std"] for r in rows], fmt="o-",
+                     capsize=3, label="export")
+    loss_ax.axhline(baseline.loss, color="tab:gray", ls="--", label="baseline")
+    loss_ax.set_ylabel("fixed-seed loss")
+    sim_ax.plot(steps, [r["speaker_similarity_mean"] for r in rows], "s-", color="tab:green", label="export")
+    base_sims = [s["mean"] for s in baseline.similarity.values() if s.get("mean") is not None]
+    if base_sims:
+        sim_ax.axhline(sum(base_sims) / len(base_sims), color="tab:gray", ls="--", label="baseline")
+    sim_ax.set_ylabel("speaker similarity (mean)")
+    sim_ax.set_xlabel("training step")
+    for ax in (loss_ax, sim_ax):
+        if chosen_step is not None:
+            ax.axvline(chosen_step, color="tab:red", lw=0.8, ls=":", label="chosen")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle("exports scored by evaluate (red: the one chosen by the promotion rule)", fontsize="medium")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,72 @@
+"""Secrets by reference, redaction by value.
+
+A secret reaches a voxpipe process only through its environment: on the cluster from a Kubernetes
+Secret (`launch.secret_env` for the Volcano job, kfp-kubernetes `use_secret_as_env` for pipeline
+tasks), locally from the shell. Anything voxpipe writes (params, tags, run names, reports,
+artifacts) passes through `scrub`, which replaces every secret VALUE it knows of wherever it occurs:
+
+- the value of every environment variable whose name says it is a secret (`*_PASSWORD`, `*_TOKEN`,
+  `*_KEY`, `*_SECRET`, `*_AUTH`, ...: whole words between underscores, so `MAX_TOKENS` is not one);
+- the value of every variable named in $VOXPIPE_REDACT_ENV (comma-separated names; the launcher sets
+  it in every pod it gives secrets to, so secrets with ordinary names are known too), and of the
+  variables a caller declares (`launch.secret_env`'s names), except user names (`*_USERNAME`,
+  `*_USER`): an account name such as "voxpipe" would blank every model and experiment name;
+- every password inside a URI (`scheme://user:password@host`), in the environment or in the text.
+
+Keys are never judged by their name: `train.max_tokens` and `bos_token_id` are ordinary numbers.
+Values shorter than MIN_SECRET_CHARS are not treated as secrets: blanking every "1" or "true" would
+wreck the record and hide nothing worth hiding.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+REDACTED = "***"
+SECRET_ENV_NAMES = "VOXPIPE_REDACT_ENV"
+MIN_SECRET_CHARS = 6
+_SECRET_WORD = re.compile(
+    r"(?:^|_)(?:PASSWORD|PASSWD|PASS|PASSPHRASE|TOKEN|SECRET|KEY|APIKEY|AUTH|CREDENTIALS?|PAT)(?:_|$)",
+    re.IGNORECASE,
+)
+_IDENTITY = re.compile(r"(?:^|_)USER(?:NAME)?$", re.IGNORECASE)
+_URI_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)([^/\s:@]*):([^/\s@]+)@", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """An environment variable name that says its value is a secret."""
+    return bool(_SECRET_WORD.search(name))
+
+
+def declared_names(environ: Mapping[str, str] | None = None) -> set[str]:
+    """The names in $VOXPIPE_REDACT_ENV."""
+    environ = os.environ if environ is None else environ
+    return {n.strip() for n in environ.get(SECRET_ENV_NAMES, "").split(",") if n.strip()}
+
+
+def uri_passwords(text: str) -> set[str]:
+    return {m.group(3) for m in _URI_USERINFO.finditer(text)}
+
+
+def secret_values(names: Iterable[str] = (), texts: Iterable[str] = ()) -> list[str]:
+    """Every secret value known now (longest first, so a secret inside another goes with it): the
+    environment's (see the module docstring), those of the variables `names`, and the URI passwords
+    inside `texts`."""
+    environ = dict(os.environ)  # a copy: MLflow's telemetry thread may change the environment meanwhile
+    declared = {n for n in declared_names(environ) | set(names) if not _IDENTITY.search(n)}
+    secret = {k for k in environ if is_secret_name(k)} | declared
+    values = {environ.get(k, "") for k in secret}
+    for text in [*environ.values(), *texts]:
+        values |= uri_passwords(text)
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, values: Iterable[str] | None = None) -> str:
+    """`text` with every URI password and every secret value replaced by ***. `values`: the secrets to
+    hide (default: `secret_values()`); pass a precomputed list when scrubbing many texts."""
+    text = _URI_USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
+    for value in secret_values() if values is None else values:
+        text = text.replace(value, REDACTED)
+    return text

@@ -1,0 +1,97 @@
+"""`voxpipe synthesize`: say a text with a registered model (or a checkpoint folder) into a WAV file.
+
+    voxpipe synthesize --model models:/voxpipe-voxcpm2@champion --text "Hi." --reference me.wav --out hi.wav
+
+A `models:/` URI is loaded through MLflow exactly as a serving endpoint loads it (the pyfunc model
+and its `predict`, with the reference as the `reference_audio` column), so what this writes is what
+the served model answers; a checkpoint folder is loaded directly and runs the same code
+(speech.py). The same seed and inputs give the same audio, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from voxpipe.errors import StepError
+from voxpipe.params import Params, SynthesizeParams
+from voxpipe.track.tracking import resolve_tracking_uri, session
+
+REGISTRY_SCHEMES = ("models:/", "runs:/")
+
+
+@dataclass
+class SynthesizeResult:
+    out: Path
+    seconds: float  # audio length
+    sample_rate: int
+    hit_length_limit: bool
+    source: str
+
+    def summary(self) -> str:
+        stop = "; no stop predicted within max_len (raise --max-len)" if self.hit_length_limit else ""
+        return (f"synthesize: {self.seconds:.2f} s of audio at {self.sample_rate} Hz from {self.source}"
+                f"{stop} -> {self.out}")
+
+
+def _generation(p: SynthesizeParams) -> dict[str, int | float]:
+    return {"seed": p.seed, "cfg_value": p.cfg_value, "inference_timesteps": p.inference_timesteps,
+            "max_len": p.max_len}
+
+
+def _from_registry(params: Params, reference: str) -> tuple[np.ndarray, int, bool]:
+    import mlflow
+    import pandas as pd
+
+    p, tracking = params.synthesize, params.tracking
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))):
+        model = mlflow.pyfunc.load_model(p.model, model_config={"device": p.device})
+    frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
+    out = model.predict(frame, params=_generation(p))
+    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0])
+
+
+def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool]:
+    from voxpipe.model.io import from_pretrained
+    from voxpipe.track.speech import speak
+    from voxpipe.train.device import resolve_device_type
+
+    folder = Path(p.model)
+    if not (folder / "config.json").is_file():
+        raise StepError(f"synthesize.model {p.model!r}: neither a models:/ URI nor a checkpoint folder "
+                        "(no config.json)")
+    model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
+    speech = speak(model, [p.text], [reference], **_generation(p))
+    return speech.audio[0].numpy().astype(np.float32), speech.sample_rate, bool(speech.hit_length_limit[0])
+
+
+def synthesize(params: Params) -> SynthesizeResult:
+    p = params.synthesize
+    if not p.text.strip():
+        raise StepError("synthesize.text is empty: give --text 'what to say'")
+    reference = ""
+    if p.reference:
+        if not Path(p.reference).is_file():
+            raise StepError(f"synthesize.reference {p.reference}: no such audio file")
+        reference = str(Path(p.reference).resolve())
+    if p.model.startswith(REGISTRY_SCHEMES):
+        audio, rate, hit = _from_registry(params, reference)
+    else:
+        audio, rate, hit = _from_folder(p, reference)
+    out = Path(p.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".wav")
+    os.close(fd)
+    try:
+        sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    source = p.model + (f" in the voice of {p.reference}" if p.reference else "")
+    return SynthesizeResult(out, audio.size / rate, rate, hit, source)

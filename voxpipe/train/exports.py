@@ -1,0 +1,49 @@
+"""Periodic exports: a run that peaks at step 600 of 1000 can still ship step 600.
+
+With `train.export_every` N > 0 the trainer also writes `exports/step-K/` (the same upstream layout
+as `export/`) at every K that is a multiple of N and at the last step, and keeps the newest
+`train.keep_exports` of them. `voxpipe evaluate` pointed at `exports/` scores each and picks one by
+the promotion rule. An export is written into `exports/.tmp-step-K/` and renamed once complete, so
+a crash never leaves a folder that looks like an export.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from voxpipe.train.device import Runtime
+
+EXPORTS = "exports"
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+def due(step: int, every: int, last: bool) -> bool:
+    return every > 0 and (last or step % every == 0)
+
+
+def step_exports(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the complete exports under root, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _STEP.match(d.name)))
+
+
+def export_step(write: Callable[[Path], object], out: Path, step: int, keep: int, rt: Runtime) -> None:
+    """`write(folder)` is the collective export (rank 0 writes); rank 0 then publishes it and prunes."""
+    root = out / EXPORTS
+    tmp = root / f".tmp-step-{step}"
+    if rt.is_main and tmp.exists():
+        shutil.rmtree(tmp)  # a crashed earlier attempt
+    write(tmp)
+    if not rt.is_main:
+        return
+    final = root / f"step-{step}"
+    if final.exists():
+        shutil.rmtree(final)  # the same step again (a resumed run): the new weights replace it
+    os.replace(tmp, final)
+    for _, old in step_exports(root)[:-keep]:
+        shutil.rmtree(old)

@@ -1,0 +1,64 @@
+"""Honest resume: a checkpoint continues only the run that wrote it.
+
+Resuming a folder with a different `lr` used to train 0 steps, keep the old export and write the
+new lr into report.json: a report that lies. Every checkpoint therefore records the params its
+weights depend on, and resume refuses when they differ, naming the keys. What may change between
+attempts is what does not change the weights: how long to train (`max_steps`), checkpointing, and
+logging/tracking. When `max_steps` grows, the learning-rate plan stays the one the run started
+with (its decay lands on min_lr at the planned step and stays there), so nothing jumps back up.
+`train.fresh_on_change` (for `dvc repro`, which reruns train when a tracked param changes) starts
+fresh instead of refusing: the old checkpoints are moved aside, never deleted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from voxpipe.params import Params
+
+# train keys that may differ between the run that wrote a checkpoint and the one resuming it
+RESUME_FREE = frozenset({
+    "max_steps",  # train longer (or stop earlier): the checkpoint is the same run
+    "checkpoint_every", "keep_checkpoints", "resume", "fresh_on_change",  # checkpointing
+    "out",  # the folder itself
+    "val_every", "val_batches", "track", "peak_tflops",  # logging (the fixed-seed val has its own RNG)
+    "export_dtype", "export_every", "keep_exports",  # exports are written from the weights
+    "activation_checkpointing", "compile",  # how the same math runs (memory, speed): fix an OOM and resume
+    "max_bad_steps",  # a guard: it stops a run, it does not change an update
+})
+
+
+def result_params(params: Params) -> dict[str, Any]:
+    """The keys a run's weights depend on, flat (`train.lr`, `model.base`, ...), paths resolved."""
+    result = {
+        f"train.{k}": v
+        for k, v in params.section("train").model_dump().items()
+        if k not in RESUME_FREE
+    }
+    result["train.data"] = str(Path(params.train.data).resolve())
+    result["model.base"] = str(Path(params.model.base).resolve())
+    if hasattr(params.model, "kernels"):
+        result["model.kernels"] = params.model.kernels
+    return result
+
+
+def why_not_resume(
+    saved: dict[str, Any], now: dict[str, Any], max_steps: int, checkpoint: Path
+) -> str | None:
+    """Why `checkpoint` (its trainer.json is `saved`) cannot continue this run, or None if it can."""
+    keys = sorted(k for k in saved["params"].keys() | now.keys() if saved["params"].get(k) != now.get(k))
+    if keys:
+        changes = "; ".join(f"{k}: {saved['params'].get(k)!r} -> {now.get(k)!r}" for k in keys)
+        return (
+            f"{checkpoint} was trained with other values of keys that change the result ({changes}). "
+            "Resuming would mix two runs in one model and one report. Rerun with the checkpoint's values, "
+            "or start fresh with --no-resume (the old checkpoints are moved aside, not deleted); only "
+            "train.max_steps and checkpoint/logging keys may change on resume"
+        )
+    if saved["step"] > max_steps:
+        return (
+            f"{checkpoint} is at step {saved['step']}, past train.max_steps={max_steps}; raise "
+            "train.max_steps to at least that to continue, or start fresh with --no-resume"
+        )
+    return None
