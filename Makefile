@@ -45,7 +45,7 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	print("\nregistered:", r["model_uri"], " ".join("@" + a for a in r["aliases"]), "- MLflow run", r["run_id"])'
 	@echo "samples: work/eval/samples/*.wav, work/eval/eval.png; MFU: work/mfu/mfu.md"
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
-	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000 (runs, metrics, audio, the model registry)"
+	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, metrics, audio, the model registry)"
 
 repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed (RECIPE=NAME: a recipe)
 	$(APPLY_RECIPE)

@@ -31,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,30 +176,27 @@ def memory_point(rt: Runtime, config, args: argparse.Namespace, batch_size: int,
         reset_memory(rt.device)
 
 
-def memory_table(rt: Runtime, config, args: argparse.Namespace) -> tuple[dict, dict]:
-    """Micro-batch 1..table_max for full fine-tuning and LoRA, then a search for the largest that fits."""
-    table: dict[str, list[dict]] = {}
-    largest: dict[str, Any] = {}
+def memory_table(
+    rt: Runtime, config, args: argparse.Namespace, result: dict, emit: Callable[[], None]
+) -> None:
+    """Micro-batch 1..table_max for full fine-tuning and LoRA, then a search for the largest that
+    fits; fills result["memory"] and result["largest_micro_batch"], emitting after each point."""
     for mode, use_lora in (("full", False), ("lora", True)):
-        rows = []
-        for b in range(1, args.table_max + 1):
+        rows = result["memory"][mode] = []
+        sizes = [*range(1, args.table_max + 1), *range(args.table_max + args.search_step, args.search_max + 1,
+                                                        args.search_step)]
+        for b in sizes:
             rows.append(memory_point(rt, config, args, b, use_lora))
             log(f"memory {mode} B={b}: {rows[-1]}")
+            fitting = [r["micro_batch"] for r in rows if r["fits"]]
+            result["largest_micro_batch"][mode] = {
+                "micro_batch": max(fitting) if fitting else 0,
+                "searched_up_to": b,
+                "bounded_by": "out of memory" if not rows[-1]["fits"] else "--search-max",
+            }
+            emit()
             if not rows[-1]["fits"]:
                 break
-        b = args.table_max + args.search_step
-        while rows[-1]["fits"] and b <= args.search_max:
-            rows.append(memory_point(rt, config, args, b, use_lora))
-            log(f"memory {mode} B={b}: {rows[-1]}")
-            b += args.search_step
-        fitting = [r["micro_batch"] for r in rows if r["fits"]]
-        table[mode] = rows
-        largest[mode] = {
-            "micro_batch": max(fitting) if fitting else 0,
-            "searched_up_to": rows[-1]["micro_batch"],
-            "bounded_by": "out of memory" if not rows[-1]["fits"] else "--search-max",
-        }
-    return table, largest
 
 
 def main() -> None:
@@ -251,14 +249,13 @@ def main() -> None:
                 Path(args.partial).write_text(json.dumps(result, indent=2))
 
         for compile_blocks in (False, True)[: 1 if args.no_compile else 2]:
-            result["runs"].append(timed_run(rt, config, args, peak, compile_blocks))
+            runs = result["runs"]
+            runs.append(timed_run(rt, config, args, peak, compile_blocks))
+            if len(runs) == 2:
+                result["compile_speedup"] = runs[0]["step_time_s_median"] / runs[1]["step_time_s_median"]
             emit()
-        if len(result["runs"]) == 2:
-            eager, compiled = result["runs"]
-            result["compile_speedup"] = eager["step_time_s_median"] / compiled["step_time_s_median"]
         if args.search_max:
-            result["memory"], result["largest_micro_batch"] = memory_table(rt, config, args)
-        emit()
+            memory_table(rt, config, args, result, emit)
         if rt.is_main:
             print(json.dumps(result, indent=2))
 

@@ -12,9 +12,8 @@ is checked to equal the 1-shard run's byte for byte.
     .venv/bin/python benchmarks/ingest.py [--copies 8] [--scale 10]
 """
 
-from __future__ import annotations
-
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -155,18 +154,13 @@ def kfp_local(data: Path, work: Path, shards: int, rows: int) -> dict:
     kfp.local's SubprocessRunner: wall time of the whole sub-pipeline, task start-up included."""
     from kfp import dsl, local
 
-    from components import steps
+    sys.path.insert(0, str(REPO))  # components/ and pipelines/ are not installed
     from pipelines import finetune as pipeline
     from voxpipe.track.lineage import dvc_md5
 
     @dsl.pipeline
     def fanned_out(workspace: str, data_version: str, params: dict) -> dsl.Dataset:
-        planned = steps.ingest_plan(workspace=workspace, data_version=data_version, params=params)
-        with dsl.ParallelFor(planned.outputs["Output"]) as index:
-            shard = steps.ingest_shard(workspace=workspace, params=params, plan=planned.outputs["plan"],
-                                       index=index)
-        return steps.ingest_merge(workspace=workspace, params=params, plan=planned.outputs["plan"],
-                                  shards=dsl.Collected(shard.outputs["shard"])).outputs["data"]
+        return pipeline.fan_out_ingest(workspace, data_version, params)[2].outputs["data"]
 
     shutil.rmtree(work, ignore_errors=True)
     (work / "workspace").mkdir(parents=True)
@@ -176,7 +170,8 @@ def kfp_local(data: Path, work: Path, shards: int, rows: int) -> dict:
     cwd = os.getcwd()
     start = time.perf_counter()
     try:
-        run = fanned_out(workspace=str(work / "workspace"), data_version=dvc_md5(data), params=params)
+        with contextlib.redirect_stdout(sys.stderr):  # kfp.local streams the tasks' logs: keep stdout JSON
+            run = fanned_out(workspace=str(work / "workspace"), data_version=dvc_md5(data), params=params)
     finally:
         os.chdir(cwd)
     wall = time.perf_counter() - start

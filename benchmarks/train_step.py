@@ -10,13 +10,15 @@ once, reported as the one-time cost). Three figures:
    every clip one at a time with its AudioVAE, then its VoxCPM2Model forward + backward + clip +
    AdamW. Goal: ours >= 3x.
 2. Model-side tokens/s with latents already encoded on both sides: upstream's model trained on
-   the very batches our trainer saw (same sampler, same collate), vs ours. Goal: >= 1.0x.
+   the very batches our trainer saw (same sampler, same collate), vs ours. Goal: >= 2.0x
+   (work not done: the local encoder on audio rows, the DiT on loss rows; one host read a step).
 3. Padding waste of token-budget batches vs fixed-size batches of the same rows.
 
 The three runs advance one step each in turn, so background load hits them alike; the first
 `--warmup` steps of every run are left out.
 
     .venv/bin/python benchmarks/train_step.py [--steps 12] [--warmup 2] [--max-tokens 640] [--batch-size 8]
+        [--kernels auto] [--compile]
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def main() -> None:
                 "ours": ours,
                 "upstream_same_batches": up_lat,
                 "tokens_per_s_ratio": ours["tokens_per_s"] / up_lat["tokens_per_s"],
-                "goal": ">= 1.0",
+                "goal": ">= 2.0",
             },
             "padding_waste": {
                 "token_budget": padding_waste(budget, lengths),

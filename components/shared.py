@@ -15,16 +15,23 @@ CPU_IMAGE = "voxpipe:0.1.0-cpu"
 COMPONENT = {"base_image": CPU_IMAGE, "install_kfp_package": False}
 
 
-def step_folder(workspace: str, step: str, artifact_uri: str) -> str:
-    """A folder of its own on the workspace for this task execution.
+def step_folder(workspace: str, step: str, artifact_uri: str, part: str = "") -> str:
+    """A folder of its own on the workspace for this task of this run, the same on every retry.
 
-    Named from the task's output artifact URI, which is unique per execution but not part of KFP's
-    cache key: a cached task hands on the folder of the execution that made it.
+    Named from the task's output artifact URI (`<root>/<pipeline>/<run id>/<task>/<artifact>`), which
+    is not part of KFP's cache key: a cached task hands on the folder of the execution that made it.
+    KFP >= 2.5 puts a fresh uuid before `<artifact>` each time its driver runs, so a retried task
+    would get a new URI; that uuid is left out, so a retry finds the checkpoints (and the reusable
+    shards and audio) of the attempt before. Without it the iterations of a ParallelFor share one
+    URI: `part` (the iteration's item) tells them apart.
     """
     import hashlib
     import os
+    import re
 
-    digest = hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
+    uuid = r"/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(/[^/]+)$"
+    stable = re.sub(uuid, r"\1", artifact_uri)
+    digest = hashlib.sha256(f"{stable}#{part}".encode()).hexdigest()[:16]
     return os.path.join(workspace, "voxpipe", f"{step}-{digest}")
 
 

@@ -7,7 +7,7 @@ KFP reads the Input/Output annotations at import time.
 """
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 # the helpers are shipped inside each component (additional_funcs); imported here for the reader and ruff
 from components.shared import COMPONENT, HELPERS, log_numbers, publish, run_voxpipe, step_folder, wire
@@ -24,12 +24,15 @@ def ingest_plan(workspace: str, data_version: str, params: dict, plan: Output[Da
     `params["input"]` (what `dvc add` records): KFP's cache sees parameters, not the files behind a path."""
     from pathlib import Path
 
+    from voxpipe.launch.workspace import inside_workspace
     from voxpipe.params import IngestParams
     from voxpipe.track.lineage import dvc_md5
 
     folder = step_folder(workspace, "ingest-plan", plan.uri)
     section = wire("ingest", params, out=folder)
     inputs = section.get("input", IngestParams().input)
+    for p in inputs:  # a StepError naming the key when a path climbs out of the workspace volume
+        inside_workspace(workspace, "ingest.input", p)
     missing = [p for p in inputs if not (Path(workspace) / p).exists()]
     if missing:
         raise FileNotFoundError(f"ingest.input {missing}: not on the workspace {workspace}")
@@ -48,7 +51,7 @@ def ingest_shard(workspace: str, params: dict, plan: Input[Dataset], index: int,
     """Sharded ingest, 2/3: one shard of the plan → its own folder (FLAC clips, raw.jsonl, quarantine)."""
     import os
 
-    folder = step_folder(workspace, "ingest-shard", shard.uri)
+    folder = step_folder(workspace, "ingest-shard", shard.uri, part=str(index))
     plan_file = os.path.join(plan.metadata["path"], "plan.json")
     run_voxpipe("ingest-shard", workspace, {"ingest": wire("ingest", params, plan=plan_file, shard=index,
                                                            out=folder)})
@@ -87,8 +90,10 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
     import json
     import os
 
+    from voxpipe.launch.workspace import inside_workspace
+
     if base_model:
-        folder = os.path.join(workspace, base_model)
+        folder = inside_workspace(workspace, "base_model", base_model)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise FileNotFoundError(f"base_model {base_model}: no config.json in {folder}")
         os.makedirs(os.path.dirname(model.path), exist_ok=True)
@@ -102,25 +107,37 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
 
 
 @component
-def validate(workspace: str, ingest: dict, manifest: Input[Dataset]):
+def validate(workspace: str, ingest: dict, manifest: Input[Dataset], report: Output[Artifact]):
     """The train manifest checked against ingest's sample rate and duration bounds, before any
     accelerator time is spent: the task fails, listing every problem, when it is not usable."""
     import os
 
+    folder = step_folder(workspace, "validate", report.uri)
     rows = os.path.join(manifest.metadata["path"], "train.jsonl")
-    run_voxpipe("validate", workspace, {"validate": {"manifest": rows}, "ingest": wire("ingest", ingest)})
+    run_voxpipe("validate", workspace, {"validate": {"manifest": rows, "out": folder},
+                                        "ingest": wire("ingest", ingest)})
+    publish(report, folder, report="validate.json")
 
 
 @component
-def encode(workspace: str, params: dict, manifest: Input[Dataset], base_model: Input[Model],
-           encoded: Output[Dataset]):
-    """Manifests → AudioVAE latents + token ids (safetensors shards)."""
+def encode(workspace: str, params: dict, launch: dict, volcano: bool, image: str, accelerator: str,
+           node_selector: dict, tolerations: list, pvc_name: str, manifest: Input[Dataset],
+           base_model: Input[Model], encoded: Output[Dataset]):
+    """Manifests → AudioVAE latents + token ids (safetensors shards). `volcano`: as a Volcano Job on
+    launch.encode_devices accelerators (`voxpipe launch-encode`), torchrun in every pod; else in this
+    process (kfp.local, a one-node CPU cluster)."""
     import os
 
     folder = step_folder(workspace, "encode", encoded.uri)
     rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
-    section = wire("encode", params, manifest=rows, out=folder)
-    run_voxpipe("encode", workspace, {"encode": section, "model": {"base": base_model.metadata["path"]}})
+    sections = {"encode": wire("encode", params, manifest=rows, out=folder),
+                "model": {"base": base_model.metadata["path"]}}
+    if volcano:
+        cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
+                       tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
+        run_voxpipe("launch-encode", workspace, {**sections, "launch": cluster})
+    else:
+        run_voxpipe("encode", workspace, sections)
     publish(encoded, folder)
 
 
@@ -153,28 +170,41 @@ def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_u
 
 @component
 def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], base_model: Input[Model],
-             encoded: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]):
+             encoded: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics],
+             summary: Output[Markdown], page: Output[HTML]):
     """Fixed-seed loss and voice metrics of the fine-tune against its base model, in the trainer's
-    val batches (`train["max_tokens"]`)."""
+    val batches (`train["max_tokens"]`). The UI shows `summary` (figures, promotion verdict) and `page`
+    (plots and playable samples, embedded)."""
+    from pathlib import Path
+
+    from voxpipe.evaluate.pages import eval_page, summary_markdown
+
     folder = step_folder(workspace, "evaluate", results.uri)
     section = wire("evaluate", params, model=model.metadata["export"], data=encoded.metadata["path"],
                    out=folder)
     run_voxpipe("evaluate", workspace, {"evaluate": section, "model": {"base": base_model.metadata["path"]},
                                         "train": wire("train", train)})
-    log_numbers(metrics, publish(results, folder, report="eval.json"))
+    figures = publish(results, folder, report="eval.json")
+    log_numbers(metrics, figures)
+    for artifact, text in ((summary, summary_markdown(figures)), (page, eval_page(Path(folder)))):
+        Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(artifact.path).write_text(text, encoding="utf-8")
 
 
 @component
 def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
-        results: Output[Dataset], metrics: Output[Metrics]):
-    """Model FLOPs utilisation of the training run."""
+        results: Output[Dataset], metrics: Output[Metrics], report_md: Output[Markdown]):
+    """Model FLOPs utilisation of the training run; `report_md` (mfu.md) is shown in the UI."""
     import os
+    import shutil
 
     folder = step_folder(workspace, "mfu", results.uri)
     report = os.path.join(model.metadata["path"], "report.json")
     section = wire("mfu", params, train_report=report, metrics=None, out=folder)
     run_voxpipe("mfu", workspace, {"mfu": section, "model": {"base": base_model.metadata["path"]}})
     log_numbers(metrics, publish(results, folder, report="mfu.json"))
+    os.makedirs(os.path.dirname(report_md.path), exist_ok=True)
+    shutil.copyfile(os.path.join(folder, "mfu.md"), report_md.path)
 
 
 @component

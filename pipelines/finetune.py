@@ -21,7 +21,7 @@ from kfp import compiler, dsl, kubernetes
 from components import steps
 from components.shared import CPU_IMAGE
 from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
-from voxpipe.params import LaunchParams, Params, load_params
+from voxpipe.params import LaunchParams, Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
 
 LAUNCH = LaunchParams()
@@ -45,7 +45,7 @@ WIRED = {
 def section_defaults(section: str, params: Params | None = None) -> dict[str, Any]:
     """params.yaml's defaults of a section (or those of `params`), without the wired keys and the nulls
     (a KFP struct has no null; a missing key takes the schema's default)."""
-    values = (params or Params()).model_dump(by_alias=True)[section]
+    values = file_values(params or Params())[section]  # train.lr / lora.alpha left out: they follow LoRA / r
     return {k: v for k, v in values.items() if k not in WIRED[section] and v is not None}
 
 
@@ -59,8 +59,8 @@ TOLERATIONS: list[dict[str, Any]] = list(LAUNCH.tolerations)
 
 
 def with_secrets(task: dsl.PipelineTask) -> None:
-    """params.yaml's launch.secret_env as env from the Secrets (by reference), their names for voxpipe's
-    redaction, and the label the MLflow NetworkPolicy admits."""
+    """The default launch.secret_env (voxpipe/params.py) as env from the Secrets (by reference), their names
+    for voxpipe's redaction, and the label the MLflow NetworkPolicy admits."""
     by_secret: dict[str, dict[str, str]] = {}
     for env, ref in LAUNCH.secret_env.items():
         secret, _, key = ref.partition("/")
@@ -70,6 +70,18 @@ def with_secrets(task: dsl.PipelineTask) -> None:
     task.set_env_variable(SECRET_ENV_NAMES, ",".join(sorted(LAUNCH.secret_env)))
     for key, value in MLFLOW_CLIENT_LABEL.items():
         kubernetes.add_pod_label(task, key, value)
+
+
+def fan_out_ingest(workspace: Any, data_version: Any, ingest: Any) -> tuple[Any, Any, Any]:
+    """The ingest tasks: a plan, one task per shard of it (`ingest.shards` of them) in a
+    `dsl.ParallelFor`, and a merge over their folders (`dsl.Collected`). Returns the three tasks."""
+    planned = steps.ingest_plan(workspace=workspace, data_version=data_version, params=ingest)
+    with dsl.ParallelFor(planned.outputs["Output"]) as index:
+        shard = steps.ingest_shard(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
+                                   index=index)
+    merged = steps.ingest_merge(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
+                                shards=dsl.Collected(shard.outputs["shard"]))
+    return planned, shard, merged
 
 
 @dsl.pipeline(
@@ -102,22 +114,20 @@ def finetune(
 ) -> dsl.Artifact:
     """data_version: the DVC md5 of ingest.input (`dvc add` records it); workspace: where the tasks
     see the PVC (change it only for kfp.local); base_model: a checkpoint folder on the workspace
-    ("" = init-model); accelerator: `huawei.com/Ascend910` or `nvidia.com/gpu`, requested by encode
-    and evaluate (one each) and by every training pod; node_selector / tolerations: for those pods;
-    volcano: false trains inside the train task (kfp.local, a small CPU cluster); mlflow_tracking_uri:
-    where register logs (credentials: the MLFLOW_TRACKING_* env of the pod, never a parameter)."""
-    # ingest fans out: one task per shard of the plan (ingest.shards of them), then one merge
-    planned = steps.ingest_plan(workspace=workspace, data_version=data_version, params=ingest)
-    with dsl.ParallelFor(planned.outputs["Output"]) as index:
-        shard = steps.ingest_shard(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
-                                   index=index)
-    data = steps.ingest_merge(workspace=workspace, params=ingest, plan=planned.outputs["plan"],
-                              shards=dsl.Collected(shard.outputs["shard"]))
+    ("" = init-model); accelerator: `huawei.com/Ascend910` or `nvidia.com/gpu`, requested by evaluate
+    (one) and by every pod of the encode and train Volcano jobs; node_selector / tolerations: for those
+    pods; volcano: false encodes and trains inside their tasks (kfp.local, a small CPU cluster);
+    mlflow_tracking_uri: where register logs (credentials: the MLFLOW_TRACKING_* env of the pod, never
+    a parameter)."""
+    planned, shard, data = fan_out_ingest(workspace, data_version, ingest)
     rows = steps.manifest(workspace=workspace, params=manifest, data=data.outputs["data"])
     checked = steps.validate(workspace=workspace, ingest=ingest, manifest=rows.outputs["manifest"])
     base = steps.init_model(workspace=workspace, params=model, base_model=base_model)
-    encoded = steps.encode(workspace=workspace, params=encode, manifest=rows.outputs["manifest"],
-                           base_model=base.outputs["model"]).after(checked)
+    encoded = steps.encode(
+        workspace=workspace, params=encode, launch=launch, volcano=volcano, image=accelerator_image,
+        accelerator=accelerator, node_selector=node_selector, tolerations=tolerations, pvc_name=pvc_name,
+        manifest=rows.outputs["manifest"], base_model=base.outputs["model"],
+    ).after(checked)
     tuned = steps.train(
         workspace=workspace, params=train, launch=launch, tracking=tracking, tracking_uri=mlflow_tracking_uri,
         volcano=volcano, image=accelerator_image,
@@ -145,7 +155,7 @@ def finetune(
         kubernetes.set_security_context(task, run_as_non_root=True)
     for task in (tuned, registered):  # MLflow clients; train also signs checkpoints when not on Volcano
         with_secrets(task)
-    for task in (encoded, evaluation):  # the AudioVAE and generation run on one accelerator
+    for task in (evaluation,):  # generation runs on one accelerator (encode's run in its Volcano job)
         task.set_container_image(accelerator_image)
         task.set_accelerator_type(accelerator).set_accelerator_limit(1)
         kubernetes.add_node_selector_json(task, node_selector)

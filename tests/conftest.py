@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Before anything imports mlflow: its telemetry thread unsets an environment variable while requests iterates
+# os.environ in another thread ("API request ... failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'").
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 @dataclass(frozen=True)

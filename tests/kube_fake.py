@@ -157,9 +157,15 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
 
 
 def pod(name: str, task: str, phase: str, exit_code: int | None = None, finished: str | None = None,
-        reason: str | None = None) -> dict[str, Any]:
-    """A pod as the API returns it; `exit_code` makes its container terminated."""
+        reason: str | None = None, waiting: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A pod as the API returns it; `exit_code` makes its container terminated, `waiting` (reason,
+    message) keeps it from starting."""
     status: dict[str, Any] = {"phase": phase}
+    if waiting:
+        status["containerStatuses"] = [
+            {"name": "train", "ready": False, "restartCount": 0, "image": "voxpipe", "imageID": "",
+             "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}}}
+        ]
     if reason:
         status["reason"] = reason
     if exit_code is not None:

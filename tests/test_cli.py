@@ -12,7 +12,7 @@ import pytest
 
 from voxpipe import __version__
 from voxpipe.cli import STEPS, build_parser, main, step_flags
-from voxpipe.params import Params, load_params
+from voxpipe.params import load_params
 from voxpipe.paramspec import keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,8 @@ def test_python_dash_m_runs_and_version_matches_the_package():
 
 def test_top_level_help_lists_every_step_in_pipeline_order_one_line_each():
     text = voxpipe("--help").stdout
-    listed = [line.split()[0] for line in text.split("steps, in pipeline order:\n")[1].split("\n\n")[0].splitlines()]
+    overview = text.split("steps, in pipeline order:\n")[1].split("\n\n")[0]
+    listed = [line.split()[0] for line in overview.splitlines()]
     assert listed == [s.name for s in STEPS]
     assert [name for name in listed if name in PIPELINE_ORDER] == PIPELINE_ORDER
     for step in STEPS:
@@ -63,7 +64,8 @@ def test_repeated_list_flags_append_and_bools_take_no():
         ["encode", "--manifest", "a.jsonl", "--manifest", "b.jsonl", "c.jsonl", "--model-base", "ckpt"])
     assert getattr(args, "encode.manifest") == ["a.jsonl", "b.jsonl", "c.jsonl"]
     args = build_parser().parse_args(["train", "--no-resume", "--lora", "--lora-r", "8", "--max-steps", "7"])
-    flags = {f.key.key: getattr(args, f.key.key) for f in step_flags(next(s for s in STEPS if s.name == "train"))}
+    train = next(s for s in STEPS if s.name == "train")
+    flags = {f.key.key: getattr(args, f.key.key) for f in step_flags(train)}
     p = load_params(None, ["train.max_steps=3"], flags)
     assert (p.train.resume, p.train.lora.enabled, p.train.lora.r, p.train.max_steps) == (False, True, 8, 7)
     assert p.train.activation_checkpointing is False  # not given: the file's value, not argparse's False
@@ -84,4 +86,3 @@ def test_params_command_prints_and_writes_the_effective_params(tmp_path, capsys)
     assert main(["params", "--set", "train.lr=0.003", "--write", str(out)]) == 0
     assert out.read_text() == printed
     assert load_params(out) == load_params(None, ["train.lr=0.003"])
-    assert load_params(ROOT / "params.yaml") == Params()

@@ -20,21 +20,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 import yaml
 from mlflow import MlflowClient
+from servers import free_port, serving
 from small_sample import write_small_sample
 
 from voxpipe.cli import STEPS
 from voxpipe.params import Params, load_params
+from voxpipe.track.lineage import dvc_md5
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.resume import RESUME_FREE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAGES = ["ingest", "manifest", "init-model", "encode", "train", "evaluate", "mfu", "register"]
+STAGES = ["ingest", "manifest", "validate", "init-model", "encode", "train", "evaluate", "mfu", "register"]
 TEST_SETTINGS = {
     "ingest": {"workers": 1},
     "train": {"max_steps": 4, "warmup_steps": 1, "val_every": 0, "checkpoint_every": 1},
@@ -137,7 +141,7 @@ def test_code_deps_are_each_steps_import_closure():
 def test_import_closure_follows_lazy_imports_and_package_data():
     train = step_closure("train")
     assert "voxpipe/track/live.py" in train  # imported inside a function, only with train.track
-    assert "voxpipe/evaluate/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train
+    assert "voxpipe/data/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train
     assert "voxpipe/model/tokenizer_corpus.txt" in step_closure("init-model")
     assert not any(f.startswith(("voxpipe/launch/", "voxpipe/track/compare")) for f in train)
 
@@ -162,7 +166,7 @@ UNTRACKED = {
     "ingest": {f"ingest.{k}" for k in ("input", "out", "workers", "shards", "plan", "shard", "shard_dirs",
                                         "max_bad_fraction")},
     "manifest": {"manifest.input", "manifest.out"},
-    "validate": {"validate.manifest"},
+    "validate": {"validate.manifest", "validate.out"},
     "init-model": {"model.out"},
     "encode": {"encode.manifest", "encode.out", "model.base"},
     "train": {f"train.{k}" for k in RESUME_FREE - {"max_steps", "export_dtype"}}
@@ -233,17 +237,27 @@ def write_params(repo: Path, **changes: dict) -> None:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def outs(repo: Path, stage: str) -> list[tuple[str, dict]]:
+    """(path, options) of a stage's outs and metrics, `${section.key}` resolved from the repo's params."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+
+    def resolve(m: re.Match) -> str:
+        section, key = m.group(1).split(".")
+        return str(params[section][key])
+
+    entries = [o if isinstance(o, dict) else {o: {}} for key in ("outs", "metrics")
+               for o in dvc_yaml()["stages"][stage].get(key, [])]
+    return [(re.sub(r"\$\{([\w.]+)\}", resolve, path), options or {})
+            for entry in entries for path, options in entry.items()]
+
+
 def cached_outs(repo: Path) -> dict[str, str]:
-    """path -> md5 of every cached output in dvc.lock (a run's records, `cache: false`, left out)."""
+    """path -> md5 in dvc.lock of every cached output (the run records, `cache: false`, left out)."""
+    records = {path for stage in dvc_yaml()["stages"] for path, options in outs(repo, stage)
+               if not options.get("cache", True)}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    records = {next(iter(o)) for stage in dvc_yaml()["stages"].values() for key in ("outs", "metrics")
-               for o in stage.get(key, [])
-               if isinstance(o, dict) and not next(iter(o.values())).get("cache", True)}
-    resolved = {r.replace("${train.out}", "work/train").replace("${mfu.out}", "work/mfu")
-                .replace("${evaluate.out}", "work/eval").replace("${register.out}", "work/register")
-                for r in records}
     return {o["path"]: o["md5"] for stage in lock.values() for o in stage.get("outs", [])
-            if o["path"] not in resolved}
+            if o["path"] not in records}
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +297,7 @@ def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro):
     assert int(candidate.version) == registered["version"]
     # the data version MLflow records is the md5 dvc.lock holds for the ingested folder
     ingest_md5 = next(o["md5"] for o in lock["ingest"]["outs"])
-    assert client.get_run(registered["run_id"]).data.tags["voxpipe.data_version"] == ingest_md5
+    assert candidate.tags["voxpipe.data_version"] == ingest_md5
 
 
 def test_second_repro_does_nothing(repo, first_repro):
@@ -302,9 +316,12 @@ def test_keys_that_do_not_change_the_result_rerun_nothing(repo, first_repro):
 
 
 def test_a_stage_run_again_writes_the_same_bytes(repo, first_repro):
-    """Each data stage rerun (forced, one at a time) hashes as before, so nothing after it reruns."""
+    """Each data stage run again from nothing (its folder deleted, even the persistent ones) hashes as
+    before, so nothing after it reruns."""
     before = cached_outs(repo)
-    for stage in ("ingest", "manifest", "init-model", "encode"):
+    for stage in ("ingest", "manifest", "validate", "init-model", "encode"):
+        for path, _ in outs(repo, stage):
+            shutil.rmtree(repo / path)
         assert ran(dvc(repo, "repro", "--force", "--single-item", stage)) == [stage]
         assert cached_outs(repo) == before, f"{stage}: a rerun changed its outputs"
     assert "up to date" in dvc(repo, "status")
@@ -317,14 +334,15 @@ def _repro_killed_after_a_checkpoint(repo: Path) -> int:
     proc = subprocess.Popen([str(BIN / "dvc"), "repro"], cwd=repo, env=_env(), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = repo / "work/train/checkpoints"
-    deadline = time.monotonic() + 600
-    try:
-        while (newest := latest_checkpoint(root)) is None:
+    started, deadline = time.time(), time.monotonic() + 600
+    try:  # the old run's checkpoints do not count (the trainer moves them aside first)
+        while (newest := latest_checkpoint(root)) is None or newest.stat().st_mtime < started:
             assert proc.poll() is None, f"dvc repro ended before a checkpoint:\n{proc.stdout.read()[-4000:]}"
             assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     time.sleep(1)  # torchrun's workers die with their launcher (PR_SET_PDEATHSIG)
     return int(newest.name.removeprefix("step-"))
@@ -341,17 +359,97 @@ def test_killed_train_resumes_from_its_checkpoint_on_the_next_repro(repo, first_
     resumed = report["resumed_from"]
     assert resumed and int(Path(resumed).name.removeprefix("step-")) >= killed_at, report
     assert report["steps"] == TEST_SETTINGS["train"]["max_steps"] and report["steps_run"] < report["steps"]
+    lines = (repo / "work/train/metrics.jsonl").read_text().splitlines()
+    steps = sorted({json.loads(line)["step"] for line in lines} - {0})
+    assert steps == list(range(1, report["steps"] + 1))  # the history before the kill is kept
     commit(repo, "seed 1, trained with a kill in between")
 
 
 def test_train_param_change_reruns_train_and_what_follows(repo, first_repro):
+    """The checkpoints of the committed run are for another lr: train starts fresh (moves them aside)."""
     out = dvc(repo, "exp", "run", "-S", "train.lr=3e-5")
-    assert ran(out) == ["train", "evaluate", "mfu", "register"]
+    assert ran(out) == ["train", "evaluate", "mfu", "register"], out[-3000:]
+    assert list((repo / "work/train").glob("checkpoints.replaced-*"))
     diff = json.loads(dvc(repo, "metrics", "diff", "--json"))
     assert "loss_model" in diff["work/eval/eval.json"]
     assert "mfu" in diff["work/mfu/mfu.json"]
     assert load_params(repo / "params.yaml").train.lr == 3e-5  # DVC's `3e-05` reads as a float
-    run(repo, "git", "checkout", "--", "params.yaml")  # back to the committed experiment
-    assert dvc(repo, "checkout")
-    dvc(repo, "repro")  # the committed params again (fresh_on_change sets the lr run aside)
-    commit(repo, "after the experiment")
+    run(repo, "git", "checkout", "--", ".")  # back to the committed run: params, dvc.lock, metrics
+    dvc(repo, "checkout")  # and its cached outputs
+
+
+# -- a real remote: moto's S3 server on 127.0.0.1 holds DVC's data and MLflow's artifacts ------------
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+BUCKET = "voxpipe"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> Iterator[str]:
+    """The endpoint of an S3-protocol server with an empty bucket."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with serving([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], f"{endpoint}/moto-api/",
+                 log, _env()):
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+
+
+def s3_client(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                        region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
+
+
+def test_data_round_trip_through_an_s3_remote_and_a_fresh_clone(repo, first_repro, s3, tmp_path):
+    """dvc add -> push -> a fresh clone -> pull -> repro, with MLflow's artifact store on the same S3.
+
+    The clone pulls the raw data and every cached output; `dvc repro` there reruns train (its run
+    records are not cached) and writes byte-identical outputs: the model trained from scratch in the
+    clone equals the one the repo trained with a kill in between, so nothing before train and not
+    evaluate reruns."""
+    env = _env(**S3_CREDENTIALS)  # credentials by reference (env), never in .dvc/config
+    run(repo, "git", "rm", "-r", "-q", "--cached", "data/sample")  # the raw data: versioned by DVC now
+    dvc(repo, "add", "data/sample")
+    dvc(repo, "remote", "add", "-d", "store", f"s3://{BUCKET}/dvc")
+    dvc(repo, "remote", "modify", "store", "endpointurl", s3)
+    commit(repo, "the raw data in DVC, an S3 remote")
+    dvc(repo, "push", env=env)
+
+    clone = tmp_path / "clone"
+    run(tmp_path, "git", "clone", "-q", str(repo), str(clone))
+    dvc(clone, "pull", env=env)
+    raw = yaml.safe_load((clone / "data/sample.dvc").read_text())["outs"][0]["md5"]
+    assert dvc_md5(clone / "data/sample") == raw == dvc_md5(repo / "data/sample")
+    expected = cached_outs(repo)
+    assert {path: dvc_md5(clone / path) for path in expected} == expected
+
+    port = free_port()
+    tracking = f"http://127.0.0.1:{port}"
+    server_env = _env(**S3_CREDENTIALS, MLFLOW_S3_ENDPOINT_URL=s3)
+    server = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+              "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+              "--default-artifact-root", f"s3://{BUCKET}/mlflow", "--no-serve-artifacts"]
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["tracking"]["uri"] = tracking
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    with serving(server, f"{tracking}/health", tmp_path / "mlflow.log", server_env):
+        out = dvc(clone, "repro", env=server_env)
+        # train's run records are not cached: it trains again, from scratch, into the same bytes, so
+        # evaluate (its eval.json is in git) has nothing new to score; mfu times the new run
+        assert ran(out) == ["train", "mfu", "register"], out[-3000:]
+        assert cached_outs(clone) == expected
+        registered = json.loads((clone / "work/register/registered.json").read_text())
+        client = MlflowClient(tracking)
+        mlflow_run = client.get_run(registered["run_id"])
+        version = client.get_model_version(registered["name"], str(registered["version"]))
+    assert mlflow_run.info.artifact_uri.startswith(f"s3://{BUCKET}/mlflow/")
+    keys = [o["Key"] for o in s3_client(s3).list_objects_v2(Bucket=BUCKET, Prefix="mlflow/")["Contents"]]
+    assert any(k.endswith("eval.json") for k in keys), keys
+    assert any(k.endswith("model.safetensors") for k in keys), keys
+    # the data version MLflow holds is the ingested folder's md5 in dvc.lock: `dvc pull` at that commit
+    # brings exactly that data back (docs/data-versions.md)
+    lock = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+    assert version.tags["voxpipe.data_version"] == next(o["md5"] for o in lock["ingest"]["outs"])
+    assert next(d["md5"] for d in lock["ingest"]["deps"] if d["path"] == "data/sample") == raw  # .dvc

@@ -185,6 +185,25 @@ def test_bad_rows_are_quarantined_with_file_line_and_reason(encoded_sample, tmp_
 # Under torchrun: the same latents, bit for bit, and a resume per rank
 # ---------------------------------------------------------------------------------------------
 
+def test_the_batches_do_not_depend_on_the_world_size_or_on_earlier_work():
+    from voxpipe.data.encode import Clip, plan
+
+    lengths = [16000 * s // 10 for s in (14, 50, 22, 31, 9, 44, 27, 18, 35, 12, 40, 25, 33, 16, 21)]
+    clips = [Clip(f"{i:02d}", Path(f"{i}.flac"), n) for i, n in enumerate(lengths)]
+    new = {c.sha for c in clips}
+    names = lambda batches: [[c.sha for c in b] for b in batches]  # noqa: E731
+    (alone,) = plan(clips, new, 2560, 16000 * 6, 1)
+    assert any(len(b) > 1 for b in alone)
+    for ranks in (2, 3, 8):
+        dealt = plan(clips, new, 2560, 16000 * 6, ranks)
+        assert sorted(names(b for mine in dealt for b in mine)) == sorted(names(alone))  # each batch once
+        loads = [sum(len(b) * max(c.samples for c in b) for b in mine) for mine in dealt]
+        assert max(loads) - min(loads) <= max(len(b) * max(c.samples for c in b) for b in alone)
+    # once the first batches are encoded, the rest are the very same batches
+    done = {c.sha for b in alone[:3] for c in b}
+    assert names(plan(clips, new - done, 2560, 16000 * 6, 1)[0]) == names(alone[3:])
+
+
 # batches of 1-3 clips (the sample's clips last 1.4-5 s) and a shard per batch or two
 SPLIT = {"batch_seconds": 6.0, "shard_mb": 0.02}
 
@@ -314,3 +333,75 @@ def test_deleted_truncated_or_altered_shards_are_encoded_again(encoded_sample, t
     for record in _rows(out / "index.jsonl"):
         assert (out / record["shard"]).stat().st_size == record["size"]
     _assert_bit_identical(_latents(out, "subset"), want)  # same batches: the very same latents
+
+    # an index line without checksums (an older voxpipe) or pointing outside shards/ is not trusted either
+    records = _rows(out / "index.jsonl")
+    latents = [r for r in records if r["kind"] == "latents"]
+    del latents[0]["size"], latents[0]["sha256"]
+    latents[1]["shard"] = "../" + latents[1]["shard"]
+    junk = b'{"shard": "shards/x"\n\xff\xfe not utf-8\n'  # and lines that are not shard records at all
+    (out / "index.jsonl").write_bytes("".join(json.dumps(r) + "\n" for r in records).encode() + junk)
+    third = encode(_params(encoded_sample, manifest, out, **SPLIT))
+    assert b"not utf-8" not in (out / "index.jsonl").read_bytes()
+    rejected = {latents[0]["shard"]: "unverified", latents[1]["shard"]: "bad-path"}
+    assert third.run["shards_rejected"] == rejected
+    assert third.run["clips"]["encoded"] == len(latents[0]["entries"]) + len(latents[1]["entries"])
+    _assert_bit_identical(_latents(out, "subset"), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a cluster: a Volcano job through train's launcher, with encode's own device count
+# ---------------------------------------------------------------------------------------------
+
+
+def _encode_job(**launch) -> dict:
+    from voxpipe.launch.volcano import StepJob, render_job
+    from voxpipe.params import LaunchParams
+
+    params = Params(launch=LaunchParams(accelerator="nvidia.com/gpu", devices_per_pod=8, **launch),
+                    encode=EncodeParams(manifest=["runs/m/train.jsonl", "runs/m/val.jsonl"], out="runs/enc"),
+                    model={"base": "models/VoxCPM2"})
+    return render_job(params, "ml", None, StepJob.encode(params.launch))
+
+
+@pytest.mark.parametrize("devices, pods, per_pod", [(1, 1, 1), (4, 1, 4), (16, 2, 8)])
+def test_encode_job_runs_torchrun_on_voxpipe_encode_with_its_own_devices(tmp_path, devices, pods, per_pod):
+    import kubernetes_validate
+
+    from voxpipe.params import load_params
+
+    job = _encode_job(encode_devices=devices, pods=3)  # launch.pods is train's, not encode's
+    assert job["metadata"]["generateName"] == "voxpipe-encode-"
+    assert job["spec"]["minAvailable"] == pods
+    assert sum(t["replicas"] for t in job["spec"]["tasks"]) == pods
+    for task in job["spec"]["tasks"]:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**task["template"]["metadata"], "name": "p"},
+               "spec": task["template"]["spec"]}
+        kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+    container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == per_pod
+
+    # the pod's command, with torchrun replaced by a recorder of its arguments
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(0o755)
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env |= {"PATH": f"{fake.parent}:{os.environ['PATH']}", "RECORD": str(tmp_path / "argv"),
+            "WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "m", "MASTER_PORT": "1"}
+    subprocess.run(container["args"], env=env, check=True, cwd=tmp_path)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert f"--nproc_per_node={per_pod}" in argv
+    assert argv[-5:-1] == ["-m", "voxpipe.cli", "encode", "--params"]
+    carried = load_params(argv[-1])
+    assert carried.encode.out == "runs/enc" and carried.model.base == "models/VoxCPM2"
+
+
+def test_encode_job_refuses_partial_pods_and_paths_off_the_workspace():
+    with pytest.raises(StepError, match="encode_devices=12 does not fill whole pods"):
+        _encode_job(encode_devices=12)
+    from voxpipe.launch.volcano import StepJob, render_job
+
+    params = Params(encode=EncodeParams(manifest=["ok.jsonl", "/etc/elsewhere.jsonl"]))
+    with pytest.raises(StepError, match="encode.manifest='/etc/elsewhere.jsonl'"):
+        render_job(params, "ml", None, StepJob.encode(params.launch))

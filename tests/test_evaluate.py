@@ -17,15 +17,11 @@ import torch
 from voxpipe.cli import main
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
+from voxpipe.data.fixed_seed_loss import fixed_seed_loss, summarize_seeds, val_loss_batches
 from voxpipe.evaluate.asr import edit_distance, errors, words
 from voxpipe.evaluate.consistency import consistency
-from voxpipe.evaluate.fixed_seed_loss import (
-    fixed_seed_loss,
-    improvement,
-    summarize_seeds,
-    val_loss_batches,
-)
 from voxpipe.evaluate.pitch import median_f0
+from voxpipe.evaluate.promotion import LossReference, Scores, loss_criterion
 from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
 from voxpipe.evaluate.step import EvaluateResult
 from voxpipe.model.io import from_pretrained
@@ -65,6 +61,16 @@ def _per_seed(model_losses, base_losses):
             for s, m, b in zip(SEEDS, model_losses, base_losses, strict=True)]
 
 
+def _loss_criterion(summary):
+    """The promotion rule's loss criterion on a model/baseline seed summary."""
+    def scores(who):
+        total = summary[who]["total"]
+        return Scores(total["mean"], total["std"], {}, None, [])
+
+    base = scores("baseline")
+    return loss_criterion(scores("model"), LossReference("baseline", base.loss, base.loss_std))
+
+
 # -- fixed-seed loss --------------------------------------------------------------------------------
 
 
@@ -100,10 +106,10 @@ def test_gate_fails_a_model_against_itself_and_passes_one_that_learned_the_val_s
     batches = val_loss_batches(val, base.patch_size, max_tokens=4096)
     base_losses = _losses(base, batches)
     same = summarize_seeds(_per_seed(base_losses, _losses(base, batches)))
-    passed, sentence = improvement(same)
-    assert not passed
+    criterion = _loss_criterion(same)
+    assert not criterion.passed
     assert same["delta"]["total"]["mean"] == 0.0 and same["seed_spread"] > 0
-    assert "does not beat" in sentence and f"{same['seed_spread']:.5f}" in sentence
+    assert f"seed spread {same['seed_spread']:.5f}" in criterion.detail
 
     # A genuinely better model: a copy of the base trained on the val rows themselves, so its fixed-seed
     # val loss has to fall by far more than the seed noise.
@@ -118,8 +124,8 @@ def test_gate_fails_a_model_against_itself_and_passes_one_that_learned_the_val_s
             optimizer.step()
             optimizer.zero_grad()
     better = summarize_seeds(_per_seed(_losses(learner, batches), base_losses))
-    passed, sentence = improvement(better)
-    assert passed, sentence
+    criterion = _loss_criterion(better)
+    assert criterion.passed, criterion.detail
     assert -better["delta"]["total"]["mean"] > 3 * better["seed_spread"]
     assert better["delta"]["total"]["max"] < 0  # better under every seed, not just on average
 
@@ -224,6 +230,13 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     numbers = {k: v for k, v in report.items() if not isinstance(v, (dict, list, str))}
     assert all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in numbers.values())
     assert report["loss_delta"] == 0.0 and report["improved"] == 0 and report["loss_seed_spread"] > 0
+    # the promotion rule: the same checkpoint keeps its voice but does not beat itself
+    assert [c["name"] for c in report["promotion"]["criteria"] if not c["passed"]] == ["loss"]
+    assert "not promoted over the baseline: loss FAIL" in err
+    for speaker, ci in report["scores"]["model"]["similarity"].items():
+        assert ci["n"] <= 2 and (ci["ci_low"] is None or ci["ci_low"] <= ci["mean"] <= ci["ci_high"]), speaker
+    assert report["chosen"]["step"] is None and len(report["exports"]) == 1
+    assert (out / "exports.png").is_file()
     assert [s["seed"] for s in report["loss"]["seeds"]] == [0, 1]
     assert report["loss"]["val_rows"] == len(EncodedDataset(encoded_sample.encoded, "val"))
     utterances = report["utterances"]["model"]

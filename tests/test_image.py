@@ -117,12 +117,14 @@ def test_a_compiled_kfp_component_runs_in_the_image(container, workspace):
     pipelines/finetune.yaml: the image, the component code and the compiled spec agree."""
     spec = next(yaml.safe_load_all((ROOT / "pipelines" / "finetune.yaml").read_text()))
     executor = spec["deploymentSpec"]["executors"]["exec-init-model"]["container"]
+    defaults = {k: v.get("defaultValue") for k, v in spec["root"]["inputDefinitions"]["parameters"].items()}
+    task = spec["root"]["dag"]["tasks"]["init-model"]["inputs"]["parameters"]
+    values = {name: defaults[source["componentInputParameter"]] for name, source in task.items()
+              if "componentInputParameter" in source and not name.startswith("pipelinechannel--")}
+    assert set(values) == {"workspace", "base_model", "params"}, values
     outputs = "/workspace/kfp-outputs/init-model"
     executor_input = {
-        "inputs": {"parameterValues": {
-            "workspace": "/workspace", "base_model": "",
-            "params": {k: v for k, v in Params().model.model_dump().items() if k != "out"},
-        }},
+        "inputs": {"parameterValues": values},
         "outputs": {
             "artifacts": {"model": {"artifacts": [{
                 "name": "model", "type": {"schemaTitle": "system.Model"}, "uri": f"{outputs}/model",

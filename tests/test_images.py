@@ -47,11 +47,13 @@ KFP = Needs(frozenset({"cluster"}))  # KFP's executor runs every component: kfp,
 # What each component's step needs beyond the project's dependencies (mlflow, matplotlib, torch...).
 # A new component fails test_every_component_says_what_it_needs until it has a row here.
 NEEDS = {
-    "ingest": KFP,
+    "ingest-plan": KFP,
+    "ingest-shard": KFP,
+    "ingest-merge": KFP,
     "manifest": KFP,
     "validate": KFP,
     "init-model": KFP,
-    "encode": KFP,
+    "encode": KFP,  # launch-encode's kubernetes client (volcano: true): the cluster extra too
     "train": KFP,  # launch-train's kubernetes client: the cluster extra too
     # pitch (librosa), ASR (pocketsphinx), the figure; the speaker encoder
     "evaluate": Needs(frozenset({"cluster", "eval"}), frozenset({"resemblyzer"})),

@@ -402,3 +402,19 @@ def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(t
         assert (info.format, info.subtype, info.samplerate, info.channels) == ("FLAC", "PCM_16", 16000, 1)
     ingest(IngestParams(input=[str(SAMPLE)], out=str(tmp_path / "one"), workers=1))
     assert (tmp_path / "one" / "raw.jsonl").read_bytes() == (tmp_path / "pool" / "raw.jsonl").read_bytes()
+
+
+def test_worker_count_follows_the_cgroup_cpu_quota(tmp_path):
+    """A pod's CPU limit is a cgroup quota, not an affinity mask: `workers: 0` must not start one decode
+    process per core of the node."""
+    from voxpipe.data.ingest import usable_cores
+
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert usable_cores(tmp_path / "absent") == affinity
+    cpu_max.write_text("max 100000\n")
+    assert usable_cores(cpu_max) == affinity
+    cpu_max.write_text("50000 100000\n")  # half a CPU: still one worker
+    assert usable_cores(cpu_max) == 1
+    cpu_max.write_text(f"{(affinity + 3) * 100000} 100000\n")  # a quota above the affinity: the affinity
+    assert usable_cores(cpu_max) == affinity

@@ -70,7 +70,7 @@ def test_ljspeech_folder_is_one_speaker_with_spoken_text_and_bad_lines_quarantin
     assert (tmp_path / "out" / "raw.jsonl").read_bytes() == first
 
 
-def _table(path: Path, header: list[str], rows: list[list[str]], delimiter: str = ",") -> Path:
+def write_table(path: Path, header: list[str], rows: list[list[str]], delimiter: str = ",") -> Path:
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, delimiter=delimiter)
         w.writerow(header)
@@ -82,7 +82,7 @@ def test_csv_tsv_and_jsonl_manifests_share_quarantine_and_content_addressing(tmp
     data = tmp_path / "set"
     for name, freq in (("a", 300), ("b", 400), ("c", 500)):
         wav(data / "clips" / f"{name}.wav", freq)
-    _table(data / "one.csv", ["path", "text", "speaker"], [
+    write_table(data / "one.csv", ["path", "text", "speaker"], [
         ["clips/a.wav", "alpha, with a comma", "anna"],
         ["clips/none.wav", "missing", "anna"],
         ["/etc/passwd", "absolute", "anna"],
@@ -90,7 +90,8 @@ def test_csv_tsv_and_jsonl_manifests_share_quarantine_and_content_addressing(tmp
     ])
     with open(data / "one.csv", "a", encoding="utf-8") as f:
         f.write("clips/b.wav,too,many,fields\n")
-    _table(data / "two.tsv", ["audio", "text", "speaker"], [["clips/b.wav", "bravo", "bert"]], delimiter="\t")
+    write_table(data / "two.tsv", ["audio", "text", "speaker"], [["clips/b.wav", "bravo", "bert"]],
+                delimiter="\t")
     (data / "three.jsonl").write_text("\n".join([
         json.dumps({"audio": "clips/c.wav", "text": "charlie", "speaker": 7}),
         "{not json",
@@ -110,7 +111,7 @@ def test_csv_tsv_and_jsonl_manifests_share_quarantine_and_content_addressing(tmp
         (files[1], 4, "malformed_row"),
     ]
     assert "line 6 has 4 fields, the header has 3" in bad[3]["detail"]
-    assert "line 2 is not JSON" in bad[4]["detail"] and "JSON list, not an object" in bad[5]["detail"]
+    assert "line 2 is not valid JSON" in bad[4]["detail"] and "JSON list, not an object" in bad[5]["detail"]
     assert "text field 'text' is a JSON int" in bad[7]["detail"]
     assert report["reasons"]["malformed_row"] == 4 and report["rows_in"] == 11
     # content addressing: the same samples give the same file as from a parquet row
@@ -120,7 +121,7 @@ def test_csv_tsv_and_jsonl_manifests_share_quarantine_and_content_addressing(tmp
 
 
 def test_manifest_without_a_text_column_is_refused_naming_the_columns(tmp_path, capsys):
-    f = _table(tmp_path / "m.csv", ["file", "transcript"], [["a.wav", "hi"]])
+    f = write_table(tmp_path / "m.csv", ["file", "transcript"], [["a.wav", "hi"]])
     assert ingest_cli(tmp_path, "--input", str(f)) == 1
     err = capsys.readouterr().err
     assert "no audio column 'audio'; the file has columns: file, transcript" in err
@@ -137,7 +138,10 @@ def test_manifest_without_a_text_column_is_refused_naming_the_columns(tmp_path, 
 def test_unreadable_manifest_is_a_run_level_error(tmp_path, capsys):
     (tmp_path / "m.jsonl").write_bytes(b'{"audio": "a.wav", "text": "\xff\xfe"}\n')
     assert ingest_cli(tmp_path, "--input", str(tmp_path / "m.jsonl")) == 1
-    assert f"{tmp_path / 'm.jsonl'}: unreadable jsonl manifest" in capsys.readouterr().err
+    assert f"{tmp_path / 'm.jsonl'}:1: not UTF-8 text" in capsys.readouterr().err
+    (tmp_path / "m.csv").write_bytes(b"audio,text\na.wav,caf\xe9\n")
+    assert ingest_cli(tmp_path, "--input", str(tmp_path / "m.csv")) == 1
+    assert f"{tmp_path / 'm.csv'}: unreadable csv manifest" in capsys.readouterr().err
     (tmp_path / "notes.txt").write_text("x")
     assert ingest_cli(tmp_path, "--input", str(tmp_path / "notes.txt")) == 1
     assert "not a .parquet, .csv, .tsv or .jsonl file" in capsys.readouterr().err

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 from kfp import dsl, local
 
-from components import steps
 from pipelines import finetune as pipeline
 from tests.test_ingest import SAMPLE
 from voxpipe.data.ingest import ingest
@@ -24,13 +23,8 @@ pytestmark = [
 
 @dsl.pipeline
 def fanned_out_ingest(workspace: str, data_version: str, params: dict) -> dsl.Dataset:
-    """The ingest part of pipelines/finetune.py, as it wires the three components."""
-    planned = steps.ingest_plan(workspace=workspace, data_version=data_version, params=params)
-    with dsl.ParallelFor(planned.outputs["Output"]) as index:
-        shard = steps.ingest_shard(workspace=workspace, params=params, plan=planned.outputs["plan"],
-                                   index=index)
-    return steps.ingest_merge(workspace=workspace, params=params, plan=planned.outputs["plan"],
-                              shards=dsl.Collected(shard.outputs["shard"])).outputs["data"]
+    """The pipeline's ingest tasks alone."""
+    return pipeline.fan_out_ingest(workspace, data_version, params)[2].outputs["data"]
 
 
 def md5(path: Path) -> str:
@@ -56,3 +50,4 @@ def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, mon
     assert shards == ["ingest", "ingest-plan", "ingest-shard", "ingest-shard"]  # two shard tasks ran
     assert single.rows_kept == 8
     assert (merged / "report.json").read_bytes() == (tmp_path / "single" / "report.json").read_bytes()
+

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_ingest import HF_AUDIO, encode, good_bytes, read_outputs, struct, tone
-from tests.test_ingest_formats import _table, wav
+from tests.test_ingest_formats import make_ljspeech, wav, write_table
 from voxpipe import cli
 from voxpipe.data.ingest import ingest
 from voxpipe.data.ingest_shards import ingest_shard, merge, plan
@@ -43,7 +43,7 @@ def dataset(tmp_path_factory) -> Path:
     pq.write_table(pa.Table.from_pylist(second, schema=schema), root / "b.parquet", row_group_size=3)
     wav(root / "wavs" / "x.wav", 700)
     (root / "wavs" / "dup.flac").write_bytes(clips[1])
-    _table(root / "c.csv", ["path", "text", "speaker"], [
+    write_table(root / "c.csv", ["path", "text", "speaker"], [
         ["wavs/x.wav", "from the csv", "d"], ["wavs/dup.flac", "row 1", "a"], ["wavs/none.wav", "gone", "d"]])
     return root
 
@@ -59,11 +59,13 @@ def single(dataset, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("shards", [2, 3])
-def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path, shards):
+def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path, capsys, shards):
     out = tmp_path / "out"
-    result = ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0,
-                                 shards=shards))
-    assert f"in {shards} shards" in result.summary()
+    (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n")
+    # as `dvc repro` runs it: `voxpipe ingest`, the shard count from params.yaml
+    assert cli.main(["ingest", "--params", str(tmp_path / "params.yaml"), "--input", str(dataset), "--out",
+                     str(out), "--workers", "1"]) == 0
+    assert f"in {shards} shards" in capsys.readouterr().out
     for name in OUTPUTS:
         assert (out / name).read_bytes() == (single / name).read_bytes(), name
     raw, bad, report = read_outputs(out)  # rows_in == rows_kept + rows_quarantined
@@ -127,7 +129,15 @@ def test_merge_refuses_missing_foreign_or_stale_shards(dataset, tmp_path):
                      out=str(tmp_path / "m")))
     with pytest.raises(StepError, match=r"ingest.shard=5, but the plan has shards 0..1"):
         ingest_shard(params(plan=str(first.path), shard=5, out=str(tmp_path / "s5")))
-    _table(dataset / "c.csv", ["path", "text", "speaker"], [["wavs/x.wav", "changed", "d"]])
+    # a shard folder that lost a clip after it finished: named, and no half-merged output is left
+    ingest_shard(params(plan=str(first.path), shard=1, out=str(tmp_path / "s1")))
+    clip = next((tmp_path / "s0" / "audio").rglob("*.flac"))
+    clip.unlink()
+    with pytest.raises(StepError, match=rf"s0: cannot take its clip audio/{clip.parent.name}/{clip.name}"):
+        merge(params(plan=str(first.path), shard_dirs=[str(tmp_path / "s0"), str(tmp_path / "s1")],
+                     out=str(tmp_path / "m")))
+    assert not [f for f in (tmp_path / "m").iterdir() if f.is_file()]
+    write_table(dataset / "c.csv", ["path", "text", "speaker"], [["wavs/x.wav", "changed", "d"]])
     with pytest.raises(StepError, match=r"c.csv has 1 rows, the plan .* counted 3: the input changed"):
         ingest_shard(params(plan=str(first.path), shard=1, out=str(tmp_path / "s1")))
 
@@ -145,3 +155,21 @@ def test_too_many_bad_rows_is_judged_over_all_shards(tmp_path):
                             max_bad_fraction=0.4))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["rows_in"] == 8 and "4 of 8 rows quarantined" in report["error"]
+
+
+def test_a_manifest_is_cut_in_row_blocks_of_equal_audio_volume(tmp_path):
+    """One LJSpeech metadata.csv of 200 rows whose clips grow longer down the file: the plan cuts it by
+    the sizes of the files named, not the row count, and the sharded run still equals a single one."""
+    data = tmp_path / "LJSpeech"
+    make_ljspeech(data, 200)
+    for i in range(100, 200):  # the second half: clips 4x as long
+        wav(data / "wavs" / f"LJ001-{i:04d}.wav", 200 + 50 * (i % 4) + i, seconds=4.0)
+    planned = plan(IngestParams(input=[str(data)], out=str(tmp_path / "plan"), shards=2))
+    shards = json.loads(planned.path.read_text())["shards"]
+    assert [s["ranges"] for s in shards] == [[[0, 0, 128]], [[0, 128, 200]]]  # cut on 64-row blocks
+    assert 0.5 < shards[0]["audio_bytes"] / shards[1]["audio_bytes"] < 2
+    single = _single(data, tmp_path / "single")
+    ingest(IngestParams(input=[str(data)], out=str(tmp_path / "out"), workers=1, max_bad_fraction=1.0,
+                        shards=2))
+    for name in OUTPUTS:
+        assert (tmp_path / "out" / name).read_bytes() == (single / name).read_bytes(), name

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from small_sample import write_small_sample
 
 from components import steps
+from components.shared import step_folder
 from pipelines import finetune as pipeline
 from voxpipe.track.lineage import dvc_md5
 
@@ -37,6 +38,20 @@ def test_committed_yaml_is_the_compiled_pipeline(tmp_path):
     )
 
 
+def test_a_retried_task_finds_the_folder_of_the_attempt_before():
+    """KFP >= 2.5 salts each driver run's output URI with a uuid; the workspace folder (checkpoints,
+    reusable shards) must not change with it, but must with the run, the task and a ParallelFor item."""
+    uri = "minio://mlpipeline/v2/artifacts/finetune/{run}/train/{salt}/model"
+    first = uri.format(run="7f3a", salt="0b7e0e5e-3c55-4a9e-9d43-5a6f61a2c3b1")
+    retry = uri.format(run="7f3a", salt="5d2c9a10-8e1b-4f7a-a0c2-39d4e5f6a7b8")
+    folder = step_folder("/ws", "train", first)
+    assert step_folder("/ws", "train", retry) == folder
+    assert step_folder("/ws", "train", first.replace("7f3a", "8e4b")) != folder
+    assert step_folder("/ws", "train", first.replace("/train/", "/encode/")) != folder
+    shards = {step_folder("/ws", "ingest-shard", first, part=str(i)) for i in range(2)}
+    assert len(shards) == 2
+
+
 def test_compiled_pipeline_places_tasks_on_the_cluster():
     spec, platform = yaml.safe_load_all(COMPILED.read_text())
     inputs = spec["root"]["inputDefinitions"]["parameters"]
@@ -48,7 +63,7 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     for name, executor in executors.items():
         container = executor["container"]
         assert "pip install" not in " ".join(container["command"]), name  # nothing installed at run time
-        accelerated = name in ("exec-encode", "exec-evaluate")
+        accelerated = name == "exec-evaluate"  # encode and train request theirs in their Volcano jobs
         image = "accelerator_image" if accelerated else "cpu_image"
         assert container["image"] == f"{{{{$.inputs.parameters['pipelinechannel--{image}']}}}}", name
         if accelerated:
@@ -63,7 +78,7 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
         in_loop = name == "exec-ingest-shard"  # inside the ParallelFor: the loop's copy of the parameter
         assert pvc == ("pipelinechannel--pvc_name" if in_loop else "pvc_name"), name
         placed = "nodeSelector" in config and "tolerations" in config
-        assert placed == (name in ("exec-encode", "exec-evaluate")), name
+        assert placed == (name == "exec-evaluate"), name
 
 
 @pytest.fixture
@@ -116,8 +131,13 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
     assert int(version.version) == int(registered["version"])
     assert client.get_run(version.run_id).data.tags["voxpipe.kfp_run_id"]  # KFP's run id reached the run
     # bulk data on the workspace, only reports in KFP's artifact store
-    folders = {p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir()}
-    assert folders == {"ingest-plan", "ingest-shard", "ingest", "manifest", "init-model", "encode", "train",
-                       "evaluate", "mfu", "register"}
+    folders = {p.name.rsplit("-", 1)[0] for p in (workspace / "voxpipe").iterdir() if p.is_dir()}  # not locks
+    assert folders == {"ingest-plan", "ingest-shard", "ingest", "manifest", "validate", "init-model",
+                       "encode", "train", "evaluate", "mfu", "register"}
     assert not list((local_runner / "kfp").rglob("*.safetensors"))
     assert list((workspace / "voxpipe").rglob("*.safetensors"))
+    # what the KFP UI shows: the eval summary (verdict table), the eval page (samples embedded), mfu.md
+    ui = {p.name: p for p in (local_runner / "kfp").rglob("*") if p.name in ("summary", "page", "report_md")}
+    assert "| fixed-seed val loss |" in ui["summary"].read_text()
+    assert "<audio controls" in ui["page"].read_text() and "data:audio/wav;base64," in ui["page"].read_text()
+    assert ui["report_md"].read_text().startswith("#")

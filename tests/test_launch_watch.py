@@ -85,6 +85,20 @@ def test_evicted_pod_is_blamed_with_its_reason():
             run_job(api_for(cluster), job(), **FAST)
 
 
+def test_a_pod_that_cannot_start_fails_fast_and_deletes_the_job():
+    """A missing Secret leaves the container waiting forever: fail now, not after timeout_seconds."""
+    pods = [pod(f"{NAME}-master-0", "master", "Pending",
+                waiting=("CreateContainerConfigError", 'secret "voxpipe-mlflow" not found')),
+            pod(f"{NAME}-worker-0", "worker", "Pending", waiting=("ContainerCreating", ""))]
+    with FakeCluster(statuses=[phase("Pending")], pods=pods) as cluster:
+        with pytest.raises(StepError) as err:
+            run_job(api_for(cluster), job(), **FAST)
+        assert cluster.deleted == [NAME]  # no half-started gang keeps holding accelerators
+    message = str(err.value)
+    assert f'pod {NAME}-master-0: CreateContainerConfigError: secret "voxpipe-mlflow" not found' in message
+    assert "docs/cluster.md" in message and "Traceback" not in message
+
+
 def test_timeout_deletes_the_job():
     with FakeCluster(statuses=[phase("Running")]) as cluster:
         with pytest.raises(StepError, match=f"ml/{NAME} timed out .*still Running.*deleted it"):

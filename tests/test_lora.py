@@ -15,10 +15,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from upstream import import_upstream
 
+from voxpipe.errors import StepError
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, preset
 from voxpipe.model.io import from_pretrained, init_model, save_pretrained
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.errors import StepError
 from voxpipe.params import LoraParams, ModelParams, load_params
 from voxpipe.train.lora import (
     LORA_CONFIG,

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL, render_job
+from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL, StepJob, render_job
 from voxpipe.params import DEFAULT_SECRET_ENV, LaunchParams, Params
 from voxpipe.secrets import is_secret_name
 
@@ -115,7 +115,8 @@ def test_mlflow_server_is_the_release_the_images_install_as_client():
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     constraints = (MANIFESTS.parent / "images" / "constraints.txt").read_text().splitlines()
     (client_version,) = [line.split("==")[1] for line in constraints if line.startswith("mlflow==")]
-    assert container["image"] == f"ghcr.io/mlflow/mlflow:v{client_version}"
+    # the -full variant: the plain one is `pip install mlflow` alone, without the auth extra basic-auth needs
+    assert container["image"] == f"ghcr.io/mlflow/mlflow:v{client_version}-full"
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) not installed")
@@ -220,9 +221,11 @@ def volcano_pod_specs() -> dict[str, dict]:
         "gpu": LaunchParams(accelerator="nvidia.com/gpu", pods=2),
         "cpu-one-pod": LaunchParams(accelerator="", pods=1, secret_env={}),
     }
+    jobs = {name: render_job(Params(launch=launch), "ml") for name, launch in variants.items()}
+    encode = LaunchParams(encode_devices=16)
+    jobs["encode"] = render_job(Params(launch=encode), "ml", job=StepJob.encode(encode))
     return {f"volcano {name}/{task['name']}": task["template"]["spec"]
-            for name, launch in variants.items()
-            for task in render_job(Params(launch=launch), "ml")["spec"]["tasks"]}
+            for name, job in jobs.items() for task in job["spec"]["tasks"]}
 
 
 def manifest_pod_specs() -> dict[str, dict]:

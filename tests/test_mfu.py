@@ -15,7 +15,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from voxpipe.cli import main
-from voxpipe.mfu.flops import batch_dit_rows, batch_training_flops, forward_flops, training_flops
+from voxpipe.mfu.flops import (
+    batch_dit_rows,
+    batch_enc_rows,
+    batch_training_flops,
+    forward_flops,
+    training_flops,
+)
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, measure_cpu_gemm_peak, peak_flops, table_peak
 from voxpipe.mfu.published import PUBLISHED, frames_only_flops, published_check
 from voxpipe.model.config import preset
@@ -216,7 +222,7 @@ def real_run(tmp_path_factory) -> tuple:
         line = {
             "step": step,
             "step_time_s": time.perf_counter() - start,
-            "shapes": [[2, 24 + 8 * step, batch_dit_rows(batch)]],
+            "shapes": [[2, 24 + 8 * step, batch_dit_rows(batch), batch_enc_rows(batch)]],
             "real_tokens": int((batch["text_mask"] + batch["audio_mask"]).sum()),
         }
         if step != 2:  # step 2 exercises the fallback from shapes
@@ -249,7 +255,8 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
     figures = json.loads((out / "mfu.json").read_text())
     used = lines[1:]  # warmup_steps = 1
     seconds = sum(x["step_time_s"] for x in used)
-    flops = sum(training_flops(config, b, n, dit_rows=rows) for x in used for b, n, rows in x["shapes"])
+    flops = sum(training_flops(config, b, n, dit_rows=rows, enc_rows=enc)
+                for x in used for b, n, rows, enc in x["shapes"])
     assert figures["steps_measured"] == 2 and figures["steps_skipped"] == 1
     assert figures["achieved_tflops_per_device"] == pytest.approx(flops / seconds / 1e12)
     assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / figures["peak_tflops"])

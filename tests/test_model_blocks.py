@@ -8,7 +8,6 @@ also consume the global RNG exactly like upstream so equal seeds give equal resu
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
@@ -20,8 +19,7 @@ from voxpipe.model.config import CfmConfig, MiniCPM4Config, RopeScalingConfig, V
 from voxpipe.model.fsq import ScalarQuantizer
 from voxpipe.model.locdit import LocalDiT
 from voxpipe.model.locenc import LocalEncoder
-from voxpipe.model.minicpm import MiniCPMModel, apply_rope, rope_cos_sin
-from voxpipe.model.npu import NpuKernels, use_npu_kernels
+from voxpipe.model.minicpm import MiniCPMModel, rope_cos_sin
 
 ATOL = 1e-5
 
@@ -416,29 +414,7 @@ def test_fp32_parameters_under_bf16_autocast(up):
     assert cache.keys[0].dtype == torch.bfloat16
 
 
-# -- NPU switches and the real shape ----------------------------------------------------------------
-def test_npu_switches_are_noops_off_npu(up):
-    ours, _ = stacks(up, STACKS["2L-gqa2-mup-longrope"])
-    x = torch.randn(2, 6, 48)
-    with torch.no_grad():
-        before = ours(x)
-        use_npu_kernels(ours, NpuKernels.all())
-        assert ours.layers[0].mlp.npu_kernels.swiglu and ours.norm.npu_kernels.rms_norm
-        assert torch.equal(ours(x), before)
-    assert "torch_npu" not in sys.modules
-
-
-def test_bf16_rope_without_upcast_stays_close():
-    config = STACKS["1L-gqa2-rope"]
-    cos, sin = rope_cos_sin(config, torch.arange(64))
-    q, k = torch.randn(2, 2, 64, 16), torch.randn(2, 1, 64, 16)
-    want = apply_rope(q, k, cos, sin)
-    got = apply_rope(q.bfloat16(), k.bfloat16(), cos, sin, upcast=False)
-    assert got[0].dtype == torch.bfloat16
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.float(), w, atol=0.1, rtol=0.05)
-
-
+# -- the real shape (NPU switches: test_model_accel.py) ------------------------------------------
 def test_real_shape_blocks_have_upstreams_keys_and_shapes(up):
     config = preset("voxcpm2")
     with torch.device("meta"):

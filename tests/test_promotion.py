@@ -57,7 +57,8 @@ def test_better_loss_and_worse_voice_is_not_promoted():
     assert failed.limit == pytest.approx(0.70 - TOLERANCE) and failed.candidate == pytest.approx(0.60)
     assert "95% CI" in failed.detail and "similarity[spk_m] FAIL" in v.sentence()
     # a drop within the tolerance is not a failure
-    assert decide(scores(loss=0.5, sims={"spk_f": [0.80] * 4, "spk_m": [0.66] * 4}), BASE, None, TOLERANCE).promoted
+    within = scores(loss=0.5, sims={"spk_f": [0.80] * 4, "spk_m": [0.66] * 4})
+    assert decide(within, BASE, None, TOLERANCE).promoted
 
 
 def test_a_speaker_without_any_voice_fails_its_similarity():

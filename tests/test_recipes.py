@@ -25,8 +25,8 @@ def test_the_recipes_are_shipped():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_states_memory_and_step_time_with_a_source(name):
-    header = " ".join(line.lstrip("# ") for line in (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines()
-                      if line.startswith("#"))
+    lines = (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
     for label in ("memory:", "step time:", "source:"):
         assert label in header, f"recipes/{name}.yaml: no {label!r} line in its header"
 
@@ -50,7 +50,8 @@ def test_recipe_loads_through_the_schema_and_renders_its_volcano_job(name):
         container = spec["containers"][0]
         assert f"--nproc_per_node={params.launch.devices_per_pod}" in container["args"][-1]
         if params.launch.accelerator:
-            assert container["resources"]["limits"][params.launch.accelerator] == params.launch.devices_per_pod
+            limits = container["resources"]["limits"]
+            assert limits[params.launch.accelerator] == params.launch.devices_per_pod
         carried = next(e["value"] for e in container["env"] if e["name"] == PARAMS_ENV)
         in_pod = Params.model_validate(yaml.safe_load(carried))
         assert (in_pod.train, in_pod.model.base, in_pod.tracking) == (params.train, params.model.base,
@@ -60,9 +61,9 @@ def test_recipe_loads_through_the_schema_and_renders_its_volcano_job(name):
 
 def test_precedence_file_then_recipe_then_set_then_flag(tmp_path):
     own = tmp_path / "params.yaml"
-    own.write_text("train:\n  max_steps: 5\n  lr: 0.5\nmodel:\n  base: mine\n")
+    own.write_text("train:\n  max_steps: 5\n  seed: 3\nmodel:\n  base: mine\n")
     p = load_params(own, recipe="voxcpm2-lora-gpu1")
-    assert (p.train.max_steps, p.model.base, p.train.lr) == (1000, "models/VoxCPM2", 0.5)  # lr: not in it
+    assert (p.train.max_steps, p.model.base, p.train.seed) == (1000, "models/VoxCPM2", 3)  # seed: not in it
     p = load_params(own, ["train.max_steps=7"], recipe="voxcpm2-lora-gpu1")
     assert p.train.max_steps == 7
     p = load_params(own, ["train.max_steps=7"], {"train.max_steps": 9}, recipe="voxcpm2-lora-gpu1")

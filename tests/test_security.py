@@ -1,25 +1,25 @@
-"""Issue 15 end to end: a real `mlflow server --app-name basic-auth` on 127.0.0.1 refuses anonymous writes
-and takes `register` with credentials from the environment; fake secrets planted in every channel (secret-named
-env, a variable only `launch.secret_env` names, a URI password in a param, the run name, a train report) appear
-nowhere the pipeline writes: its files, the MLflow store (database and artifacts), the rendered Volcano Job.
-And `register` records the code version: $VOXPIPE_GIT_COMMIT (images), else `git rev-parse`.
+"""Issue 15 end to end: a real `mlflow server --app-name basic-auth` on 127.0.0.1 refuses anonymous
+writes and takes `register` with credentials from the environment; fake secrets planted in every
+channel (secret-named env, a variable only `launch.secret_env` names, a URI password in a param, the
+run name, a train report) appear nowhere the pipeline writes: its files, the MLflow store (database
+and artifacts), the rendered Volcano Job. And `register` records the code version:
+$VOXPIPE_GIT_COMMIT (images), else `git rev-parse`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
+from servers import mlflow_server
 from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.errors import StepError
@@ -33,59 +33,30 @@ from voxpipe.track.register import register
 
 ADMIN, ADMIN_PASSWORD = "admin", "adm-Pw7731-never-logged"
 DECLARED = "vv-Lm44-only-declared"  # env VOICE_VAULT: a name that says nothing; launch.secret_env names it
-URI_PASSWORD = "uriPw-K9k5-never-logged"
+URI_PASSWORD = "uriPw-K9k5-never-logged"  # in a param's URI
 API_KEY = "wk-Tt02-never-logged"  # env WANDB_API_KEY
-SECRETS = (ADMIN_PASSWORD, DECLARED, URI_PASSWORD, API_KEY)
+PARAMS_ONLY = "hf-Jq90-only-in-launch-env"  # launch.env.HF_TOKEN: refused by launch-train, logged by register
+SECRETS = (ADMIN_PASSWORD, DECLARED, URI_PASSWORD, API_KEY, PARAMS_ONLY)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MODEL = "voxpipe-secure"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+AUTH_CONFIG = Path(__file__).resolve().parents[1] / "manifests" / "namespaced" / "mlflow-auth-config.yaml"
+MANIFEST_AUTH_DB = "sqlite:////mlflow/basic_auth.db"
 
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
-    """MLflow's basic-auth app as manifests/ runs it: settings from an ini (MLFLOW_AUTH_CONFIG_PATH), the
-    admin account and the CSRF key from the environment (there: the Secret voxpipe-mlflow)."""
+    """MLflow's basic-auth app as manifests/ runs it: the ConfigMap's settings (MLFLOW_AUTH_CONFIG_PATH; the
+    user database moved off /mlflow), the admin account and the CSRF key from the environment (there: the
+    Secret voxpipe-mlflow)."""
     root = tmp_path_factory.mktemp("mlflow_auth")
     ini = root / "basic_auth.ini"
-    ini.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{root / 'basic_auth.db'}\n"
-                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    shipped = yaml.safe_load(AUTH_CONFIG.read_text())["data"]["basic_auth.ini"]
+    assert MANIFEST_AUTH_DB in shipped
+    ini.write_text(shipped.replace(MANIFEST_AUTH_DB, f"sqlite:///{root / 'basic_auth.db'}"))
     env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
-           "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD, "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-for-tests"}
-    port = _free_port()
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "server", "--app-name", "basic-auth",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=root,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not become healthy"
-            time.sleep(0.5)
+           "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD, "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-test-key"}
+    with mlflow_server(root, "--app-name", "basic-auth", env=env) as uri:
         yield uri, root
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def _create_experiment(uri: str, auth: tuple[str, str] | None) -> int:
@@ -125,7 +96,7 @@ def outputs(tmp_path_factory):
                   "out": str(root / "register")}
 
 
-def secure_params(files: dict, uri: str, work: Path) -> Params:
+def secure_params(files: dict, uri: str | None, work: Path, **launch_env: str) -> Params:
     return Params.model_validate({
         "ingest": {"input": [f"s3://reader:{URI_PASSWORD}@voice-bucket/takes"]},
         "register": {**files, "model_name": MODEL,
@@ -134,7 +105,7 @@ def secure_params(files: dict, uri: str, work: Path) -> Params:
         "launch": {"secret_env": {"VOICE_VAULT": "voice-vault/value", "WANDB_API_KEY": "wandb/key",
                                   "MLFLOW_TRACKING_USERNAME": "voxpipe-mlflow/username",
                                   "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password"},
-                   "env": {"MLFLOW_TRACKING_URI": uri}},
+                   "env": {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **launch_env}},
     })
 
 
@@ -163,23 +134,27 @@ def test_register_with_env_credentials_leaks_no_secret_anywhere(auth_server, out
     root, files = outputs
     pipeline_env.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
     pipeline_env.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
-    params = secure_params(files, uri, root / "work")
-    register(params)
+    # the password in the tracking URI too (requests sends a URI's user info, ahead of MLflow's env pair)
+    pipeline_env.setenv("MLFLOW_TRACKING_URI", uri.replace("//", f"//{ADMIN}:{ADMIN_PASSWORD}@"))
+    register(secure_params(files, None, root / "work", HF_TOKEN=PARAMS_ONLY))
     registered = json.loads((root / "register" / "registered.json").read_text())
+    assert registered["tracking_uri"] == uri.replace("//", f"//{ADMIN}:{REDACTED}@")
 
     client = MlflowClient(uri)  # reads with the env credentials
     run = client.get_run(registered["run_id"])
     assert run.info.run_name.startswith(f"ft-{REDACTED}-{REDACTED}")
     assert run.data.params["ingest.input"] == f'["s3://reader:{REDACTED}@voice-bucket/takes"]'
     assert run.data.params["train.out"] == f"runs/{REDACTED}"
+    assert run.data.params["launch.env.HF_TOKEN"] == REDACTED
     # ordinary keys keep their values, whatever their names say
     assert run.data.params["train.max_tokens"] == "4096"
     token_ids = {k: v for k, v in run.data.params.items() if k.endswith("_token_id")}
     assert token_ids and REDACTED not in "".join(token_ids.values())
     # the image's commit
-    assert run.data.tags["mlflow.source.git.commit"] == COMMIT and run.data.tags["voxpipe.git_dirty"] == "false"
+    assert run.data.tags["mlflow.source.git.commit"] == COMMIT
+    assert run.data.tags["voxpipe.git_dirty"] == "false"
 
-    job = job_yaml(render_job(params, "ml"))
+    job = job_yaml(render_job(secure_params(files, uri, Path("work")), "ml"))  # work: on the volume
     assert "secretKeyRef:\n" in job and "name: voice-vault" in job
     written = [f for folder in (root / "register", root / "work") for f in folder.rglob("*") if f.is_file()]
     store = [f for f in server_root.rglob("*") if f.is_file() and f.suffix != ".log"]
@@ -207,8 +182,9 @@ def test_redaction_is_by_value_not_by_key(monkeypatch, tmp_path):
 def test_git_commit_from_the_image_env_else_git(tmp_path, monkeypatch):
     monkeypatch.setenv("VOXPIPE_GIT_COMMIT", COMMIT)
     assert git_commit(tmp_path) == (COMMIT, False)
-    monkeypatch.delenv("VOXPIPE_GIT_COMMIT")
+    monkeypatch.setenv("VOXPIPE_GIT_COMMIT", "unknown")  # an image built without the build-arg
     assert git_commit(tmp_path) == (None, False)  # no repository, no image commit: nothing claimed
+    monkeypatch.delenv("VOXPIPE_GIT_COMMIT")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@e"}
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
@@ -219,3 +195,18 @@ def test_git_commit_from_the_image_env_else_git(tmp_path, monkeypatch):
     assert git_commit(tmp_path) == (head.strip(), False)
     (tmp_path / "f").write_text("changed")
     assert git_commit(tmp_path) == (head.strip(), True)
+
+
+def test_pipeline_steps_refuse_workspace_paths_that_escape(tmp_path):
+    """The KFP tasks that take a workspace path from the user check it as launch-train does."""
+    from types import SimpleNamespace
+
+    from components import steps
+
+    artifact = SimpleNamespace(uri="gs://bucket/artifact", path=str(tmp_path / "artifact"), metadata={})
+    with pytest.raises(StepError, match=r"base_model='\.\./\.\./etc/escape' resolves to .* outside the"):
+        steps.init_model.python_func(workspace=str(tmp_path / "ws"), params={}, base_model="../../etc/escape",
+                                     model=artifact)
+    with pytest.raises(StepError, match=r"ingest.input='/etc' resolves to /etc, outside the workspace"):
+        steps.ingest_plan.python_func(workspace=str(tmp_path / "ws"), data_version="x",
+                                      params={"input": ["data/ok", "/etc"]}, plan=artifact)

@@ -13,12 +13,10 @@ import base64
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -27,6 +25,7 @@ import pandas as pd
 import pytest
 import soundfile as sf
 from mlflow import MlflowClient
+from servers import mlflow_server
 
 from voxpipe.cli import main
 from voxpipe.data.ingest import ingest
@@ -36,7 +35,8 @@ from voxpipe.model.io import init_model
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
 from voxpipe.track.lineage import dvc_md5
-from voxpipe.track.register import register
+from voxpipe.track.register import RegisterResult, register
+from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.loop import train
@@ -50,46 +50,11 @@ SECRETS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real MLflow tracking + registry server on localhost; its process group is ended afterwards."""
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not become healthy"
-            time.sleep(0.5)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as uri:
         yield uri
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -257,12 +222,11 @@ def test_champion_loads_and_synthesizes(registered, server, pipeline):
     # voice cloning: a reference clip per row, as a path or as base64 (what a remote client sends)
     clip = reference_clip(root)
     encoded = base64.b64encode(clip.read_bytes()).decode()
-    texts = ["hello there"] * 3
-    cloned = model.predict(pd.DataFrame({"text": texts, "reference_audio": [str(clip), encoded, ""]}),
-                           params=params)
-    np.testing.assert_array_equal(cloned["audio"][0], cloned["audio"][1])  # path or bytes: the same clip
-    own_voice = cloned["audio"][2]
-    assert own_voice.size != cloned["audio"][0].size or not np.array_equal(own_voice, cloned["audio"][0])
+    by_path, by_bytes = (model.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [ref]}),
+                                       params=params)["audio"][0] for ref in (str(clip), encoded))
+    np.testing.assert_array_equal(by_path, by_bytes)  # the same clip, the same seed: the same audio
+    own_voice = out["audio"][0]
+    assert own_voice.size != by_path.size or not np.array_equal(own_voice, by_path)  # the reference counts
     with pytest.raises(Exception, match="neither an audio file nor base64 audio"):
         model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["/no/such/clip.wav"]}), params=params)
 
@@ -313,6 +277,102 @@ def test_reregister_is_idempotent(registered, pipeline, server):
     assert len(client.search_model_versions(f"name = '{NAME}'")) == versions
     assert len(client.get_metric_history(a["run_id"], "loss")) == history
     assert client.get_model_version_by_alias(NAME, "candidate").version == b["version"]  # aliases untouched
+
+
+def rule_run(pipeline_root: Path, root: Path, tag: str, loss: float, **eval_changes) -> dict:
+    """One more pipeline run's outputs (its own export and work folder) for the registry-rule tests."""
+    folder = root / tag
+    init_model(ModelParams(preset="tiny", seed=len(tag), out=str(folder / "export")))
+    write_training(folder / "train", 1e-4, [2.0, 1.9, 1.8])
+    return {"model": str(folder / "export"), "train": str(folder / "train"),
+            "eval": str(write_eval(folder / "eval", loss, 2.0, **eval_changes)),
+            "mfu": str(write_mfu(folder / "mfu", 0.01)), "ingest": str(pipeline_root / "ingest"),
+            "out": str(folder / "register"), "work": str(folder / "work")}
+
+
+def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, secrets_in_env, tmp_path):
+    """Against a champion: a better loss with a drifted voice is not promoted, nor a loss from another val
+    set; every criterion is on the version's tags, in registered.json and in the summary line."""
+    root, _ = pipeline
+    name = "voxpipe-rule"
+    settings = {"tracking_uri": server, "experiment": name, "model_name": name}
+    first = run_register(rule_run(root, tmp_path, "first", 1.90), **settings)
+    assert first["decision"]["promoted"] and first["aliases"] == ["candidate", "champion"]
+
+    drifted = run_register(rule_run(root, tmp_path, "drifted", 1.50, similarity=0.45), **settings)
+    verdicts = {c["name"]: c["passed"] for c in drifted["decision"]["criteria"]}
+    assert verdicts == {"loss": True, "similarity[spk]": False, "stop_failures": True, "voice_split": True}
+    assert not drifted["decision"]["promoted"] and drifted["aliases"] == ["candidate"]
+    assert drifted["decision"]["compared_to"] == f"champion v{first['version']}"
+    tags = MlflowClient(server).get_model_version(name, drifted["version"]).tags
+    assert tags["voxpipe.rule.loss"].startswith("ok: 1.50000 vs champion")
+    assert tags["voxpipe.rule.similarity.spk"].startswith("FAIL: 0.450")
+    assert tags["voxpipe.decision"] == "not promoted"
+    assert "similarity[spk] FAIL" in tags["voxpipe.decision_reason"]
+    line = RegisterResult(Path(tmp_path / "drifted" / "register"), drifted).summary()
+    assert "not promoted over the champion" in line and "similarity[spk] FAIL (0.450" in line
+
+    elsewhere = run_register(rule_run(root, tmp_path, "elsewhere", 1.50, val_digest="val-v2"), **settings)
+    assert not elsewhere["decision"]["promoted"]
+    assert "scored on val set val-v1, this candidate on val-v2" in elsewhere["decision"]["reason"]
+    better = run_register(rule_run(root, tmp_path, "better", 1.50), **settings)
+    assert better["decision"]["promoted"] and better["aliases"] == ["candidate", "champion"]
+    assert MlflowClient(server).get_model_version_by_alias(name, "champion").version == better["version"]
+
+
+def test_registry_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    events = []
+
+    def holder():
+        with registry_lock(client, "m"):
+            events.append("first in")
+            time.sleep(1.0)
+            events.append("first out")
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    while not events:
+        time.sleep(0.05)
+    with registry_lock(client, "m"):
+        events.append("second in")
+    thread.join()
+    assert events == ["first in", "first out", "second in"]
+    # a register killed inside the lock leaves the marker model behind: it is broken after the lease
+    client.create_registered_model(f"m{LOCK_SUFFIX}")
+    with registry_lock(client, "m", lease_s=0.5):
+        pass
+    assert not client.search_registered_models(f"name = 'm{LOCK_SUFFIX}'")
+
+
+def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secrets_in_env, tmp_path):
+    """Three `voxpipe register` processes at once against one server, each better than the base and each
+    better than the one before by more than the seed spread: whatever order they finish in, @champion ends
+    on the best, and each registered.json says only what the registry held."""
+    root, _ = pipeline
+    name = "voxpipe-race"
+    procs, files = [], []
+    for i, loss in enumerate((1.80, 1.70, 1.60)):
+        run = rule_run(root, tmp_path, f"race{i}", loss)
+        params = tmp_path / f"race{i}.yaml"
+        params.write_text(json.dumps({
+            "register": {k: v for k, v in run.items() if k != "work"} | {"model_name": name},
+            "tracking": {"uri": server, "experiment": name, "work": run["work"]},
+        }))
+        files.append(run)
+        command = [str(Path(sys.executable).with_name("voxpipe")), "register", "--params", str(params)]
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        output = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, output
+    results = [json.loads((Path(f["out"]) / "registered.json").read_text()) for f in files]
+    client = MlflowClient(server)
+    assert client.get_model_version_by_alias(name, "champion").version == results[2]["version"]
+    for reg in results:
+        tags = client.get_model_version(name, reg["version"]).tags
+        assert tags["voxpipe.decision"] == ("promoted" if reg["decision"]["promoted"] else "not promoted")
+        assert ("champion" in reg["aliases"]) <= reg["decision"]["promoted"]
+    assert not client.search_registered_models(f"name = '{name}{LOCK_SUFFIX}'")  # the lock was released
 
 
 def test_compare_lists_both_runs(registered, pipeline, server):
@@ -392,7 +452,7 @@ LIVE_SETTINGS = {"device": "cpu", "max_steps": LIVE_STEPS, "val_every": 2, "val_
 
 def train_live(sample, out: Path, server: str, experiment: str = LIVE, **changes) -> dict:
     """A real training with train.track on; its report.json. `work` (unused with a tracking URI) holds the
-    value of a secret env var, as any param might: it must reach MLflow redacted."""
+    value of a secret env var, as any param might: it must not reach MLflow."""
     tracking = {"uri": server, "experiment": experiment,
                 "work": str(out.parent / SECRETS["MLFLOW_TRACKING_TOKEN"])}
     train(Params(model={"base": str(sample.base_model)}, tracking=tracking, train=TrainParams(
@@ -433,7 +493,7 @@ def test_live_training_run_is_the_registered_run(live, server):
     steps = list(range(1, LIVE_STEPS + 1))
     # while training: the scrubbed train params and every step's metrics
     assert trained.data.params["train.lr"] == "0.002" and trained.data.params["train.track"] == "true"
-    assert trained.data.params["tracking.work"].endswith("/***")
+    assert not any(k.startswith("tracking.") for k in trained.data.params)  # where it logs, not what ran
     assert_no_secrets(trained.data.params)
     assert during["loss"] == steps and during["skipped"] == steps and during["val/loss"] == [2, 4]
     # register completed that run: one run, each metric once per step, the base model's val point added

@@ -26,7 +26,10 @@ def row(audio: str, text: str = "hello there", duration: float = 1.0, **extra) -
 
 
 def check(manifest: Path):
-    return validate_manifest(Params(validate={"manifest": str(manifest)}))
+    out = manifest.parent / "v"
+    result = validate_manifest(Params(validate={"manifest": str(manifest), "out": str(out)}))
+    assert json.loads((out / "validate.json").read_text())["usable"] == (result.exit_code == 0)
+    return result
 
 
 def test_a_manifest_from_voxpipe_manifest_is_usable(tmp_path):
@@ -78,7 +81,7 @@ def test_every_problem_is_listed_with_its_line_number(tmp_path):
     result = check(manifest)
     expected = [
         (2, "audio file ../x.flac does not exist"),
-        (3, "not valid JSON: Expecting value: line 1"),
+        (3, "not valid JSON (Expecting value)"),
         (4, "text is blank"),
         (5, "audio file ../data/stereo48k.flac has the wrong format: "
             "expected 16 kHz mono, got 48000 Hz 2 ch"),
@@ -89,7 +92,7 @@ def test_every_problem_is_listed_with_its_line_number(tmp_path):
         (10, "ref_audio file ../data/gone.flac does not exist"),
         (11, "text is blank"),
         (11, "audio file ../nope.flac does not exist"),
-        (13, "expected a JSON object, got list"),
+        (13, "a JSON list, not an object"),
         (14, "text is missing"),
         (14, "audio is missing"),
     ]

@@ -34,6 +34,7 @@ class Step:
     section: str | None  # the function gets this section; None: the whole Params (it reads several)
     reads: tuple[str, ...]  # what becomes flags: a section (all its keys), a sub-section or one key
     hide: tuple[str, ...] = ()  # keys of `reads` left to `--set` (wired by an orchestrator)
+    out_folder: bool = True  # `--out` is a folder to lock for one writer (synthesize: one WAV file)
 
     @property
     def own(self) -> str:
@@ -85,7 +86,7 @@ STEPS: tuple[Step, ...] = (
          "curves png", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
          "into a WAV file, optionally in the voice of --reference", "voxpipe.track.synthesize:synthesize",
-         None, ("synthesize", "tracking.uri", "tracking.work")),
+         None, ("synthesize", "tracking.uri", "tracking.work"), out_folder=False),
 )
 
 
@@ -181,7 +182,7 @@ def run_step(step: Step, args: argparse.Namespace) -> Any:
                          recipe=args.recipe)
     module, func = step.target.split(":")
     arg = params if step.section is None else params.section(step.section)
-    out_key = next((f.key.key for f in flags if f.name == "--out"), None)
+    out_key = next((f.key.key for f in flags if f.name == "--out" and step.out_folder), None)
     with guard_step(params.flat()[out_key] if out_key else None, step.name):  # one writer per --out
         return getattr(importlib.import_module(module), func)(arg)
 

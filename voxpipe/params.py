@@ -41,23 +41,51 @@ class Section(BaseModel):
 
 
 class IngestParams(Section):
-    input: list[str] = Field(default_factory=lambda: ["data/sample"])
-    out: str = "work/ingest"
-    text_column: str = "text"
-    audio_column: str = "audio"
+    """`ingest`: your audio and transcripts, checked and decoded once to 16 kHz mono FLAC + raw.jsonl."""
+
+    input: list[str] = Field(
+        default_factory=lambda: ["data/sample"], description="parquet files, .csv/.tsv/.jsonl manifests "
+        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them"
+    )
+    out: str = Field(
+        "work/ingest", description="output folder: raw.jsonl, the decoded 16 kHz FLAC audio, the "
+        "quarantined rows, report.json"
+    )
+    text_column: str = Field(
+        "text", description="column with the transcript (`transcription` / `sentence` style sets: name it "
+        "here)"
+    )
+    audio_column: str = Field(
+        "audio", description="column with the audio: a HF struct {bytes, path}, plain bytes, or a path "
+        "string"
+    )
     speaker_column: str = Field(
         "speaker", description='speaker id column; a file without it (or "") is one speaker, "default", '
         "with a notice"
     )
-    sample_rate: int = Field(16000, gt=0)
-    min_seconds: float = Field(0.3, ge=0)
-    max_seconds: float = Field(30.0, gt=0)
-    silence_threshold: float = Field(1e-3, ge=0)
-    max_bad_fraction: float = Field(0.5, ge=0, le=1)
+    sample_rate: int = Field(
+        16000, gt=0, description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks "
+        "against it"
+    )
+    min_seconds: float = Field(
+        0.3, ge=0, description="shortest clip kept (shorter: quarantined, too_short); validate checks "
+        "against it"
+    )
+    max_seconds: float = Field(
+        30.0, gt=0, description="longest clip kept (longer: quarantined, too_long); validate checks "
+        "against it"
+    )
+    silence_threshold: float = Field(
+        1e-3, ge=0, description="a clip whose peak amplitude is at most this is silent and quarantined"
+    )
+    max_bad_fraction: float = Field(
+        0.5, ge=0, le=1, description="fail, after writing the good rows, when a larger share of rows is "
+        "quarantined"
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores")
     shards: int = Field(
-        1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one by "
-        "one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel"
+        1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one "
+        "by one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel"
     )
     plan: str = Field("", description="ingest-shard / ingest-merge: the plan.json of ingest-plan (wired)")
     shard: int = Field(0, ge=0, description="ingest-shard: which shard of the plan to ingest (wired)")
@@ -67,19 +95,38 @@ class IngestParams(Section):
 
 
 class ManifestParams(Section):
-    input: list[str] = Field(default_factory=lambda: ["work/ingest/raw.jsonl"])
-    out: str = "work/manifest"
-    val_fraction: float = Field(0.05, ge=0, lt=1)
-    min_val: int = Field(2, ge=0)
-    min_speaker_rows_for_val: int = Field(4, ge=1)
-    ref_fraction: float = Field(0.3, ge=0, le=1)
-    seed: int = 0
+    """`manifest`: raw.jsonl split into train.jsonl / val.jsonl (upstream format), same-speaker references."""
+
+    input: list[str] = Field(
+        default_factory=lambda: ["work/ingest/raw.jsonl"], description="raw.jsonl files from ingest"
+    )
+    out: str = Field(
+        "work/manifest", description="output folder: train.jsonl and val.jsonl (upstream VoxCPM format), "
+        "report.json"
+    )
+    val_fraction: float = Field(
+        0.05, ge=0, lt=1, description="share of rows held out for validation (by id hash: a row keeps its "
+        "side as the set grows)"
+    )
+    min_val: int = Field(2, ge=0, description="top val up to this many rows (the lowest-hash ones)")
+    min_speaker_rows_for_val: int = Field(
+        4, ge=1, description="a speaker with at least this many rows gets one held out"
+    )
+    ref_fraction: float = Field(
+        0.3, ge=0, le=1, description="share of train rows given a same-speaker ref_audio (upstream advice: "
+        "30-50 %)"
+    )
+    seed: int = Field(0, description="seed of the reference choice")
 
 
 class ValidateParams(Section):
     """`validate`: a manifest checked against ingest's sample rate and duration bounds."""
 
-    manifest: str = "work/manifest/train.jsonl"
+    manifest: str = Field("work/manifest/train.jsonl", description="manifest .jsonl to check")
+    out: str = Field(
+        "work/validate", description="output folder: validate.json (rows, hours, every problem); under DVC "
+        "and KFP encode starts only after a usable manifest"
+    )
 
 
 class ModelParams(Section):
@@ -90,9 +137,11 @@ class ModelParams(Section):
         "weights, AudioVAE, tokenizer) that encode, train, evaluate (as the baseline) and mfu read. The "
         "real model: the folder you downloaded (openbmb/VoxCPM2); the demo: init-model's out"
     )
-    preset: Literal["tiny", "small"] = "tiny"
+    preset: Literal["tiny", "small"] = Field(
+        "tiny", description="init-model's size: tiny (tests, the demo) or small (CPU benchmarks)"
+    )
     out: str = Field("work/base_model", description="init-model's output folder (a random-init checkpoint)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of init-model's random weights")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the saved weights (upstream ships bfloat16)"
     )
@@ -107,10 +156,16 @@ class EncodeParams(Section):
     """`encode`: AudioVAE latents + token ids of every manifest row, computed once, offline."""
 
     manifest: list[str] = Field(
-        default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"]
+        default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"],
+        description="manifest .jsonl files to encode (train, val); the outputs are named after them",
     )
-    out: str = "work/encoded"
-    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    out: str = Field(
+        "work/encoded", description="output folder: safetensors shards, train.jsonl / val.jsonl pointing "
+        "at them, report.json"
+    )
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="AudioVAE device: auto = npu, else cuda, else cpu"
+    )
     batch_seconds: float = Field(
         0.0, ge=0, description="padded audio seconds per AudioVAE batch; 0 = auto: 60 on accelerators, "
         "8 on CPU (memory-bound there: bigger batches fall out of cache, see benchmarks/encode.py)"
@@ -122,7 +177,11 @@ class EncodeParams(Section):
     )
 
 
-LORA_LR = 1e-4  # upstream's LoRA recipe; full fine-tunes keep TrainParams.lr's 1e-5
+def default_lr(lora: bool) -> float:
+    """train.lr when not given: upstream's recipes, 1e-5 for a full fine-tune and 1e-4 for LoRA."""
+    return 1e-4 if lora else 1e-5
+
+
 LORA_ATTENTION = ["q_proj", "v_proj", "k_proj", "o_proj"]  # upstream LoRAConfig's defaults, in its order
 LORA_PROJ = ["enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj", "fusion_concat_proj"]
 
@@ -130,7 +189,7 @@ LORA_PROJ = ["enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj", "fusion_conc
 class LoraParams(Section):
     """LoRA adapters for `train` (embedded as `train.lora`); names mirror upstream's LoRAConfig."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="train LoRA adapters on a frozen base instead of every weight")
     r: int = Field(32, gt=0, description="adapter rank")
     alpha: int = Field(
         32, gt=0, description="scaling = alpha / r (an int, as upstream's LoRAConfig). Not given: alpha = r "
@@ -165,8 +224,13 @@ class TrainParams(Section):
     """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
 
     data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)")
-    out: str = "work/train"
-    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    out: str = Field(
+        "work/train", description="output folder: checkpoints/, export/, metrics.jsonl, train_curve.csv, "
+        "report.json"
+    )
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="auto = npu, else cuda, else cpu"
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="compute dtype of the parameters (FSDP2 mixed precision; fp32 masters and "
         "fp32 gradient reduction). auto = bfloat16 on accelerators, float32 on CPU"
@@ -174,16 +238,16 @@ class TrainParams(Section):
     max_steps: int = Field(
         40, gt=0, description="optimizer steps (40: the demo on the sample; a real fine-tune wants 1000s)"
     )
-    lr: float = Field(
-        1e-5, gt=0, description="peak learning rate. Not given: 1e-5, or 1e-4 with lora.enabled (upstream's "
-        "full and LoRA recipes)"
+    lr: float | None = Field(
+        None, gt=0, description="peak learning rate. Not given or null: 1e-5, or 1e-4 with lora.enabled "
+        "(upstream's full and LoRA recipes)"
     )
     min_lr: float = Field(1e-6, ge=0, description="cosine decay floor, reached at max_steps")
     warmup_steps: int = Field(4, ge=0, description="linear warm-up steps (about 10 % of max_steps)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decay on matrices (not norms/biases)")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
-    clip_norm: float = Field(1.0, gt=0)
+    clip_norm: float = Field(1.0, gt=0, description="gradient norm clipping threshold")
     max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
     log_every: int = Field(
         10, ge=1, description="off a terminal (a pod, a pipe): one log line every N steps (step, loss, lr, "
@@ -192,7 +256,7 @@ class TrainParams(Section):
     val_every: int = Field(10, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
     val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)")
     checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="newest complete checkpoints kept")
     export_every: int = Field(
         20, ge=0, description="also export exports/step-N/ every N steps and at the last (0 = only export/): "
         "evaluate scores them all and keeps the best. 20: the demo; a real fine-tune wants 100s"
@@ -219,7 +283,7 @@ class TrainParams(Section):
         0.0, ge=0,
         description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)",
     )
-    seed: int = 0
+    seed: int = Field(0, description="seed of the noise, dropout and data order")
     track: bool = Field(
         False,
         description="MLflow while training: params and every step's metrics live from rank 0, into the "
@@ -228,10 +292,11 @@ class TrainParams(Section):
     lora: LoraParams = Field(default_factory=LoraParams)
 
     @model_validator(mode="after")
-    def _lora_lr(self) -> TrainParams:
-        """lr not given and LoRA on: upstream's LoRA rate (B starts at zero: 1e-5 barely moves it)."""
-        if self.lora.enabled and "lr" not in self.model_fields_set and self.lr != LORA_LR:
-            self.lr = LORA_LR
+    def _default_lr(self) -> TrainParams:
+        """lr not given (or null): upstream's recipe for the kind of run. LoRA's B starts at zero, and
+        1e-5 barely moves it, so LoRA gets 1e-4."""
+        if self.lr is None:
+            self.lr = default_lr(self.lora.enabled)
         return self
 
 
@@ -243,8 +308,12 @@ class EvaluateParams(Section):
         "each is scored and the promotion rule picks one) or one checkpoint folder (upstream layout)"
     )
     data: str = Field("work/encoded", description="`encode` output folder (val.jsonl, train.jsonl, shards)")
-    out: str = "work/eval"
-    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    out: str = Field(
+        "work/eval", description="output folder: eval.json, samples/*.wav, eval.png, report.json"
+    )
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="auto = npu, else cuda, else cpu"
+    )
     seeds: list[int] = Field(
         default_factory=lambda: [0, 1, 2], min_length=1,
         description="fixed-seed loss seeds (flow-matching t and noise); mean and spread over them",
@@ -263,7 +332,7 @@ class EvaluateParams(Section):
     )
     cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
     inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
-    generation_seed: int = 0
+    generation_seed: int = Field(0, description="seed of the generated samples")
     asr: bool = Field(True, description="WER/CER with pocketsphinx's English model (README: its limits)")
     require_improvement: bool = Field(
         False, description="fail unless the promotion rule passes against the baseline (loss better by more "
@@ -276,7 +345,7 @@ class MfuParams(Section):
 
     train_report: str = Field("work/train/report.json", description="the train step's report.json")
     metrics: str | None = Field(None, description="metrics.jsonl (None: next to train_report)")
-    out: str = "work/mfu"
+    out: str = Field("work/mfu", description="output folder: mfu.json, mfu.md, report.json")
     peak_tflops: float | None = Field(
         None, gt=0, description="peak dense TFLOP/s of one device (None: table by device name; CPU: measured)"
     )
@@ -301,7 +370,9 @@ class LaunchParams(Section):
     namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
     queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml)")
     image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="the pods' imagePullPolicy"
+    )
     pods: int = Field(2, ge=1, description="pods (nodes): one master + pods-1 workers, scheduled all or none")
     devices_per_pod: int = Field(8, ge=1, description="accelerators per pod = torchrun processes per pod")
     encode_devices: int = Field(
@@ -315,7 +386,9 @@ class LaunchParams(Section):
     cpu: str = Field("", description='CPU request per pod, e.g. "32" ("" = none)')
     memory: str = Field("", description='memory request = limit per pod, e.g. "512Gi" ("" = none)')
     shm_size: str = Field("64Gi", description="size limit of the memory-backed /dev/shm")
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="the pods' nodeSelector, e.g. {accelerator-type: module-910b-8}"
+    )
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="as in a pod spec")
     pvc: str = Field("voxpipe-workspace", description="ReadWriteMany PVC: data, checkpoints, exports")
     mount_path: str = Field(
@@ -353,7 +426,7 @@ class RegisterParams(Section):
     mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json")
     train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl")
     ingest: str | None = Field("work/ingest", description="ingest folder: the data version (None: none)")
-    out: str = "work/register"
+    out: str = Field("work/register", description="output folder: registered.json")
     run_name: str | None = Field(None, description="None: MLflow picks a name")
     model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
 
@@ -361,7 +434,9 @@ class RegisterParams(Section):
 class CompareParams(Section):
     """`compare`: the runs of an experiment side by side, and their fixed-seed val curves overlaid."""
 
-    format: Literal["table", "markdown", "csv", "json"] = "table"
+    format: Literal["table", "markdown", "csv", "json"] = Field(
+        "table", description="output format of compare.<format>"
+    )
     out: str = Field("work/compare", description="compare.<format> and val_curves.png")
     max_runs: int = Field(50, gt=0, description="newest runs compared")
 
@@ -380,7 +455,9 @@ class SynthesizeParams(Section):
         "None: the voice the model learned"
     )
     out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)")
-    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="auto = npu, else cuda, else cpu"
+    )
     seed: int = Field(0, description="generation seed: the same seed and inputs give the same audio")
     cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
     inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
@@ -512,10 +589,44 @@ def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _FileDumper(yaml.SafeDumper):
+    """Mappings as blocks, lists of plain values on one line (`input: [data/sample]`)."""
+
+
+_FileDumper.add_representer(
+    list,
+    lambda dumper, value: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", value, flow_style=all(not isinstance(v, dict | list) for v in value)
+    ),
+)
+
+
+def file_values(params: Params) -> dict[str, Any]:
+    """Every key as a params file should hold it. train.lora.alpha is left out when it equals r (what
+    leaving it out gives), so it keeps following r; train.lr is null when it is the default for the
+    run's kind, so it keeps following lora.enabled (it stays in the file: DVC tracks it and fails on a
+    tracked key the file lacks)."""
+    data = params.model_dump(by_alias=True)
+    train = data["train"]
+    if train["lora"]["alpha"] == train["lora"]["r"]:
+        del train["lora"]["alpha"]
+    if train["lr"] == default_lr(train["lora"]["enabled"]):
+        train["lr"] = None  # null: follows lora.enabled (DVC still finds the key it tracks)
+    return data
+
+
 def params_yaml(params: Params) -> str:
-    """Every key of `params` as a params file (what `voxpipe params` prints and writes)."""
-    header = "# voxpipe params, every key (descriptions: docs/params.md, `voxpipe <step> --help`)\n"
-    return header + yaml.safe_dump(params.model_dump(by_alias=True), sort_keys=False, allow_unicode=True)
+    """`params` as a params file (what `voxpipe params` prints and writes)."""
+    header = ("# voxpipe params: every key, as `voxpipe params --write params.yaml` writes them. What each\n"
+              "# means: docs/params.md or `voxpipe <step> --help`. Recipes (recipes/) layer on this file.\n")
+    defaults = Params().flat()
+    changed = [f"#   {key}: {value} (default {defaults[key]})\n" for key, value in params.flat().items()
+               if defaults.get(key) != value]
+    if changed:
+        header += "# Not the schema's defaults here:\n" + "".join(changed)
+    sections = [yaml.dump({name: values}, Dumper=_FileDumper, sort_keys=False, allow_unicode=True, width=110)
+                for name, values in file_values(params).items()]
+    return header + "\n".join(sections)
 
 
 def load_params(

@@ -32,14 +32,9 @@ def _attr(model: type[BaseModel], name: str) -> str:
     raise KeyError(name)
 
 
-def _section_doc(model: type[BaseModel]) -> str:
-    doc = model.__doc__ or ""
-    return "" if doc.startswith(("A base class", "Usage docs")) else " ".join(doc.split())
-
-
 def section_doc(section: str) -> str:
     """The one-paragraph docstring of a section's schema class."""
-    return _section_doc(Params.model_fields[_attr(Params, section)].annotation)
+    return " ".join((Params.model_fields[_attr(Params, section)].annotation.__doc__ or "").split())
 
 
 def sections() -> list[str]:
@@ -86,3 +81,47 @@ def type_name(annotation: Any) -> str:
     else:
         text = getattr(inner, "__name__", str(inner))
     return f"{text} | null" if optional else text
+
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return _escape(f"`{value!r}`" if isinstance(value, str) else f"`{value}`")
+
+
+def reference_markdown() -> str:
+    """docs/params.md: every key of every section, its type, default and description (the schema's)."""
+    lines = [
+        "# Params reference",
+        "",
+        "Generated from the schema (voxpipe/params.py) by `python -m voxpipe.paramspec docs/params.md`;",
+        "tests/test_params_doc.py fails when it is stale. Set a key in params.yaml, with a recipe",
+        "(`--recipe NAME`, recipes/), with `--set section.key=value`, or with the step's flag",
+        "(`voxpipe <step> --help`); later ones win.",
+        "",
+    ]
+    for section in sections():
+        lines += [f"## `{section}`", ""]
+        if doc := section_doc(section):
+            lines += [doc, ""]
+        lines += ["| key | type | default | description |", "|---|---|---|---|"]
+        for k in keys(section):
+            kind, default, desc = _escape(type_name(k.annotation)), _cell(k.default), _escape(k.description)
+            lines.append(f"| `{k.key}` | {kind} | {default} | {desc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/params.md")
+    out.write_text(reference_markdown(), encoding="utf-8")

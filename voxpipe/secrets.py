@@ -50,15 +50,21 @@ def uri_passwords(text: str) -> set[str]:
     return {m.group(3) for m in _URI_USERINFO.finditer(text)}
 
 
-def secret_values(names: Iterable[str] = (), texts: Iterable[str] = ()) -> list[str]:
+def secret_values(
+    names: Iterable[str] = (), texts: Iterable[str] = (), environments: Iterable[Mapping[str, str]] = ()
+) -> list[str]:
     """Every secret value known now (longest first, so a secret inside another goes with it): the
-    environment's (see the module docstring), those of the variables `names`, and the URI passwords
-    inside `texts`."""
-    environ = dict(os.environ)  # a copy: MLflow's telemetry thread may change the environment meanwhile
+    environment's (see the module docstring), those of the variables `names`, the URI passwords inside
+    `texts`, and the same from other `environments` (e.g. `launch.env`, an environment for a pod)."""
+    # by key, not dict(os.environ): MLflow's telemetry thread may drop a variable while we copy
+    environ = {k: v for k in list(os.environ) if (v := os.environ.get(k)) is not None}
     declared = {n for n in declared_names(environ) | set(names) if not _IDENTITY.search(n)}
-    secret = {k for k in environ if is_secret_name(k)} | declared
-    values = {environ.get(k, "") for k in secret}
-    for text in [*environ.values(), *texts]:
+    values: set[str] = set()
+    for env in (environ, *environments):
+        values |= {v for k, v in env.items() if is_secret_name(k) or k in declared}
+        for v in env.values():
+            values |= uri_passwords(v)
+    for text in texts:
         values |= uri_passwords(text)
     return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
 

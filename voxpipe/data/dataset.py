@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from voxpipe.data.jsonl import read_jsonl
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, REF_AUDIO_END_ID, REF_AUDIO_START_ID
 
 BATCH_KEYS = ("text_tokens", "text_mask", "audio_feats", "audio_mask", "loss_mask", "position_ids", "labels")
@@ -68,8 +69,7 @@ class EncodedDataset:
         self.patch_size: int = report.get("patch_size", 4)
         self.latent_dim: int = report.get("latent_dim", 64)
         self.vae_hash: str | None = report.get("vae_hash")
-        with self.path.open(encoding="utf-8") as f:
-            self.rows: list[dict[str, Any]] = [json.loads(line) for line in f if line.strip()]
+        self.rows: list[dict[str, Any]] = read_jsonl(self.path, "encoded rows")
         self._handles: dict[str, Any] = {}
 
     def __len__(self) -> int:

@@ -26,7 +26,9 @@ Layout of `out/`:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
+import logging
 import math
 import os
 import time
@@ -41,11 +43,10 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
-from tqdm import tqdm
 
 from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.dataset import sequence_length
-from voxpipe.data.jsonl import utf8_lines
+from voxpipe.data.jsonl import jsonl_records
 from voxpipe.data.shards import ShardIndex, merge_parts, remove_stale_temps, verify_index
 from voxpipe.data.world import World, joined_world
 from voxpipe.errors import StepError
@@ -55,8 +56,10 @@ from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.params import EncodeParams, Params
+from voxpipe.progress import bar as progress_bar
 from voxpipe.report import atomic_write_text, write_report
 
+log = logging.getLogger(__name__)
 # Bump when the latent recipe changes (padding, cropping) so older latents are never reused.
 RECIPE = "pad-right-to-hop-x-patch/v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -198,14 +201,9 @@ def read_manifest(path: Path, quarantine: Quarantine) -> list[Row]:
     """Rows with resolved audio paths (relative to the manifest's folder); malformed rows quarantined."""
     rows = []
     base = path.parent
-    for line_no, line in utf8_lines(path):
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as e:
-            quarantine.add(str(path), line_no, "bad_json", str(e))
-            continue
-        if not isinstance(data, dict):
-            quarantine.add(str(path), line_no, "bad_json", "a manifest line must be a JSON object")
+    for line_no, data, bad in jsonl_records(path):
+        if data is None:
+            quarantine.add(str(path), line_no, "bad_json", bad)
             continue
         text = data.get("text")
         if not isinstance(text, str) or not text.strip():
@@ -280,11 +278,12 @@ class Clip:
 
 def deal(costs: list[int], ranks: int) -> list[list[int]]:
     """Batch numbers per rank: costliest first onto the least-loaded rank; each list in plan order."""
-    loads, dealt = [0] * ranks, [[] for _ in range(ranks)]
+    loads = [(0, rank) for rank in range(ranks)]  # a heap: the least-loaded rank (lowest on ties) first
+    dealt: list[list[int]] = [[] for _ in range(ranks)]
     for b in sorted(range(len(costs)), key=lambda b: (-costs[b], b)):
-        rank = min(range(ranks), key=lambda r: (loads[r], r))
-        loads[rank] += costs[b]
+        load, rank = heapq.heappop(loads)
         dealt[rank].append(b)
+        heapq.heappush(loads, (load + costs[b], rank))
     return [sorted(d) for d in dealt]
 
 
@@ -293,7 +292,7 @@ def group_shards(sizes: list[int], shard_bytes: float) -> list[list[int]]:
     groups: list[list[int]] = []
     size = 0
     for i, n in enumerate(sizes):
-        if not groups or (groups[-1] and size + n > shard_bytes):
+        if not groups or size + n > shard_bytes:
             groups.append([])
             size = 0
         groups[-1].append(i)
@@ -345,7 +344,7 @@ class EncodeResult:
 
 
 def _device(choice: str, local_rank: int) -> torch.device:
-    from voxpipe.train.device import resolve_device_type  # lazily: torch_npu is only probed here
+    from voxpipe.device import resolve_device_type  # lazily: torch_npu is only probed here
 
     kind = resolve_device_type(choice)
     return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
@@ -401,11 +400,13 @@ def _decode_all(paths: list[Path], sample_rate: int) -> list[np.ndarray | str]:
 
 @dataclass
 class RankWork:
-    """What one rank did: failures (sha → problem), new clips stored, their audio seconds."""
+    """What one rank did: failures (sha → problem), new clips stored, their audio seconds, and the
+    process's CPU seconds for it (a load-independent figure on a shared machine)."""
 
     failed: dict[str, str] = field(default_factory=dict)
     stored: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 def _encode_batches(
@@ -423,8 +424,11 @@ def _encode_batches(
     sizes = [sum(math.ceil(c.samples / multiple) * frame_bytes for c in b if c.sha in new) for b in batches]
     flat = [(g, batches[i]) for g, group in enumerate(group_shards(sizes, p.shard_mb * 1e6)) for i in group]
     work = RankWork()
+    cpu = time.process_time()
     tensors: dict[str, torch.Tensor] = {}
-    bar = tqdm(total=sum(len(b) for b in batches), desc="encode", unit="clip", disable=not show)
+    total = sum(len(b) for b in batches)
+    bar = progress_bar(total=total, enabled=show, desc="encode", unit="clip")
+    done = 0
     with ThreadPoolExecutor(max_workers=1) as reader:  # decodes the next batch while the VAE runs
         future = reader.submit(_decode_all, [c.path for c in flat[0][1]], sr) if flat else None
         for k, (group, batch) in enumerate(flat):
@@ -441,11 +445,16 @@ def _encode_batches(
                         tensors[sha] = z
                         work.seconds += len(wav) / sr
             bar.update(len(batch))
+            done += len(batch)
             if tensors and (k + 1 == len(flat) or flat[k + 1][0] != group):
                 index.write_shard(LATENTS, enc.vae_hash, tensors)
                 work.stored += len(tensors)
                 tensors = {}
+                if show and bar.disable:  # a pod log: one line per shard instead of a bar
+                    log.info("encode: shard %d/%d written, %d/%d clips of this rank", group + 1,
+                             flat[-1][0] + 1, done, total)
     bar.close()
+    work.cpu_seconds = time.process_time() - cpu
     return work
 
 
@@ -639,7 +648,8 @@ def _encode(world: World, p: EncodeParams, base: str, files: list[Path], out: Pa
         "clips_per_s": round(encoded / encode_seconds, 3) if encoded and encode_seconds > 0 else 0.0,
         "seconds": round(time.perf_counter() - start, 3),
         "world_size": world.size,
-        "ranks": [{"device": d, "clips_encoded": w.stored} for w, d in done],
+        "ranks": [{"device": d, "clips_encoded": w.stored, "cpu_seconds": round(w.cpu_seconds, 3)}
+                  for w, d in done],
         "batch_seconds": batch_seconds(p, device) if device else None,
     }
     write_report(out, report, run)

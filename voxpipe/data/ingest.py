@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import multiprocessing
 import os
 import time
@@ -26,24 +28,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from voxpipe.data.ingest_row import REASONS, Batch, Kept, Rejected, RowChecks, process_batch
 from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
+from voxpipe.progress import bar
 from voxpipe.report import write_report
 
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
+LOG_SECONDS = 30.0  # off a terminal: one progress line this often
+log = logging.getLogger(__name__)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (taskset, cpusets), not the host's total where that differs."""
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
+def usable_cores(cpu_max: Path = CPU_MAX) -> int:
+    """The cores this process may run on: its CPU affinity (taskset, cpusets), capped by a cgroup CPU
+    quota. A pod limited to 4 CPUs on a 64-core node sees all 64 in its affinity; 64 decode workers
+    there would crowd into the quota of 4."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, math.ceil(int(quota) / int(period))))
 
 
 def _ordered_map(fn: Callable[[Batch], Any], jobs: Iterable[Batch], workers: int) -> Iterator[Any]:
@@ -160,6 +175,10 @@ def write_failed(e: OSError, out: Path, result: IngestResult) -> StepError:
     )
 
 
+def duplicate_detail(row_id: str) -> str:
+    return f"same decoded audio and text as kept row {row_id}"
+
+
 def json_line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
@@ -172,7 +191,7 @@ def _record(
     if isinstance(outcome, Kept):
         row_id = hashlib.blake2b(f"{outcome.audio_hash}\n{outcome.text}".encode(), digest_size=8).hexdigest()
         if int(row_id, 16) in seen:
-            outcome = Rejected(outcome.row, "duplicate", f"same decoded audio and text as kept row {row_id}")
+            outcome = Rejected(outcome.row, "duplicate", duplicate_detail(row_id))
         else:
             seen.add(int(row_id, 16))
             writer.raw.write(json_line({
@@ -232,13 +251,18 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     start = time.perf_counter()
     total = sum(stop - first for _, first, stop in ranges)
     try:
-        with tqdm(total=total, unit="row", desc="ingest", mininterval=1.0, disable=None) as bar:
+        with bar(total=total, unit="row", desc="ingest", mininterval=1.0) as shown:
             batches = _batches(sources, ranges, checks)
+            logged = start
             for file_index, outcomes in _ordered_map(process_batch, batches, workers):
                 for outcome in outcomes:
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
-                bar.update(len(outcomes))
+                shown.update(len(outcomes))
+                if shown.disable and time.perf_counter() - logged >= LOG_SECONDS:  # a pod's log: a line
+                    logged = time.perf_counter()
+                    log.info("ingest: %d of %d rows, %d kept, %.0f rows/s", result.rows_in, total,
+                             result.rows_kept, result.rows_in / (logged - start))
     except StepError as e:
         error = e
     except BrokenProcessPool as e:

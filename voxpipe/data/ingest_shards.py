@@ -16,6 +16,7 @@ The merge streams: it holds one line at a time plus the kept row ids as a sorted
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import json
@@ -33,6 +34,7 @@ import numpy as np
 from voxpipe.data.ingest import (
     IngestResult,
     columns_of,
+    duplicate_detail,
     ingest_ranges,
     json_line,
     too_many_bad,
@@ -42,7 +44,7 @@ from voxpipe.data.parquet_source import row_groups
 from voxpipe.data.sources import SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
-from voxpipe.report import atomic_write_text, read_json_object
+from voxpipe.report import atomic_write_text, read_json_object, read_run
 
 log = logging.getLogger(__name__)
 PLAN = "plan.json"
@@ -181,17 +183,14 @@ def _lines(path: Path, positions: dict[str, int]) -> Iterator[tuple[tuple[int, i
             yield (positions[obj["source"]["file"]], obj["source"]["row"]), line, obj
 
 
-def _link(source: Path, target: Path) -> None:
-    """Put the shard's clip at its content-addressed place in the output (a hard link where the
-    filesystem allows, else a copy), atomically."""
-    if target.is_file() and os.path.samefile(source, target):
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
+def _replace_with(source: str, target: str, link: bool) -> None:
+    """`target` becomes `source`'s content atomically: a hard link, or a copy, under a temp name first."""
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.getpid()}.tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    if link:
         os.link(source, tmp)
-    except OSError:  # another filesystem, or one without hard links
+    else:
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
 
@@ -201,57 +200,109 @@ def merge(p: IngestParams) -> IngestResult:
     return _merge(p, time.perf_counter())
 
 
+class _Merger:
+    """The merge's running state: the output files, the counts, and the ids kept so far."""
+
+    def __init__(self, out: Path, result: IngestResult, positions: dict[str, int]) -> None:
+        self.out, self.result, self.positions = out, result, positions
+        self.kept = np.empty(0, dtype=np.uint64)  # sorted ids kept by the shards merged so far
+        self.final = [out / "raw.jsonl", out / "quarantine.jsonl"]
+        self.tmp = [f.with_name(f".{f.name}.tmp") for f in self.final]
+        self.raw, self.bad = (open(t, "w", encoding="utf-8") for t in self.tmp)
+        self.folders: set[str] = set()  # audio/xx folders known to exist
+
+    def add(self, folder: Path) -> None:
+        """One shard, in plan order: its lines interleaved by input position, as a single run wrote them."""
+        with open(folder / "raw.jsonl", encoding="utf-8") as f:
+            ids = np.fromiter((int(json.loads(line)["id"], 16) for line in f), dtype=np.uint64)
+        repeated = np.isin(ids, self.kept)
+        self.kept = np.union1d(self.kept, ids[~repeated])
+        raws = ((pos, line, obj, bool(dup)) for (pos, line, obj), dup in
+                zip(_lines(folder / "raw.jsonl", self.positions), repeated, strict=True))
+        quarantined = _lines(folder / "quarantine.jsonl", self.positions)
+        bads = ((pos, line, obj, False) for pos, line, obj in quarantined)
+        for _, line, obj, dup in heapq.merge(raws, bads, key=lambda t: t[0]):
+            if "id" not in obj:  # the shard's own quarantine line, already in single-run form
+                self._quarantine(line, obj["reason"])
+            elif dup:  # an earlier shard kept this row: a single run would have called it a duplicate
+                why = duplicate_detail(obj["id"])
+                self._quarantine(json_line({"source": obj["source"], "reason": "duplicate", "detail": why}),
+                                 "duplicate")
+            else:
+                self._keep(folder, line, obj)
+
+    def _quarantine(self, line: str, reason: str) -> None:
+        self.bad.write(line)
+        self.result.rows_quarantined += 1
+        self.result.reasons[reason] += 1
+
+    def _keep(self, folder: Path, line: str, obj: dict[str, Any]) -> None:
+        self.raw.write(line)
+        try:
+            self._link(os.path.join(folder, obj["audio"]), os.path.join(self.out, obj["audio"]))
+        except OSError as e:
+            raise StepError(f"{folder}: cannot take its clip {obj['audio']} ({e}); the shard folder was "
+                            "changed after it finished: run that shard again") from e
+        self.result.rows_kept += 1
+        self.result.seconds_kept += obj["duration"]
+        self.result.speakers[obj["speaker"]] += 1
+
+    def _link(self, source: str, target: str) -> None:
+        """Put the shard's clip at its content-addressed place in the output: a hard link (a new name
+        for a finished file: it appears whole), a copy across filesystems. One or two syscalls a clip:
+        this is the merge's hot loop."""
+        parent = os.path.dirname(target)
+        if parent not in self.folders:
+            os.makedirs(parent, exist_ok=True)
+            self.folders.add(parent)
+        try:
+            os.link(source, target)
+        except FileExistsError:  # an earlier run's clip of the same name: keep it only if it is this file
+            if not os.path.samefile(source, target):
+                _replace_with(source, target, link=True)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            _replace_with(source, target, link=False)  # another filesystem, or one without hard links
+
+    def close(self, keep: bool) -> None:
+        """Rename the outputs into place (keep) or drop them."""
+        self.raw.close()
+        self.bad.close()
+        for tmp, final in zip(self.tmp, self.final, strict=True):
+            if keep:
+                os.replace(tmp, final)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
 def _merge(p: IngestParams, start: float) -> IngestResult:
     """The merge; run.json times it from `start` (`ingest --shards`: the whole run)."""
     data, digest = _read_plan(p.plan)
     folders = _shard_folders(p, digest, len(data["shards"]))
-    positions = {entry["file"]: i for i, entry in enumerate(data["inputs"])}
     out = Path(p.out)
     out.mkdir(parents=True, exist_ok=True)
     result = IngestResult(out=out, shards=len(folders), notices=list(data["notices"]))
-    kept = np.empty(0, dtype=np.uint64)  # sorted ids kept by the shards merged so far
-    final = [out / "raw.jsonl", out / "quarantine.jsonl"]
-    tmp = [f.with_name(f".{f.name}.tmp") for f in final]
+    merger = _Merger(out, result, {entry["file"]: i for i, entry in enumerate(data["inputs"])})
     shard_runs = []
-    with open(tmp[0], "w", encoding="utf-8") as raw_out, open(tmp[1], "w", encoding="utf-8") as bad_out:
+    try:
         for folder in folders:
             report = read_json_object(folder / "report.json", "an ingest-shard report")
             shard_runs.append({"rows_in": report["rows_in"], **_run_facts(folder)})
             result.workers = max(result.workers, shard_runs[-1]["workers"] or 1)
             result.rows_in += report["rows_in"]
-            with open(folder / "raw.jsonl", encoding="utf-8") as f:
-                ids = np.fromiter((int(json.loads(line)["id"], 16) for line in f), dtype=np.uint64)
-            repeated = np.isin(ids, kept)
-            kept = np.union1d(kept, ids[~repeated])
-            raws = ((pos, line, obj, bool(dup)) for (pos, line, obj), dup in
-                    zip(_lines(folder / "raw.jsonl", positions), repeated, strict=True))
-            quarantined = _lines(folder / "quarantine.jsonl", positions)
-            bads = ((pos, line, obj, False) for pos, line, obj in quarantined)
-            for _, line, obj, dup in heapq.merge(raws, bads, key=lambda t: t[0]):
-                if "id" not in obj:  # the shard's own quarantine line, already in single-run form
-                    bad_out.write(line)
-                    result.rows_quarantined += 1
-                    result.reasons[obj["reason"]] += 1
-                elif dup:
-                    detail = f"same decoded audio and text as kept row {obj['id']}"
-                    bad_out.write(json_line({"source": obj["source"], "reason": "duplicate",
-                                             "detail": detail}))
-                    result.rows_quarantined += 1
-                    result.reasons["duplicate"] += 1
-                else:
-                    raw_out.write(line)
-                    _link(folder / obj["audio"], out / obj["audio"])
-                    result.rows_kept += 1
-                    result.seconds_kept += obj["duration"]
-                    result.speakers[obj["speaker"]] += 1
-    for t, f in zip(tmp, final, strict=True):
-        os.replace(t, f)
-    result.wall_seconds = time.perf_counter() - start
-    if result.rows_in != result.rows_kept + result.rows_quarantined:
+            merger.add(folder)
+    except BaseException:
+        merger.close(keep=False)
+        raise
+    balanced = result.rows_in == result.rows_kept + result.rows_quarantined
+    merger.close(keep=balanced)
+    if not balanced:
         raise StepError(
             f"the shards report {result.rows_in} rows but hold {result.rows_kept} kept and "
             f"{result.rows_quarantined} quarantined: a shard folder was changed after it finished"
         )
+    result.wall_seconds = time.perf_counter() - start
     error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]
     result.save(inputs, str(error) if error else None, run={"shards": shard_runs})
@@ -261,8 +312,7 @@ def _merge(p: IngestParams, start: float) -> IngestResult:
 
 
 def _run_facts(folder: Path) -> dict[str, Any]:
-    path = folder / "run.json"
-    facts = json.loads(path.read_text()) if path.is_file() else {}
+    facts = read_run(folder)
     return {"workers": facts.get("workers"), "seconds": facts.get("timings", {}).get("seconds")}
 
 

@@ -1,4 +1,4 @@
-"""Reading line-oriented text inputs (jsonl manifests) with errors that point at the line.
+"""The one JSONL reader: manifests, raw.jsonl, encoded rows, metrics.jsonl, with errors that name the line.
 
 A manifest saved in another encoding (latin-1, UTF-16) used to fail deep inside a text-mode read
 with a traceback and a position in a read buffer. Decoding line by line names the file, the line
@@ -7,8 +7,10 @@ and the bytes, so the user can find and fix them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from voxpipe.errors import StepError
 
@@ -27,3 +29,30 @@ def utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
                 ) from None
             if line.strip():
                 yield n, line
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, the line's object, "") for every non-blank line, or (number, None, why) for a line
+    that is not a JSON object: the caller quarantines it or stops with the file and line."""
+    for number, line in utf8_lines(path):
+        try:
+            value = json.loads(line.lstrip("\ufeff"))
+        except json.JSONDecodeError as e:
+            yield number, None, f"not valid JSON ({e.msg})"
+            continue
+        if isinstance(value, dict):
+            yield number, value, ""
+        else:
+            yield number, None, f"a JSON {type(value).__name__}, not an object"
+
+
+def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
+    """Every line's object; a StepError naming the file and line of the first that is not one."""
+    if not path.is_file():
+        raise StepError(f"{path}: {what} not found")
+    rows = []
+    for number, row, problem in jsonl_records(path):
+        if row is None:
+            raise StepError(f"{path}:{number}: {problem} ({what})")
+        rows.append(row)
+    return rows

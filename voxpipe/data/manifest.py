@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from voxpipe.data.jsonl import utf8_lines
+from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
 from voxpipe.params import ManifestParams
 from voxpipe.report import atomic_write_text, write_report
@@ -79,13 +79,9 @@ def _input_file(path: str) -> Path:
     return p
 
 
-def _parse_clip(line: str, where: str, base: Path) -> Clip:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise StepError(f"{where}: not valid JSON ({e})") from None
-    if not isinstance(row, dict):
-        raise StepError(f"{where}: expected a JSON object, got {type(row).__name__}")
+def _parse_clip(row: dict[str, Any] | None, bad: str, where: str, base: Path) -> Clip:
+    if row is None:
+        raise StepError(f"{where}: {bad}")
     missing = [k for k in REQUIRED_FIELDS if k not in row]
     if missing:
         raise StepError(f"{where}: missing field(s) {', '.join(missing)}")
@@ -120,8 +116,8 @@ def read_clips(inputs: list[str]) -> list[Clip]:
     seen: dict[str, Clip] = {}
     for path in map(_input_file, inputs):
         base = path.resolve().parent
-        for n, line in utf8_lines(path):
-            clip = _parse_clip(line, f"{path}:{n}", base)
+        for n, row, bad in jsonl_records(path):
+            clip = _parse_clip(row, bad, f"{path}:{n}", base)
             if clip.id in seen:
                 raise StepError(f"duplicate id {clip.id!r}: {seen[clip.id].origin} and {clip.origin}")
             seen[clip.id] = clip

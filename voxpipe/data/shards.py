@@ -33,12 +33,29 @@ _PART = re.compile(r"index\.rank-(\d+)\.jsonl")
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of an index file; a line torn by a kill mid-append is not registered."""
+    """The complete, well-formed lines of an index file.
+
+    A line torn by a kill mid-append is not registered; a line that is not a shard record (edited,
+    corrupted) is skipped with a warning, so its clips are encoded again rather than trusted.
+    """
     if not path.is_file():
         return []
     raw = path.read_bytes()
-    good = raw[: raw.rfind(b"\n") + 1].decode()
-    return [json.loads(line) for line in good.splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(raw[: raw.rfind(b"\n") + 1].splitlines(), 1):
+        try:
+            record = json.loads(line)
+            entries = record["entries"]
+            ok = isinstance(record["shard"], str) and isinstance(record["kind"], str) and isinstance(
+                record["hash"], str) and all(isinstance(n, int) for n in entries.values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ok = False
+        if ok:
+            records.append(record)
+        elif line.strip():
+            log.warning("encode: %s line %d is not a shard record; not reused (its clips are encoded again)",
+                        path, number)
+    return records
 
 
 def _lines(records: list[dict[str, Any]]) -> str:
@@ -64,7 +81,7 @@ def merge_parts(out: Path) -> None:
             if json.dumps(record) not in seen:
                 seen.add(json.dumps(record))
                 records.append(record)
-    if parts or (index.is_file() and index.read_text() != _lines(records)):
+    if parts or (index.is_file() and index.read_bytes() != _lines(records).encode()):
         atomic_write_text(index, _lines(records))
     for part in parts:
         part.unlink()

@@ -11,12 +11,12 @@ with its line number; only an unreadable file stops the run.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from voxpipe.data.ingest_row import RawRow
+from voxpipe.data.jsonl import jsonl_records, utf8_lines
 from voxpipe.data.parquet_source import Columns
 from voxpipe.errors import StepError
 
@@ -34,32 +34,20 @@ def is_ljspeech(path: Path) -> bool:
 
 def _records(path: Path, kind: str) -> Iterator[Record]:
     """Every non-blank record of the file, in order, as a dict of fields (None when malformed)."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        if kind == "jsonl":
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield number, None, f"line {number} is not JSON ({e.msg})"
-                    continue
-                if isinstance(value, dict):
-                    yield number, value, ""
-                else:
-                    yield number, None, f"line {number} is a JSON {type(value).__name__}, not an object"
-        elif kind == "ljspeech":
-            for number, line in enumerate(f, 1):
-                fields = line.rstrip("\r\n").split("|")
-                if not line.strip():
-                    continue
-                if len(fields) < 2 or not fields[0].strip():
-                    yield number, None, f"line {number} is not `id|text|normalized_text`"
-                    continue
-                # the normalized text (numbers and abbreviations spelled out) is what is spoken
-                text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
-                yield number, {"audio": f"wavs/{fields[0].strip()}.wav", "text": text}, ""
-        else:
+    if kind == "jsonl":
+        for number, value, problem in jsonl_records(path):
+            yield number, value, f"line {number} is {problem}" if problem else ""
+    elif kind == "ljspeech":
+        for number, line in utf8_lines(path):
+            fields = line.lstrip("\ufeff").rstrip("\r\n").split("|")
+            if len(fields) < 2 or not fields[0].strip():
+                yield number, None, f"line {number} is not `id|text|normalized_text`"
+                continue
+            # the normalized text (numbers and abbreviations spelled out) is what is spoken
+            text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
+            yield number, {"audio": f"wavs/{fields[0].strip()}.wav", "text": text}, ""
+    else:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f, delimiter=DELIMITERS[kind])
             header = next(reader, [])
             for fields in reader:
@@ -94,7 +82,7 @@ def open_table(path: Path, kind: str, cols: Columns) -> tuple[int, Columns]:
         return rows, Columns("audio", "text", "")
     audio = cols.audio if cols.audio in names else next((n for n in AUDIO_FALLBACKS if n in names), None)
     for role, name in (("audio", audio), ("text", cols.text)):
-        if name is None or name not in names:
+        if name not in names:
             shown = cols.audio if role == "audio" else name
             raise StepError(
                 f"{path}: no {role} column {shown!r}; the file has columns: {', '.join(names) or '(none)'}."

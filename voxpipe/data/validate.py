@@ -7,7 +7,6 @@ is a known cause of garbage fine-tunes, and the fix belongs upstream in ingest.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -15,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import soundfile as sf
-from tqdm import tqdm
 
 from voxpipe.data.audio import AudioDecodeError, decode
-from voxpipe.data.jsonl import utf8_lines
+from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams, Params
+from voxpipe.progress import bar
+from voxpipe.report import write_json
 
 # ingest measures durations from the decoded 16 kHz samples; anything beyond rounding is a stale field
 DURATION_TOLERANCE_S = 0.05
@@ -43,6 +43,13 @@ class ValidateResult:
     @property
     def exit_code(self) -> int:
         return 1 if self.problems or self.rows == 0 else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest, "usable": self.exit_code == 0, "rows": self.rows,
+            "hours": round(self.seconds / 3600, 6), "ref_rows": self.ref_rows,
+            "problems": [{"line": p.line, "message": p.message} for p in self.problems],
+        }
 
     def summary(self) -> str:
         lines = [f"{self.manifest}:{p.line}: {p.message}" for p in self.problems]
@@ -119,14 +126,10 @@ class _Checker:
                            f"{check.seconds:.3f} s")
         return out, check.seconds
 
-    def row(self, line: str) -> tuple[list[str], float | None, bool]:
-        """(problems, decoded seconds of `audio`, has a ref_audio) for one manifest line."""
-        try:
-            row = json.loads(line.strip())
-        except json.JSONDecodeError as e:
-            return [f"not valid JSON: {e}"], None, False
-        if not isinstance(row, dict):
-            return [f"expected a JSON object, got {type(row).__name__}"], None, False
+    def row(self, row: dict[str, Any] | None, bad: str) -> tuple[list[str], float | None, bool]:
+        """(problems, decoded seconds of `audio`, has a ref_audio) for one manifest line (None: `bad`)."""
+        if row is None:
+            return [bad], None, False
         problems = []
         text = row.get("text")
         if text is None:
@@ -156,13 +159,14 @@ def validate_manifest(params: Params) -> ValidateResult:
     path = Path(manifest)
     if not path.is_file():
         raise StepError(f"manifest {path} does not exist")
-    lines = list(utf8_lines(path))
+    records = list(jsonl_records(path))
     checker = _Checker(params.ingest, path.resolve().parent)
     result = ValidateResult(manifest=manifest)
-    for n, line in tqdm(lines, desc=f"validate {path.name}", unit="row", disable=None):
-        problems, seconds, has_ref = checker.row(line)
+    for n, row, bad in bar(records, desc=f"validate {path.name}", unit="row"):
+        problems, seconds, has_ref = checker.row(row, bad)
         result.rows += 1
         result.seconds += seconds or 0.0
         result.ref_rows += has_ref
         result.problems += [Problem(n, m) for m in problems]
+    write_json(Path(params.validate_.out) / "validate.json", result.as_dict())
     return result

@@ -17,7 +17,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch.distributed as dist
-from tqdm import tqdm
+
+from voxpipe.progress import bar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,8 +56,8 @@ class World:
         """
         mine = items[self.rank :: self.size]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(tqdm(pool.map(fn, mine), total=len(mine), desc=desc, unit="file",
-                                disable=not desc or not self.is_main or len(mine) < 1000))
+            results = list(bar(pool.map(fn, mine), enabled=bool(desc) and self.is_main and len(mine) >= 1000,
+                               total=len(mine), desc=desc, unit="file"))
         parts = self.all_gather(results)
         out: list[Any] = [None] * len(items)
         for rank, part in enumerate(parts):

@@ -98,10 +98,8 @@ def plot_exports(path: Path, table: list[dict[str, Any]], baseline: Scores, chos
     """exports.png: fixed-seed loss (± seed std) and mean speaker similarity against the training step."""
     from matplotlib.figure import Figure
 
-    rows = [r for r in table if r["step"] is not None]
-    if not rows:
-        return
-    steps = [r["step"] for r in rows]
+    rows = table
+    steps = [r["step"] or 0 for r in rows]  # one checkpoint folder: a point at 0 (DVC expects the file)
     fig = Figure(figsize=(8, 6), layout="constrained")
     loss_ax, sim_ax = fig.subplots(2, 1, sharex=True)
     loss_ax.errorbar(steps, [r["loss"] for r in rows], yerr=[r["loss_std"] for r in rows], fmt="o-",

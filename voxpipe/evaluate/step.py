@@ -1,6 +1,6 @@
 """`voxpipe evaluate`: did the fine-tune learn, and does it keep the voice?
 
-1. Fixed-seed loss (fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
+1. Fixed-seed loss (voxpipe/data/fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
    set, for each seed; mean and spread over seeds tell a real improvement from noise.
 2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
    reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
@@ -27,12 +27,7 @@ import soundfile as sf
 import torch
 
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
-from voxpipe.evaluate.consistency import consistency
-from voxpipe.evaluate.exports import Scored, choose, find_candidates, plot_exports
-from voxpipe.evaluate.figure import plot
-from voxpipe.evaluate.fixed_seed_loss import (
+from voxpipe.data.fixed_seed_loss import (
     FixedSeedLoss,
     LossBatch,
     fixed_seed_loss,
@@ -40,6 +35,12 @@ from voxpipe.evaluate.fixed_seed_loss import (
     val_digest,
     val_loss_batches,
 )
+from voxpipe.device import resolve_device_type
+from voxpipe.errors import StepError
+from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
+from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.exports import Scored, choose, find_candidates, plot_exports
+from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.metrics import ClipMeasures, Voice, load_16k, measure, real_voice
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
@@ -51,7 +52,6 @@ from voxpipe.params import EvaluateParams, Params
 from voxpipe.progress import bar as progress_bar
 from voxpipe.report import write_json, write_report
 from voxpipe.track.lineage import dvc_md5
-from voxpipe.train.device import resolve_device_type
 
 
 @dataclass

@@ -4,13 +4,15 @@ Polling (not a watch stream): a status read every few seconds is cheap next to h
 and it survives API-server restarts and dropped connections without resume bookkeeping. On failure
 the error carries the log tail of the pod that failed first: with collective training the other
 ranks then die of communication timeouts, so the first failure is the cause. A timeout or a
-SIGTERM/SIGINT (the KFP run was cancelled) deletes the job, so no gang keeps holding accelerators.
+SIGTERM/SIGINT (the KFP run was cancelled) deletes the job, so no gang keeps holding accelerators;
+so does a pod that can never start (a Secret `launch.secret_env` names is missing, a bad image name),
+at once rather than after the timeout.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +31,14 @@ from voxpipe.launch.volcano import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
 FAILED_PHASES = frozenset({"Failed", "Aborted", "Terminated"})
 TASK_LABEL = "volcano.sh/task-spec"  # Volcano's label with the pod's task name (master / worker)
 MAX_POLL_ERRORS = 5  # consecutive failed status reads before giving up on the API server
+# container states waiting never resolves: a missing Secret or key (launch.secret_env), a bad image name
+STUCK_REASONS = frozenset({"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"})
 _LATEST = datetime.max.replace(tzinfo=UTC)
+logger = logging.getLogger(__name__)
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    logger.info("%s", message)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,10 @@ class JobOutcome:
 
 class _Cancelled(BaseException):
     """Raised from the signal handler; a BaseException so no `except Exception` swallows it."""
+
+
+class _Stuck(Exception):
+    """A pod of the job cannot start and never will by itself (STUCK_REASONS)."""
 
 
 @contextmanager
@@ -135,6 +144,20 @@ def _delete(api: client.ApiClient, namespace: str, name: str) -> str:
     return "deleted it"
 
 
+def _stuck_pod(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    """'pod X: reason: message' for a pod whose container is stuck in STUCK_REASONS, else None."""
+    try:
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}")
+    except ApiException:
+        return None  # the status poll reports a lost API server
+    for pod in pods.items:
+        for cs in pod.status.container_statuses or []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in STUCK_REASONS:
+                return f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}".rstrip(": ")
+    return None
+
+
 def _read_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
     obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     return obj.get("status") or {}
@@ -188,6 +211,9 @@ def watch(
                     + f" after {restarts} restart(s). "
                     + pod_report(api, namespace, name, tail_lines)
                 )
+            stuck = _stuck_pod(api, namespace, name)
+            if stuck:
+                raise _Stuck(stuck)
         if elapsed >= timeout_s:
             raise TimeoutError(f"still {last_phase} after {timeout_s:.0f} s")
         time.sleep(poll_s)
@@ -211,6 +237,12 @@ def run_job(
             return watch(
                 api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, tail_lines=tail_lines, log=log
             )
+    except _Stuck as e:
+        raise StepError(
+            f"Volcano job {namespace}/{name} cannot start its pods ({e}); "
+            f"{_delete(api, namespace, name)}. A missing Secret or key: create the Secrets launch.secret_env "
+            "names (docs/cluster.md) or fix the reference; a bad image name: fix launch.image."
+        ) from None
     except TimeoutError as e:
         report = pod_report(api, namespace, name, tail_lines)
         raise StepError(

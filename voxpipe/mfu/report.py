@@ -7,7 +7,6 @@ config.json (tower shapes), and writes mfu.json (a DVC metric), mfu.md and repor
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import warnings
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
 from voxpipe.mfu.flops import TOWERS, dit_inner_length, forward_flops, tower_shares, training_flops
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, peak_flops
@@ -75,15 +75,11 @@ def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepR
     if not path.is_file():
         raise StepError(f"{path}: metrics.jsonl of the training run not found (set mfu.metrics)")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row, bad in jsonl_records(path):
         where = f"{path} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise StepError(f"{where}: not JSON: {e}") from e
-        if not isinstance(row, dict) or row.get("step_time_s") is None:
+        if row is None:
+            raise StepError(f"{where}: {bad}")
+        if row.get("step_time_s") is None:
             continue
         step_time = row["step_time_s"]
         if not isinstance(step_time, int | float) or step_time <= 0:

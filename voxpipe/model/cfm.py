@@ -27,6 +27,7 @@ def active_rows(weight: torch.Tensor) -> torch.Tensor:
     rows = torch.nonzero(weight.reshape(-1) > 0).squeeze(1)
     return rows if rows.numel() else rows.new_zeros(1)
 
+
 # upstream's log-normal time distribution: t = sigmoid(N(-0.4, 1))
 T_MEAN = -0.4
 T_STD = 1.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from voxpipe.data.jsonl import read_jsonl
 from voxpipe.errors import StepError
 from voxpipe.params import RegisterParams
 from voxpipe.track.lineage import dvc_md5, md5_file
@@ -66,23 +67,6 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StepError(f"{path}: {what} must be a JSON object")
     return data
-
-
-def read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise StepError(f"{path}: {what} not found")
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise StepError(f"{path}, line {number}: not JSON ({e})") from e
-        if not isinstance(row, dict):
-            raise StepError(f"{path}, line {number}: expected a JSON object")
-        rows.append(row)
-    return rows
 
 
 def _check_metrics(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -43,9 +43,10 @@ def dvc_md5(path: Path) -> str:
 
 
 def git_commit(cwd: Path | None = None) -> tuple[str | None, bool]:
-    """(commit, dirty) of the code that ran: $VOXPIPE_GIT_COMMIT (baked into images), else `git`."""
+    """(commit, dirty) of the code that ran: $VOXPIPE_GIT_COMMIT (baked into images), else `git`.
+    "unknown" (images/Dockerfile's default when built without the build-arg) claims nothing."""
     baked = os.environ.get("VOXPIPE_GIT_COMMIT")
-    if baked:
+    if baked and baked != "unknown":
         return baked, False
     try:
         head = subprocess.run(

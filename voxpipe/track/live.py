@@ -48,8 +48,7 @@ class LiveRun:
     def __init__(self, tracking: TrackingParams, p: TrainParams, folder: Path, resume_step: int):
         work = Path(tracking.work)
         self.uri = resolve_tracking_uri(tracking.uri, work)
-        params = redact_params({**flatten(p.model_dump(), "train."),
-                                **flatten(tracking.model_dump(), "tracking.")})
+        params = redact_params(flatten(p.model_dump(), "train."))  # tracking.*: where it logs, not what ran
         place = {"tracking_uri": redact_uri(self.uri), "params": pipeline_key(params)}
         with session(self.uri) as client:
             root = local_artifact_root(self.uri, work)

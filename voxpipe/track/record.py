@@ -35,7 +35,7 @@ from voxpipe.track.tracking import active_run, scrub
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-TRACKING_SECTIONS = ("register", "compare", "synthesize")
+TRACKING_SECTIONS = ("register", "compare", "synthesize", "tracking")  # where it logs, not what ran
 RUN_FIELDS = ("world_size", "device_type", "device_name", "dtype", "lora", "kernels", "compile")
 DATA_COUNTS = ("rows_in", "rows_kept", "rows_quarantined", "hours_kept")
 TRAIN_TOTALS = (
@@ -113,6 +113,17 @@ def step_metrics(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
     totals = {k: art.train_report[k] for k in TRAIN_TOTALS if k in art.train_report}
     last = art.metrics[-1]["step"] if art.metrics else 0
     points += [(k, v, last) for k, v in numbers(totals, "train/").items()]
+    return points
+
+
+def export_points(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
+    """evaluate's table of scored exports as metrics against the training step (`eval/export/*`): the
+    metric-vs-step view of which checkpoint was best."""
+    points = []
+    for row in art.eval.get("exports") or []:
+        if isinstance(row.get("step"), int):
+            scores = {k: v for k, v in row.items() if k != "step"}
+            points += [(k, v, row["step"]) for k, v in numbers(scores, "eval/export/").items()]
     return points
 
 
@@ -213,7 +224,8 @@ def log_pipeline_run(
         client.log_artifact(run_id, str(png), "plots")
 
     def evaluation() -> None:
-        log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()])
+        figures = [(k, v, 0) for k, v in numbers(art.eval, "eval/").items()]
+        log_metrics(client, run_id, figures + export_points(art))
         _log_folder_files(client, run_id, art.eval_path.parent, "eval", secrets)
         samples = art.eval_path.parent / "samples"
         if art.samples:

@@ -18,6 +18,7 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.lineage import kfp_run_id, md5_file
+from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.record import log_pipeline_run, run_params
 from voxpipe.track.registry import register_export
 from voxpipe.track.tracking import (
@@ -71,6 +72,7 @@ def register(params: Params) -> RegisterResult:
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
         reg = register_export(client, p.model_name, ref.run_id, art, extra)
+        client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         client.set_terminated(ref.run_id, "FINISHED")
     registered = {
         "name": reg.name,

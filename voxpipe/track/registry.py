@@ -228,7 +228,8 @@ def registry_lock(client: MlflowClient, name: str, lease_s: float = LOCK_LEASE_S
             client.create_registered_model(lock, description=f"held by voxpipe register on {holder}")
             break
         except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            # taken; or taken and released while the store looked it up (sqlite: not found)
+            if e.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
                 raise
         try:
             stamp = client.get_registered_model(lock).creation_timestamp

@@ -20,6 +20,7 @@ the same run, and any change of data, params or results starts a new one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -61,9 +62,10 @@ def redact_uri(uri: str) -> str:
 
 def run_secrets(params: Params, logged: dict[str, Any] | None = None) -> list[str]:
     """The secret values a run's record must not hold: the environment's, those of the variables
-    `launch.secret_env` names, and every URI password inside any param (and any `logged` value)."""
+    `launch.secret_env` names, secret-named `launch.env` values (launch-train refuses them, but the
+    params are logged anyway), and every URI password inside any param (and any `logged` value)."""
     values = [*params.flat().values(), *(logged or {}).values()]
-    return secret_values(params.launch.secret_env, [_as_text(v) for v in values])
+    return secret_values(params.launch.secret_env, [_as_text(v) for v in values], [params.launch.env])
 
 
 def redact_params(flat: dict[str, Any], values: list[str] | None = None) -> dict[str, str]:
@@ -113,20 +115,45 @@ def session(tracking_uri: str) -> Iterator[MlflowClient]:
     previous = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracking_uri)
     try:
-        yield mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
+        with _sqlite_creation_lock(tracking_uri):
+            client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)  # creates the tables
+            client.search_registered_models(max_results=1)  # the registry store on the same database
+        yield client
     except MlflowException as e:
         raise StepError(f"MLflow at {redact_uri(tracking_uri)}: {scrub(e.message)}") from e
     finally:
         mlflow.set_tracking_uri(previous)
 
 
+@contextmanager
+def _sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
+    """Serialize opening a sqlite store: MLflow creates and migrates (alembic) its tables when a client
+    is made, and two processes doing that at once fail ("Online migration expected to match one
+    row"). A flock on `<db>.lock` makes the second wait until the first has finished."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    with open(db.with_name(f"{db.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for the seconds a migration takes, released on close
+        yield
+
+
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view
+
+
 def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """The experiment's id, created if need be, and tagged so the MLflow UI opens it in its model-training
+    view (not the GenAI one: traces, judges, prompts)."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage != "active":
-            raise StepError(f"MLflow experiment {name!r} is deleted: restore it or choose another name")
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location)
+    if experiment is None:
+        return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+    if experiment.lifecycle_stage != "active":
+        raise StepError(f"MLflow experiment {name!r} is deleted: restore it or choose another name")
+    for key, value in EXPERIMENT_KIND.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiment.experiment_id
 
 
 # -- which run ------------------------------------------------------------------------------------

@@ -61,16 +61,16 @@ class Resumed:
     sampler: dict[str, Any]  # this rank's sampler state
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every checkpoint under root that has a manifest, oldest first (not verified)."""
+def step_folders(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step-N` folder under root, oldest first, complete or not."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / MANIFEST).is_file():
-            found.append((int(m.group(1)), child))
-    return sorted(found)
+    return sorted((int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name)))
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint under root that has a manifest, oldest first (not verified)."""
+    return [(step, folder) for step, folder in step_folders(root) if (folder / MANIFEST).is_file()]
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -101,19 +101,18 @@ def newest_verified(root: Path) -> Path | None:
     When every checkpoint fails on its signature alone, the key is the likely culprit (a different
     VOXPIPE_CHECKPOINT_KEY than the one that wrote them): nothing is set aside and the run stops.
     """
-    candidates = complete_checkpoints(root)[::-1]
+    candidates = step_folders(root)[::-1]
     if not candidates:
         return None
     key = signing_key(root)
-    signature_ok = []
+    other_failures = 0  # checkpoints that do not fail on the signature (they may fail on other checks)
     for _, folder in candidates:
         try:
             read_manifest(folder, key)
-            signature_ok.append(folder)
+            other_failures += 1
         except IntegrityError as e:
-            if e.reason != "bad-signature":
-                signature_ok.append(folder)  # set aside below, with its own reason
-    if not signature_ok:
+            other_failures += e.reason != "bad-signature"
+    if not other_failures:
         raise StepError(
             f"{root}: no checkpoint's manifest verifies with this signing key ({len(candidates)} tried, "
             f"newest {candidates[0][1].name}). Run with the key that wrote them ({KEY_ENV}, or the "
@@ -150,7 +149,7 @@ def set_aside_all(root: Path, reason: str) -> Path | None:
     """A fresh start moves the old checkpoints aside so they are never mixed with new ones."""
     if not root.is_dir() or not any(root.iterdir()):
         return None
-    kept = set_aside(root, time.strftime("replaced-%Y%m%dT%H%M%S"))
+    kept = set_aside(root, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
     log.warning("starting fresh (%s): the previous checkpoints were moved to %s", reason, kept)
     return kept
 
@@ -223,8 +222,8 @@ def save_checkpoint(
     if rt.is_main:
         files = {name: entry for share in shares for name, entry in share.items()}
         write_manifest(tmp, signing_key(root), files, extra={"step": step})
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # a leftover that never verified (no manifest): kept, out of the way
+            set_aside(final, "replaced")
         tmp.rename(final)
         for _, old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

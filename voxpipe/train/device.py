@@ -8,21 +8,18 @@ laptop as on a cluster.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from voxpipe.device import DeviceChoice, resolve_device_type
 from voxpipe.errors import StepError
 
-DeviceChoice = Literal["auto", "cpu", "cuda", "npu"]
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
 
@@ -39,29 +36,6 @@ class Runtime:
 
     def barrier(self) -> None:
         dist.barrier()
-
-
-def _npu_available() -> bool:
-    """torch_npu is imported only here and only if installed; without CANN its import fails."""
-    if importlib.util.find_spec("torch_npu") is None:
-        return False
-    try:
-        importlib.import_module("torch_npu")
-    except (ImportError, OSError, RuntimeError):
-        return False
-    return bool(torch.npu.is_available())
-
-
-def resolve_device_type(choice: DeviceChoice) -> str:
-    if choice == "auto":
-        if _npu_available():
-            return "npu"
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "npu" and not _npu_available():
-        raise StepError("device npu requested but torch_npu is not importable or no NPU is visible")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise StepError("device cuda requested but torch.cuda.is_available() is False")
-    return choice
 
 
 def _set_local_device(device_type: str, local_rank: int) -> torch.device:

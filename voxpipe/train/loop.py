@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from voxpipe.data.fixed_seed_loss import fixed_seed_loss
 from voxpipe.errors import StepError
-from voxpipe.evaluate.fixed_seed_loss import fixed_seed_loss
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.npu import resolve_kernels
@@ -193,6 +193,7 @@ class Trainer:
 
     def _start_fresh(self, reason: str) -> None:
         """Move old checkpoints aside (never mixed with this run's, never deleted)."""
+        self.rt.barrier()  # every rank has finished reading them
         if self.rt.is_main:
             set_aside_all(self.ckpt_root, reason)
         self.rt.barrier()
@@ -224,17 +225,17 @@ class Trainer:
         meter.start()
         hosts = [meter.wait_for(self.data.next_train_batch) for _ in range(p.grad_accum)]
         rows = [host_rows(batch) for batch in hosts]  # found on the host: the forward needs no sync
-        weights = [float(batch["loss_mask"].numpy().sum()) for batch in hosts]
+        loss_tokens = [float(batch["loss_mask"].numpy().sum()) for batch in hosts]
         for batch, batch_rows in zip(hosts, rows, strict=True):
             meter.count(batch, batch_rows)
-        total_weight = torch.tensor(sum(weights), dtype=torch.float32, device=rt.device)
+        total_weight = torch.tensor(sum(loss_tokens), dtype=torch.float32, device=rt.device)
         dist.all_reduce(total_weight)
         scale = rt.world_size / total_weight.clamp(min=1.0)
         sums = torch.zeros(len(LOSS_KEYS), dtype=torch.float64, device=rt.device)
         progress = min(1.0, (self.step - 1) / self.schedule.total_steps)
-        for batch, batch_rows, weight in zip(hosts, rows, weights, strict=True):
+        for batch, batch_rows, tokens in zip(hosts, rows, loss_tokens, strict=True):
             out = self.model(**move_to({**batch, **batch_rows}, rt.device), progress=progress)
-            summed = torch.stack([out[k] for k in LOSS_KEYS]) * weight  # [diff, stop] x loss weight
+            summed = torch.stack([out[k] for k in LOSS_KEYS]) * tokens  # [diff, stop] x loss tokens
             (summed.sum() * scale).backward()
             sums += summed.detach().double()
         grad_norm = clip_gradients(self.model, p.clip_norm)

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from voxpipe.data.jsonl import read_jsonl
 from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import atomic_write_text
 
@@ -36,7 +37,8 @@ class MetricsLog:
             self.live = LiveRun(tracking, p, path.parent, resume_step)
         kept = []
         if resume_step and path.is_file():
-            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            rows = read_jsonl(path, "metrics.jsonl")
+            kept = [json.dumps(row) for row in rows if row["step"] <= resume_step]
         atomic_write_text(path, "".join(line + "\n" for line in kept))
         self._file = path.open("a")
 
@@ -67,8 +69,7 @@ CURVE_COLUMNS = ("step", "loss", "loss/diff", "loss/stop", "lr", "grad_norm")
 def write_curve_csv(metrics: Path, out: Path) -> None:
     """The per-step training curve as CSV (`dvc plots` reads CSV, not JSON lines); empty cell = non-finite."""
     lines = [",".join(CURVE_COLUMNS)]
-    for line in metrics.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(metrics, "metrics.jsonl"):
         if "loss" in row:  # an optimizer step, not a validation-only line
             lines.append(",".join("" if row.get(k) is None else str(row[k]) for k in CURVE_COLUMNS))
     atomic_write_text(out, "\n".join(lines) + "\n")

@@ -22,7 +22,7 @@ RESUME_FREE = frozenset({
     "max_steps",  # train longer (or stop earlier): the checkpoint is the same run
     "checkpoint_every", "keep_checkpoints", "resume", "fresh_on_change",  # checkpointing
     "out",  # the folder itself
-    "val_every", "val_batches", "track", "peak_tflops",  # logging (the fixed-seed val has its own RNG)
+    "val_every", "val_batches", "track", "peak_tflops", "log_every",  # logging (fixed-seed val: own RNG)
     "export_dtype", "export_every", "keep_exports",  # exports are written from the weights
     "activation_checkpointing", "compile",  # how the same math runs (memory, speed): fix an OOM and resume
     "max_bad_steps",  # a guard: it stops a run, it does not change an update

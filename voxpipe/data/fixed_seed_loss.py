@@ -135,16 +135,3 @@ def summarize_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     }
     out["seed_spread"] = max(out["model"]["total"]["std"], out["baseline"]["total"]["std"])
     return out
-
-
-def improvement(summary: dict[str, Any]) -> tuple[bool, str]:
-    """Did the model beat the baseline by more than the seed spread? And the sentence that says so."""
-    model, base = summary["model"]["total"]["mean"], summary["baseline"]["total"]["mean"]
-    margin, noise = base - model, summary["seed_spread"]
-    verdict = margin > noise
-    word = "beats" if verdict else "does not beat"
-    sentence = (
-        f"fine-tuned fixed-seed loss {model:.5f} {word} the baseline's {base:.5f} by more than the seed "
-        f"spread (improvement {margin:+.5f}, seed spread {noise:.5f})"
-    )
-    return verdict, sentence

@@ -1,0 +1,100 @@
+"""The best checkpoint, not the last: the trainer exports every `train.export_every` steps (keeping the last
+k), `evaluate` scores every export and the promotion rule picks one, and `register` registers that one. Real
+training (tiny model, one process), the real evaluate (few, short generations) and the embedded MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from voxpipe.errors import StepError
+from voxpipe.evaluate.step import evaluate
+from voxpipe.params import EvaluateParams, Params, TrainParams
+from voxpipe.track.lineage import dvc_md5
+from voxpipe.track.register import register
+from voxpipe.train.exports import step_exports
+from voxpipe.train.loop import train
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained(encoded_sample, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("best") / "train"
+    train(Params(model={"base": str(encoded_sample.base_model)}, train=TrainParams(
+        data=str(encoded_sample.encoded), out=str(out), device="cpu", max_steps=5, export_every=2,
+        keep_exports=2, val_every=0, val_batches=2, max_tokens=512, lr=2e-3, warmup_steps=1,
+        export_dtype="float32",
+    )))
+    return out
+
+
+def test_exports_every_n_steps_and_the_last_keeping_k(trained):
+    exports = step_exports(trained / "exports")
+    assert [step for step, _ in exports] == [4, 5]  # steps 2, 4 and the last (5); the oldest pruned
+    assert sorted(p.name for p in (trained / "exports").iterdir()) == ["step-4", "step-5"]  # no temp folders
+    weights = [folder / "model.safetensors" for folder in (exports[-1][1], trained / "export")]
+    assert weights[0].read_bytes() == weights[1].read_bytes()  # the last export is the final one
+
+
+def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, encoded_sample, tmp_path,
+                                                                    monkeypatch):
+    out = tmp_path / "eval"
+    params = Params(model={"base": str(encoded_sample.base_model)}, train={"max_tokens": 512},
+                    evaluate=EvaluateParams(
+                        model=str(trained / "exports"), data=str(encoded_sample.encoded), out=str(out),
+                        device="cpu", seeds=[0, 1], texts_per_speaker=1, max_len=4, inference_timesteps=2,
+                        asr=False))
+    result = evaluate(params)
+    report = json.loads((out / "eval.json").read_text())
+    table = report["exports"]
+    assert [row["step"] for row in table] == [4, 5]
+    columns = {"loss", "loss_std", "speaker_similarity", "stop_failure_rate", "promoted", "failed"}
+    assert all(columns <= set(row) for row in table)
+    chosen = report["chosen"]
+    assert chosen["step"] in (4, 5) and report["chosen_step"] == chosen["step"]
+    assert chosen["md5"] == dvc_md5(Path(chosen["path"]))
+    row = next(r for r in table if r["step"] == chosen["step"])
+    assert report["loss_model"] == pytest.approx(row["loss"])  # the flat figures are the chosen export's
+    assert [c["name"] for c in report["promotion"]["criteria"]] == [
+        "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split"]
+    assert report["improved"] == int(report["promotion"]["promoted"]) == int(row["promoted"])
+    sims = report["scores"]["model"]["similarity"]
+    assert sorted(sims) == ["spk_f", "spk_m"]
+    assert all(s["n"] == 2 for s in sims.values())  # 1 text, with and without the reference
+    assert len(report["val_digest"]) == 16
+    assert (out / "exports.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["verdict"] in result.summary()
+
+    # register.model empty: the export evaluate chose is registered; another one is refused
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    mfu = tmp_path / "mfu" / "mfu.json"
+    mfu.parent.mkdir()
+    mfu.write_text(json.dumps({"mfu": 0.01}))
+    files = {"eval": str(out / "eval.json"), "mfu": str(mfu), "train": str(trained),
+             "ingest": str(encoded_sample.ingest), "out": str(tmp_path / "register")}
+    tracking = {"work": str(tmp_path / "work")}
+    registered = register(Params(register=files, tracking=tracking)).registered
+    assert registered["created"]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(registered["tracking_uri"])
+    version = client.get_model_version(registered["name"], registered["version"])
+    assert version.tags["voxpipe.export_md5"] == chosen["md5"]
+    assert version.tags["voxpipe.val_digest"] == report["val_digest"]
+    history = client.get_metric_history(registered["run_id"], "eval/export/loss")
+    assert sorted((m.step, m.value) for m in history) == [(r["step"], r["loss"]) for r in table]
+    other = next(r["path"] for r in table if r["step"] != chosen["step"])
+    with pytest.raises(StepError, match="register the one evaluate chose"):
+        register(Params(register={**files, "model": other}, tracking=tracking))

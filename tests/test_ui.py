@@ -1,0 +1,156 @@
+"""What the UIs show, checked in headless Chromium (Debian package `chromium`): the evaluation page the KFP
+UI shows (plots and playable samples embedded), and the MLflow UI's model-training view of the experiment
+with the run's description."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from mlflow import MlflowClient
+
+from voxpipe.evaluate.pages import eval_page, summary_markdown
+from voxpipe.track.artifacts import PipelineArtifacts
+from voxpipe.track.note import NOTE_TAG, run_note
+from voxpipe.track.tracking import EXPERIMENT_KIND, experiment_id
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium; .ci/run"
+    " does it)"
+)
+CHECK = """<script>
+window.addEventListener('load', async () => {
+  const imgs = [...document.images].map(i => i.naturalWidth);
+  const audio = await Promise.all([...document.querySelectorAll('audio')].map(a => new Promise(done => {
+    a.preload = 'auto'; a.onloadedmetadata = () => done(a.duration); a.onerror = () => done(-1); a.load();
+  })));
+  document.body.setAttribute('data-check', JSON.stringify({imgs, audio}));
+});
+</script></body>"""
+
+
+def eval_json() -> dict:
+    criteria = [{"name": "loss", "candidate": 1.9, "reference": 2.0, "limit": 1.99, "passed": True,
+                 "detail": "1.9 < 2.0 - spread"},
+                {"name": "similarity[spk]", "candidate": 0.7, "reference": 0.6, "limit": 0.55, "passed": True,
+                 "detail": "0.70 >= 0.55"}]
+    return {"loss_model": 1.9, "loss_baseline": 2.0, "speaker_similarity_mean": 0.7,
+            "speaker_similarity_mean_baseline": 0.6, "stop_failure_rate": 0.0, "wer": 0.4, "improved": 1,
+            "verdict": "fine-tuned fixed-seed loss beats the baseline's", "promotion": {
+                "promoted": True, "against": "baseline", "criteria": criteria},
+            "utterances": {"model": [{"name": "000-spk-ref", "text": "hello there"}]}}
+
+
+@pytest.fixture
+def eval_folder(tmp_path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = tmp_path / "eval"
+    (folder / "samples").mkdir(parents=True)
+    (folder / "eval.json").write_text(json.dumps(eval_json()))
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1, 2], [2.0, 1.95, 1.9])
+    fig.savefig(folder / "eval.png")
+    plt.close(fig)
+    t = np.arange(48000) / 48000
+    for name, seconds in (("model-000-spk-ref", 1.0), ("baseline-000-spk-ref", 0.5)):
+        tone = 0.2 * np.sin(2 * np.pi * 220 * t[: int(48000 * seconds)])
+        sf.write(folder / "samples" / f"{name}.wav", tone.astype(np.float32), 48000, subtype="PCM_16")
+    return folder
+
+
+def chromium(*args: str, timeout: float = 120) -> str:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--window-size=1400,1000", "--virtual-time-budget=20000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def test_summary_markdown_is_the_verdict_and_a_table():
+    text = summary_markdown(eval_json())
+    assert text.startswith("# Evaluation: PROMOTE (against baseline)")
+    assert "| fixed-seed val loss | 1.90000 | 2.00000 |" in text
+    assert "| speaker similarity | 0.700 | 0.600 |" in text
+    assert "| similarity[spk] | pass | 0.70 >= 0.55 |" in text
+    only_loss = summary_markdown({"loss_model": 1.0})  # only what eval.json has
+    assert "| fixed-seed val loss | 1.00000 | n/a |" in only_loss and "similarity" not in only_loss
+
+
+@needs_chromium
+def test_eval_page_plays_its_samples_and_shows_its_plots_in_chromium(eval_folder, tmp_path):
+    page = eval_page(eval_folder)
+    assert page.count("<audio") == 2 and page.count("<img") == 1 and "hello there" in page
+    assert "src='samples/" not in page  # embedded: the KFP UI's sandboxed frame fetches nothing
+    checked = tmp_path / "checked.html"
+    checked.write_text(page.replace("</body>", CHECK))
+    dom = chromium("--dump-dom", checked.as_uri())
+    result = json.loads(html.unescape(re.search(r"data-check=\"([^\"]*)\"", dom)[1]))
+    assert all(width > 0 for width in result["imgs"]) and len(result["imgs"]) == 1
+    assert sorted(round(d, 2) for d in result["audio"]) == [0.5, 1.0]  # both decode: they play
+    shot = tmp_path / "eval.png"
+    chromium(f"--screenshot={shot}", checked.as_uri())
+    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                             "--default-artifact-root", str(tmp_path / "art"), "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@needs_chromium
+def test_mlflow_opens_the_experiment_as_model_training_with_the_run_description(mlflow_server):
+    client = MlflowClient(mlflow_server)
+    experiment = experiment_id(client, "voxpipe-ui", None)
+    assert client.get_experiment(experiment).tags.items() >= EXPERIMENT_KIND.items()
+    run = client.create_run(experiment, run_name="ui-run").info.run_id
+    art = PipelineArtifacts(
+        export=Path("export"), export_md5="x", model_config={}, train_dir=Path("train"),
+        train_report={"steps": 40, "world_size": 2, "device_name": "cpu", "dtype": "float32", "lora": False,
+                      "final": {"loss": 1.5}, "tokens_per_s": 900.0},
+        metrics=[], eval_path=Path("eval.json"), eval=eval_json(), samples=[], mfu_path=Path("mfu.json"),
+        mfu={"mfu": 0.0123, "peak_source": "test"}, data=None)
+    note = run_note(art)
+    assert "**Evaluation: PROMOTE (against baseline).**" in note
+    assert "40 steps, full fine-tune, 2 x cpu" in note
+    client.set_tag(run, NOTE_TAG, note)
+    # MLflow 3.17's UI picks its view from a global switch (?workflowType=, else GenAI); voxpipe's links
+    # carry it, and the experimentKind tag is there for the versions that read it
+    runs = chromium("--dump-dom", f"{mlflow_server}/#/experiments/{experiment}?workflowType=machine_learning")
+    assert "ui-run" in runs and ">Runs<" in runs
+    page = chromium("--dump-dom", f"{mlflow_server}/#/experiments/{experiment}/runs/{run}"
+                                  "?workflowType=machine_learning")
+    assert "Description" in page and "40 steps, full fine-tune, 2 x cpu" in page
