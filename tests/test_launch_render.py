@@ -235,8 +235,9 @@ def test_refuses_env_that_would_break_the_rendezvous_and_cross_namespace_owners(
         rendered(LaunchParams(), TrainParams(), "ml", Owner("p", "u", "kubeflow"))
 
 
-def test_cli_dry_run_prints_the_job(capsys, monkeypatch):
+def test_cli_dry_run_prints_the_job(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)  # no params.yaml: the schema's defaults, as `expected` renders them
     code = main(["launch-train", "--dry-run", "--pods", "3", "--namespace", "ml", "--set", "train.lr=0.0003"])
     assert code == 0
     job = yaml.safe_load(capsys.readouterr().out)

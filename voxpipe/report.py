@@ -12,9 +12,9 @@ import json
 import os
 import platform
 import socket
-import sys
 import tempfile
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,14 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def versions() -> dict[str, str]:
+    """The installed versions of the libraries the results depend on: always the same list, whatever the
+    process happened to import (a step run inside a KFP task and one run from a test must agree)."""
     out = {"voxpipe": __version__, "python": platform.python_version()}
     for name in ("torch", "numpy", "pyarrow", "soundfile", "soxr"):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            out[name] = getattr(mod, "__version__", "?")
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
     return out
 
 
