@@ -78,6 +78,19 @@ def run_voxpipe(step: str, workspace: str, sections: dict[str, Any]) -> None:
         raise RuntimeError(f"voxpipe {step} failed with exit code {code} (its message is above)")
 
 
+def run_here_or_on_volcano(step: str, workspace: str, sections: dict[str, Any], volcano: bool,
+                           launch: dict[str, Any], image: str, accelerator: str, node_selector: dict,
+                           tolerations: list, pvc_name: str) -> None:
+    """`voxpipe launch-<step>` (a gang-scheduled Volcano Job, torchrun in every pod, watched from here) when
+    `volcano`, else `voxpipe <step>` in this process (kfp.local, a one-node CPU cluster)."""
+    if not volcano:
+        run_voxpipe(step, workspace, sections)
+        return
+    cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
+                   tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
+    run_voxpipe(f"launch-{step}", workspace, {**sections, "launch": cluster})
+
+
 def publish(artifact: Any, folder: str, report: str = "report.json", **metadata: Any) -> dict[str, Any]:
     """Copy the step's report into the artifact, record the folder; returns the report."""
     import json
@@ -101,4 +114,4 @@ def log_numbers(metrics: Any, figures: dict[str, Any]) -> None:
             metrics.log_metric(key, value)
 
 
-HELPERS = [step_folder, wire, run_voxpipe, publish, log_numbers]
+HELPERS = [step_folder, wire, run_voxpipe, run_here_or_on_volcano, publish, log_numbers]

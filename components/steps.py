@@ -10,7 +10,16 @@ from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 # the helpers are shipped inside each component (additional_funcs); imported here for the reader and ruff
-from components.shared import COMPONENT, HELPERS, log_numbers, publish, run_voxpipe, step_folder, wire
+from components.shared import (
+    COMPONENT,
+    HELPERS,
+    log_numbers,
+    publish,
+    run_here_or_on_volcano,
+    run_voxpipe,
+    step_folder,
+    wire,
+)
 
 
 def component(func):
@@ -132,12 +141,8 @@ def encode(workspace: str, params: dict, launch: dict, volcano: bool, image: str
     rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
     sections = {"encode": wire("encode", params, manifest=rows, out=folder),
                 "model": {"base": base_model.metadata["path"]}}
-    if volcano:
-        cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
-                       tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
-        run_voxpipe("launch-encode", workspace, {**sections, "launch": cluster})
-    else:
-        run_voxpipe("encode", workspace, sections)
+    run_here_or_on_volcano("encode", workspace, sections, volcano, launch, image, accelerator, node_selector,
+                           tolerations, pvc_name)
     publish(encoded, folder)
 
 
@@ -156,12 +161,8 @@ def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_u
         "model": {"base": base_model.metadata["path"]},
         "tracking": wire("tracking", tracking, uri=tracking_uri, work=folder),
     }
-    if volcano:
-        cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
-                       tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
-        run_voxpipe("launch-train", workspace, {**sections, "launch": cluster})
-    else:
-        run_voxpipe("train", workspace, sections)
+    run_here_or_on_volcano("train", workspace, sections, volcano, launch, image, accelerator, node_selector,
+                           tolerations, pvc_name)
     report = publish(model, folder, export=os.path.join(folder, "export"))
     val = report["val_curve"][-1] if report["val_curve"] else {}
     log_numbers(metrics, {**report["final"], **val, "steps": report["steps"],
