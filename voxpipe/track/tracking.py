@@ -145,9 +145,16 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the U
 def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     """The experiment's id, created if need be, and tagged so the MLflow UI opens it in its model-training
     view (not the GenAI one: traces, judges, prompts)."""
+    from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+        except MlflowException as e:  # a concurrent register created it first: use theirs
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
     if experiment.lifecycle_stage != "active":
         raise StepError(f"MLflow experiment {name!r} is deleted: restore it or choose another name")
     for key, value in EXPERIMENT_KIND.items():
