@@ -45,3 +45,15 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
         device="cpu",
     )))
     return paths
+
+
+@pytest.fixture(autouse=True)
+def _print_restored():
+    """kfp.local runs ParallelFor tasks in threads, each wrapping `builtins.print` to indent its logs and
+    restoring what it saw: overlapping tasks can leave an indenting print behind, which then corrupts the
+    stdout of later tests in the same process. Every test starts and ends with the real print."""
+    import builtins
+
+    original = builtins.print
+    yield
+    builtins.print = original
