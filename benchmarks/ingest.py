@@ -156,7 +156,7 @@ def kfp_local(data: Path, work: Path, shards: int, rows: int) -> dict:
 
     sys.path.insert(0, str(REPO))  # components/ and pipelines/ are not installed
     from pipelines import finetune as pipeline
-    from voxpipe.track.lineage import dvc_md5
+    from voxpipe.lineage import dvc_md5
 
     @dsl.pipeline
     def fanned_out(workspace: str, data_version: str, params: dict) -> dsl.Dataset:

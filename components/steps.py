@@ -35,7 +35,7 @@ def ingest_plan(workspace: str, data_version: str, params: dict, plan: Output[Da
 
     from voxpipe.launch.workspace import inside_workspace
     from voxpipe.params import IngestParams
-    from voxpipe.track.lineage import dvc_md5
+    from voxpipe.lineage import dvc_md5
 
     folder = step_folder(workspace, "ingest-plan", plan.uri)
     section = wire("ingest", params, out=folder)

@@ -32,7 +32,7 @@ from small_sample import write_small_sample
 
 from voxpipe.cli import STEPS
 from voxpipe.params import Params, load_params
-from voxpipe.track.lineage import dvc_md5
+from voxpipe.lineage import dvc_md5
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.resume import RESUME_FREE
 
@@ -141,7 +141,7 @@ def test_code_deps_are_each_steps_import_closure():
 def test_import_closure_follows_lazy_imports_and_package_data():
     train = step_closure("train")
     assert "voxpipe/track/live.py" in train  # imported inside a function, only with train.track
-    assert "voxpipe/data/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train
+    assert "voxpipe/train/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train
     assert "voxpipe/model/tokenizer_corpus.txt" in step_closure("init-model")
     assert not any(f.startswith(("voxpipe/launch/", "voxpipe/track/compare")) for f in train)
 

@@ -17,7 +17,7 @@ import torch
 from voxpipe.cli import main
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.data.fixed_seed_loss import fixed_seed_loss, summarize_seeds, val_loss_batches
+from voxpipe.train.fixed_seed_loss import fixed_seed_loss, summarize_seeds, val_loss_batches
 from voxpipe.evaluate.asr import edit_distance, errors, words
 from voxpipe.evaluate.consistency import consistency
 from voxpipe.evaluate.pitch import median_f0

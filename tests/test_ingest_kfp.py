@@ -13,7 +13,7 @@ from pipelines import finetune as pipeline
 from tests.test_ingest import SAMPLE
 from voxpipe.data.ingest import ingest
 from voxpipe.params import IngestParams
-from voxpipe.track.lineage import dvc_md5
+from voxpipe.lineage import dvc_md5
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),

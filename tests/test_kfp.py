@@ -15,7 +15,7 @@ from small_sample import write_small_sample
 from components import steps
 from components.shared import step_folder
 from pipelines import finetune as pipeline
-from voxpipe.track.lineage import dvc_md5
+from voxpipe.lineage import dvc_md5
 
 # kfp.local runs the components in this venv: the images and the accelerator requests are for the cluster
 pytestmark = [

@@ -227,7 +227,7 @@ def test_a_training_step_reads_the_device_once(encoded_sample, tmp_path, monkeyp
 
 
 def test_served_model_and_evaluation_loader_take_the_kernels_setting(encoded_sample, fake_npu):
-    from voxpipe.track.serving import VoxpipeTTS
+    from voxpipe.serve.pyfunc import VoxpipeTTS
 
     served = VoxpipeTTS()
     context = types.SimpleNamespace(artifacts={"checkpoint": str(encoded_sample.base_model)},

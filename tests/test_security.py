@@ -28,7 +28,7 @@ from voxpipe.model.io import init_model
 from voxpipe.params import ModelParams, Params
 from voxpipe.report import write_report
 from voxpipe.secrets import REDACTED, scrub
-from voxpipe.track.lineage import git_commit
+from voxpipe.lineage import git_commit
 from voxpipe.track.register import register
 
 ADMIN, ADMIN_PASSWORD = "admin", "adm-Pw7731-never-logged"

@@ -34,7 +34,7 @@ from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.model.io import init_model
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
-from voxpipe.track.lineage import dvc_md5
+from voxpipe.lineage import dvc_md5
 from voxpipe.track.register import RegisterResult, register
 from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session

@@ -85,7 +85,7 @@ STEPS: tuple[Step, ...] = (
     Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "
          "curves png", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
-         "into a WAV file, optionally in the voice of --reference", "voxpipe.track.synthesize:synthesize",
+         "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
          None, ("synthesize", "tracking.uri", "tracking.work"), out_folder=False),
 )
 

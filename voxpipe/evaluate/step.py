@@ -1,6 +1,6 @@
 """`voxpipe evaluate`: did the fine-tune learn, and does it keep the voice?
 
-1. Fixed-seed loss (voxpipe/data/fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
+1. Fixed-seed loss (voxpipe/train/fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
    set, for each seed; mean and spread over seeds tell a real improvement from noise.
 2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
    reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
@@ -27,7 +27,7 @@ import soundfile as sf
 import torch
 
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.data.fixed_seed_loss import (
+from voxpipe.train.fixed_seed_loss import (
     FixedSeedLoss,
     LossBatch,
     fixed_seed_loss,
@@ -51,7 +51,7 @@ from voxpipe.model.npu import KernelsChoice
 from voxpipe.params import EvaluateParams, Params
 from voxpipe.progress import bar as progress_bar
 from voxpipe.report import write_json, write_report
-from voxpipe.track.lineage import dvc_md5
+from voxpipe.lineage import dvc_md5
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.errors import StepError
 from voxpipe.params import RegisterParams
-from voxpipe.track.lineage import dvc_md5, md5_file
+from voxpipe.lineage import dvc_md5, md5_file
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 

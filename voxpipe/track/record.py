@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from voxpipe.params import Params
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
-from voxpipe.track.lineage import git_commit, kfp_run_id, md5_file
+from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.track.plots import loss_curve
 from voxpipe.track.tracking import active_run, scrub
 

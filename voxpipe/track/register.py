@@ -17,7 +17,7 @@ from typing import Any
 from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
-from voxpipe.track.lineage import kfp_run_id, md5_file
+from voxpipe.lineage import kfp_run_id, md5_file
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.record import log_pipeline_run, run_params
 from voxpipe.track.registry import register_export

@@ -129,7 +129,7 @@ def signature() -> ModelSignature:
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
-    from voxpipe.track.serving import GENERATION_DEFAULTS as d
+    from voxpipe.serve.pyfunc import GENERATION_DEFAULTS as d
 
     return ModelSignature(
         inputs=Schema([ColSpec(DataType.string, "text"),

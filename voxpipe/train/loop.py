@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from voxpipe.data.fixed_seed_loss import fixed_seed_loss
+from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.errors import StepError
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config

@@ -59,7 +59,7 @@ def _from_registry(params: Params, reference: str) -> tuple[np.ndarray, int, boo
 def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool]:
     from voxpipe.device import resolve_device_type
     from voxpipe.model.io import from_pretrained
-    from voxpipe.track.speech import speak
+    from voxpipe.serve.speech import speak
 
     folder = Path(p.model)
     if not (folder / "config.json").is_file():

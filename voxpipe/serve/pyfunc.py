@@ -49,7 +49,7 @@ class VoxpipeTTS(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """One row per text ("text", else the first column; optional "reference_audio"): audio (float32
         array), sample_rate, hit_length_limit."""
-        from voxpipe.track.speech import speak
+        from voxpipe.serve.speech import speak
 
         frame = model_input
         if not isinstance(frame, pd.DataFrame):

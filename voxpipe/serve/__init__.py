@@ -1,0 +1,1 @@
+"""Serving: the MLflow pyfunc model, speech generation and `voxpipe synthesize`."""
