@@ -36,11 +36,12 @@ import torch
 
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.data.encode import encode_batch, plan_batches
+from voxpipe.data.encode.plan import plan_batches
 from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import preset
-from voxpipe.model.io import init_model
+from voxpipe.model.encoder import encode_batch
 from voxpipe.params import ModelParams
+from voxpipe.train.init_model import init_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 

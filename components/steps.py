@@ -34,8 +34,8 @@ def ingest_plan(workspace: str, data_version: str, params: dict, plan: Output[Da
     from pathlib import Path
 
     from voxpipe.launch.workspace import inside_workspace
-    from voxpipe.params import IngestParams
     from voxpipe.lineage import dvc_md5
+    from voxpipe.params import IngestParams
 
     folder = step_folder(workspace, "ingest-plan", plan.uri)
     section = wire("ingest", params, out=folder)

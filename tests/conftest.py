@@ -28,11 +28,11 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
 
     Read-only for tests: copy a folder before running a step into it.
     """
-    from voxpipe.data.encode import encode
+    from voxpipe.data.encode.step import encode
     from voxpipe.data.ingest import ingest
     from voxpipe.data.manifest import build_manifest
-    from voxpipe.model.io import init_model
     from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params
+    from voxpipe.train.init_model import init_model
 
     work = tmp_path_factory.mktemp("encoded_sample")
     paths = EncodedSample(work / "ingest", work / "manifest", work / "base_model", work / "encoded")

@@ -13,8 +13,8 @@ import torch
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.step import evaluate
-from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.lineage import dvc_md5
+from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.track.register import register
 from voxpipe.train.exports import step_exports
 from voxpipe.train.loop import train

@@ -31,8 +31,8 @@ from servers import free_port, serving
 from small_sample import write_small_sample
 
 from voxpipe.cli import STEPS
-from voxpipe.params import Params, load_params
 from voxpipe.lineage import dvc_md5
+from voxpipe.params import Params, load_params
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.resume import RESUME_FREE
 

@@ -17,8 +17,9 @@ import torch
 from safetensors import safe_open
 
 from voxpipe.data.audio import decode
-from voxpipe.data.encode import encode, encode_batch, load_encoder
+from voxpipe.data.encode.step import encode
 from voxpipe.errors import StepError
+from voxpipe.model.encoder import encode_batch, load_encoder
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.params import EncodeParams, Params
 
@@ -186,7 +187,7 @@ def test_bad_rows_are_quarantined_with_file_line_and_reason(encoded_sample, tmp_
 # ---------------------------------------------------------------------------------------------
 
 def test_the_batches_do_not_depend_on_the_world_size_or_on_earlier_work():
-    from voxpipe.data.encode import Clip, plan
+    from voxpipe.data.encode.plan import Clip, plan
 
     lengths = [16000 * s // 10 for s in (14, 50, 22, 31, 9, 44, 27, 18, 35, 12, 40, 25, 33, 16, 21)]
     clips = [Clip(f"{i:02d}", Path(f"{i}.flac"), n) for i, n in enumerate(lengths)]

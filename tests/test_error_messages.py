@@ -148,7 +148,7 @@ def test_truncated_audiovae(encoded_sample, base_copy, tmp_path):
 
 
 def test_junk_tokenizer_json_is_named(encoded_sample, base_copy, tmp_path):
-    from voxpipe.data.encode import load_encoder
+    from voxpipe.model.encoder import load_encoder
 
     tokenizer = base_copy / "tokenizer.json"
     tokenizer.write_bytes(b'{"version": "1.0", "model": {"type": "Nope"}}')

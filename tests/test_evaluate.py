@@ -17,7 +17,6 @@ import torch
 from voxpipe.cli import main
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.train.fixed_seed_loss import fixed_seed_loss, summarize_seeds, val_loss_batches
 from voxpipe.evaluate.asr import edit_distance, errors, words
 from voxpipe.evaluate.consistency import consistency
 from voxpipe.evaluate.pitch import median_f0
@@ -26,6 +25,7 @@ from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
 from voxpipe.evaluate.step import EvaluateResult
 from voxpipe.model.io import from_pretrained
 from voxpipe.train.device import distributed_runtime
+from voxpipe.train.fixed_seed_loss import fixed_seed_loss, summarize_seeds, val_loss_batches
 from voxpipe.train.loop import validate
 
 CPU = torch.device("cpu")

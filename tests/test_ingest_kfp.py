@@ -12,8 +12,8 @@ from kfp import dsl, local
 from pipelines import finetune as pipeline
 from tests.test_ingest import SAMPLE
 from voxpipe.data.ingest import ingest
-from voxpipe.params import IngestParams
 from voxpipe.lineage import dvc_md5
+from voxpipe.params import IngestParams
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),

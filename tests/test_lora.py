@@ -17,9 +17,10 @@ from upstream import import_upstream
 
 from voxpipe.errors import StepError
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, preset
-from voxpipe.model.io import from_pretrained, init_model, save_pretrained
+from voxpipe.model.io import from_pretrained, save_pretrained
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams, ModelParams, load_params
+from voxpipe.train.init_model import init_model
 from voxpipe.train.lora import (
     LORA_CONFIG,
     LORA_WEIGHTS,

@@ -24,12 +24,12 @@ from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.errors import StepError
 from voxpipe.launch.volcano import job_yaml, render_job
-from voxpipe.model.io import init_model
+from voxpipe.lineage import git_commit
 from voxpipe.params import ModelParams, Params
 from voxpipe.report import write_report
 from voxpipe.secrets import REDACTED, scrub
-from voxpipe.lineage import git_commit
 from voxpipe.track.register import register
+from voxpipe.train.init_model import init_model
 
 ADMIN, ADMIN_PASSWORD = "admin", "adm-Pw7731-never-logged"
 DECLARED = "vv-Lm44-only-declared"  # env VOICE_VAULT: a name that says nothing; launch.secret_env names it

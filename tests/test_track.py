@@ -31,14 +31,14 @@ from voxpipe.cli import main
 from voxpipe.data.ingest import ingest
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
-from voxpipe.model.io import init_model
+from voxpipe.lineage import dvc_md5
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
-from voxpipe.lineage import dvc_md5
 from voxpipe.track.register import RegisterResult, register
 from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
 from voxpipe.train.checkpoint import latest_checkpoint
+from voxpipe.train.init_model import init_model
 from voxpipe.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]

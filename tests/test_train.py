@@ -22,9 +22,10 @@ from upstream import import_upstream
 
 from voxpipe.errors import StepError
 from voxpipe.integrity import KEY_FILE, MANIFEST
-from voxpipe.model.io import from_pretrained, init_model
+from voxpipe.model.io import from_pretrained
 from voxpipe.params import LoraParams, ModelParams, Params, TrainParams, load_params
 from voxpipe.train.checkpoint import latest_checkpoint
+from voxpipe.train.init_model import init_model
 from voxpipe.train.loop import train
 from voxpipe.train.schedule import WarmupCosine
 

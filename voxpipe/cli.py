@@ -63,10 +63,10 @@ STEPS: tuple[Step, ...] = (
          "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
          ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds")),
     Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
-         "tokenizer", "voxpipe.model.io:init_model", "model",
+         "tokenizer", "voxpipe.train.init_model:init_model", "model",
          ("model.preset", "model.out", "model.seed", "model.dtype")),
     Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
-         "voxpipe.data.encode:encode", None, ("encode", "model.base")),
+         "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
     Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
          "metrics.jsonl", "voxpipe.train.loop:train", None,
          ("train", "model.base", "model.kernels", "tracking")),

@@ -1,7 +1,7 @@
 """`voxpipe evaluate`: did the fine-tune learn, and does it keep the voice?
 
-1. Fixed-seed loss (voxpipe/train/fixed_seed_loss.py) of the fine-tuned model and the baseline on the whole val
-   set, for each seed; mean and spread over seeds tell a real improvement from noise.
+1. Fixed-seed loss (voxpipe/train/fixed_seed_loss.py) of the fine-tuned model and the baseline on the
+   whole val set, for each seed; mean and spread over seeds tell a real improvement from noise.
 2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
    reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
    voice consistency per speaker (consistency.py), stop failures and real-time factor.
@@ -27,14 +27,6 @@ import soundfile as sf
 import torch
 
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.train.fixed_seed_loss import (
-    FixedSeedLoss,
-    LossBatch,
-    fixed_seed_loss,
-    summarize_seeds,
-    val_digest,
-    val_loss_batches,
-)
 from voxpipe.device import resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
@@ -45,13 +37,21 @@ from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.metrics import ClipMeasures, Voice, load_16k, measure, real_voice
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.speaker import SpeakerEncoder
+from voxpipe.lineage import dvc_md5
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
 from voxpipe.model.npu import KernelsChoice
 from voxpipe.params import EvaluateParams, Params
 from voxpipe.progress import bar as progress_bar
 from voxpipe.report import write_json, write_report
-from voxpipe.lineage import dvc_md5
+from voxpipe.train.fixed_seed_loss import (
+    FixedSeedLoss,
+    LossBatch,
+    fixed_seed_loss,
+    summarize_seeds,
+    val_digest,
+    val_loss_batches,
+)
 
 
 @dataclass

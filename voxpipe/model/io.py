@@ -1,4 +1,4 @@
-"""Checkpoint directories in upstream's layout, and the `init-model` step.
+"""Checkpoint directories in upstream's layout.
 
 Layout: config.json, model.safetensors (everything but the VAE; upstream ships bf16),
 audiovae.safetensors (fp32, old-style weight_norm keys), tokenizer.json, tokenizer_config.json,
@@ -9,8 +9,6 @@ strict=False would silently keep random weights).
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,14 +21,13 @@ from voxpipe.model.audiovae import (
     load_audiovae_state_dict,
     load_audiovae_weights,
 )
-from voxpipe.model.config import VoxCPM2Config, preset
+from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
-from voxpipe.model.tokenizer import VoxTokenizer, train_tokenizer
+from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import ModelParams
-from voxpipe.report import atomic_write_text, write_report
+from voxpipe.report import atomic_write_text
 
 MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -132,53 +129,3 @@ def save_pretrained(
     tokenizer.save(directory)
     atomic_write_text(directory / "config.json", config.to_json())
     return directory
-
-
-@dataclass
-class InitModelResult:
-    out: Path
-    preset: str
-    parameters: int
-    seconds: float
-
-    def summary(self) -> str:
-        return (
-            f"init-model: {self.preset} VoxCPM2 with {self.parameters / 1e6:.2f} M trainable parameters "
-            f"written to {self.out} in {self.seconds:.1f} s"
-        )
-
-
-def init_model(p: ModelParams) -> InitModelResult:
-    """A random-init checkpoint for a preset, with a tokenizer trained on the embedded corpus.
-
-    The same seed gives byte-identical files; the caller's RNG state is left untouched.
-    """
-    start = time.perf_counter()
-    config = preset(p.preset)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(p.seed)
-        model = VoxCPM2(config)
-        vae = AudioVAE(config.audio_vae_config)
-    tokenizer = train_tokenizer(vocab_size=config.lm_config.vocab_size)
-    if tokenizer.vocab_size > config.lm_config.vocab_size:
-        raise StepError(
-            f"tokenizer has {tokenizer.vocab_size} tokens, more than the model's vocab_size "
-            f"{config.lm_config.vocab_size}"
-        )
-    dtype = torch.float32 if p.dtype == "float32" else torch.bfloat16
-    out = save_pretrained(model, vae, tokenizer, p.out, dtype=dtype)
-    parameters = sum(t.numel() for t in model.parameters())
-    result = InitModelResult(out, p.preset, parameters, time.perf_counter() - start)
-    write_report(
-        out,
-        {
-            "preset": p.preset,
-            "seed": p.seed,
-            "dtype": p.dtype,
-            "parameters": parameters,
-            "vae_parameters": sum(t.numel() for t in vae.parameters()),
-            "vocab_size": tokenizer.vocab_size,
-        },
-        run={"seconds": round(result.seconds, 3)},
-    )
-    return result

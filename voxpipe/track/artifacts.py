@@ -13,8 +13,8 @@ from typing import Any
 
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.errors import StepError
-from voxpipe.params import RegisterParams
 from voxpipe.lineage import dvc_md5, md5_file
+from voxpipe.params import RegisterParams
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 

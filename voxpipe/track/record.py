@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
-from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.track.plots import loss_curve
 from voxpipe.track.tracking import active_run, scrub
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voxpipe.lineage import kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
-from voxpipe.lineage import kfp_run_id, md5_file
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.record import log_pipeline_run, run_params
 from voxpipe.track.registry import register_export

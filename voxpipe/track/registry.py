@@ -52,7 +52,7 @@ MAX_TAG = 5000  # MLflow's limit on a tag value
 LOCK_SUFFIX = ".register-lock"
 LOCK_LEASE_S = 120.0  # a lock unchanged for this long is a crashed register's: broken
 CAS_TRIES = 3
-SERVING_CODE = Path(__file__).with_name("serving.py")
+SERVING_CODE = Path(__file__).parents[1] / "serve" / "pyfunc.py"
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
             code_paths=[str(Path(voxpipe.__file__).parent)],
             signature=signature(),
             pip_requirements=pinned_requirements(),
-            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},  # serving.py: load-time
+            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},  # serve/pyfunc.py: load-time
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id

@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from voxpipe.data.batching import EvalBatches, TokenBudgetSampler
 from voxpipe.data.dataset import EncodedDataset, collate
-from voxpipe.data.encode import load_encoder
 from voxpipe.errors import StepError
 from voxpipe.model.config import VoxCPM2Config
+from voxpipe.model.encoder import load_encoder
 from voxpipe.params import TrainParams
 from voxpipe.train.device import Runtime
 

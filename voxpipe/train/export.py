@@ -17,10 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from voxpipe.data.encode import TOKENIZER_FILES
 from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
 from voxpipe.model.config import VoxCPM2Config
+from voxpipe.model.encoder import TOKENIZER_FILES
 from voxpipe.model.io import load_weights_strict, save_pretrained
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.errors import StepError
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
@@ -39,6 +38,7 @@ from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.export import export_checkpoint
 from voxpipe.train.exports import due, export_step
+from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
 from voxpipe.train.metrics import MetricsLog, finite_or_none
 from voxpipe.train.resume import result_params, why_not_resume
