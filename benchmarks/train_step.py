@@ -45,7 +45,7 @@ from voxpipe.data.audio import decode  # noqa: E402
 from voxpipe.data.batching import TokenBudgetSampler, fixed_size_batches, padding_waste  # noqa: E402
 from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, collate  # noqa: E402
 from voxpipe.data.encode.step import encode  # noqa: E402
-from voxpipe.data.ingest import ingest  # noqa: E402
+from voxpipe.data.ingest_step import ingest  # noqa: E402
 from voxpipe.data.manifest import build_manifest  # noqa: E402
 from voxpipe.model.io import init_model  # noqa: E402
 from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params, TrainParams  # noqa: E402

@@ -29,7 +29,7 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
     Read-only for tests: copy a folder before running a step into it.
     """
     from voxpipe.data.encode.step import encode
-    from voxpipe.data.ingest import ingest
+    from voxpipe.data.ingest_step import ingest
     from voxpipe.data.manifest import build_manifest
     from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params
     from voxpipe.train.init_model import init_model

@@ -111,7 +111,7 @@ def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkey
         raise OSError(code, os.strerror(code), str(self))
 
     monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
-    from voxpipe.data.ingest import ingest
+    from voxpipe.data.ingest_step import ingest
 
     params = IngestParams(input=[str(SAMPLE)], out=str(out), workers=1, max_bad_fraction=1.0)
     with pytest.raises(StepError, match=rf"writing into {out} failed \({os.strerror(code)}") as err:

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from voxpipe import cli
-from voxpipe.data.ingest import ingest
 from voxpipe.data.ingest_row import REASONS, normalize_text
+from voxpipe.data.ingest_step import ingest
 from voxpipe.params import IngestParams
 
 REPO = Path(__file__).resolve().parents[1]

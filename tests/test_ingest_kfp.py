@@ -11,7 +11,7 @@ from kfp import dsl, local
 
 from pipelines import finetune as pipeline
 from tests.test_ingest import SAMPLE
-from voxpipe.data.ingest import ingest
+from voxpipe.data.ingest_step import ingest
 from voxpipe.lineage import dvc_md5
 from voxpipe.params import IngestParams
 

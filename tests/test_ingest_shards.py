@@ -15,8 +15,8 @@ import pytest
 from tests.test_ingest import HF_AUDIO, encode, good_bytes, read_outputs, struct, tone
 from tests.test_ingest_formats import make_ljspeech, wav, write_table
 from voxpipe import cli
-from voxpipe.data.ingest import ingest
 from voxpipe.data.ingest_shards import ingest_shard, merge, plan
+from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
 

@@ -28,12 +28,13 @@ from mlflow import MlflowClient
 from servers import mlflow_server
 
 from voxpipe.cli import main
-from voxpipe.data.ingest import ingest
+from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.lineage import dvc_md5
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
+from voxpipe.track.live import LiveRun
 from voxpipe.track.register import RegisterResult, register
 from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
@@ -457,7 +458,7 @@ def train_live(sample, out: Path, server: str, experiment: str = LIVE, **changes
                 "work": str(out.parent / SECRETS["MLFLOW_TRACKING_TOKEN"])}
     train(Params(model={"base": str(sample.base_model)}, tracking=tracking, train=TrainParams(
         data=str(sample.encoded), out=str(out), track=True, **{**LIVE_SETTINGS, **changes},
-    )))
+    )), live=LiveRun)
     return json.loads((out / "report.json").read_text())
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,9 @@ class Step:
     reads: tuple[str, ...]  # what becomes flags: a section (all its keys), a sub-section or one key
     hide: tuple[str, ...] = ()  # keys of `reads` left to `--set` (wired by an orchestrator)
     out_folder: bool = True  # `--out` is a folder to lock for one writer (synthesize: one WAV file)
+    # keyword -> "module:attr" the step function gets, imported on first call: a part from a higher layer
+    # that the step uses without importing it, and that changes no result (so no DVC dep of the stage)
+    wires: tuple[tuple[str, str], ...] = ()
 
     @property
     def own(self) -> str:
@@ -47,7 +51,7 @@ SHARD_KEYS = ("ingest.plan", "ingest.shard", "ingest.shard_dirs")
 # in pipeline order: `voxpipe --help` lists them so
 STEPS: tuple[Step, ...] = (
     Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
-         "quarantined", "voxpipe.data.ingest:ingest", "ingest", ("ingest",), SHARD_KEYS),
+         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
          ("ingest.input", "ingest.out", "ingest.shards")),
@@ -69,7 +73,8 @@ STEPS: tuple[Step, ...] = (
          "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
     Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
          "metrics.jsonl", "voxpipe.train.loop:train", None,
-         ("train", "model.base", "model.kernels", "tracking")),
+         ("train", "model.base", "model.kernels", "tracking"),
+         wires=(("live", "voxpipe.track.live:LiveRun"),)),
     Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
          "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
     Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
@@ -176,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_first_call(target: str) -> Callable[..., Any]:
+    """The callable `module:attr`, its module imported when it is first called (maybe never)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+    return call
+
+
 def run_step(step: Step, args: argparse.Namespace) -> Any:
     flags = step_flags(step)
     params = load_params(args.params, args.overrides, {f.key.key: getattr(args, f.key.key) for f in flags},
@@ -184,7 +197,8 @@ def run_step(step: Step, args: argparse.Namespace) -> Any:
     arg = params if step.section is None else params.section(step.section)
     out_key = next((f.key.key for f in flags if f.name == "--out" and step.out_folder), None)
     with guard_step(params.flat()[out_key] if out_key else None, step.name):  # one writer per --out
-        return getattr(importlib.import_module(module), func)(arg)
+        wired = {name: _on_first_call(target) for name, target in step.wires}
+        return getattr(importlib.import_module(module), func)(arg, **wired)
 
 
 def setup_logging() -> None:

@@ -290,12 +290,9 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     return result
 
 
-def ingest(p: IngestParams) -> IngestResult:
-    """Run the ingest step; raises StepError on run-level problems (after writing the reports)."""
-    if p.shards > 1:  # plan, shards and merge, on this machine
-        from voxpipe.data.ingest_shards import ingest_sharded  # it builds on this module
-
-        return ingest_sharded(p)
+def ingest_one_pass(p: IngestParams) -> IngestResult:
+    """Ingest every input in one pass (the `ingest` step without shards, voxpipe/data/ingest_step.py);
+    raises StepError on run-level problems (after writing the reports)."""
     notices: list[str] = []
     sources = open_sources(p.input, columns_of(p), notices)
     ranges = [(i, 0, src.num_rows) for i, src in enumerate(sources)]

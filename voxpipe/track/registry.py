@@ -28,12 +28,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import requires, version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import voxpipe
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
+from voxpipe.params import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.tracking import active_run
 
@@ -52,7 +54,8 @@ MAX_TAG = 5000  # MLflow's limit on a tag value
 LOCK_SUFFIX = ".register-lock"
 LOCK_LEASE_S = 120.0  # a lock unchanged for this long is a crashed register's: broken
 CAS_TRIES = 3
-SERVING_CODE = Path(__file__).parents[1] / "serve" / "pyfunc.py"
+# the pyfunc model's file, which MLflow runs (models from code); found, not imported: serve sits above track
+SERVING_MODULE = "voxpipe.serve.pyfunc"
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def signature() -> ModelSignature:
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
-    from voxpipe.serve.pyfunc import GENERATION_DEFAULTS as d
+    d = SynthesizeParams()  # the pyfunc params' defaults are `voxpipe synthesize`'s
 
     return ModelSignature(
         inputs=Schema([ColSpec(DataType.string, "text"),
@@ -140,10 +143,10 @@ def signature() -> ModelSignature:
             ColSpec(DataType.boolean, "hit_length_limit"),
         ]),
         params=ParamSchema([
-            ParamSpec("seed", DataType.long, d["seed"]),
-            ParamSpec("cfg_value", DataType.double, d["cfg_value"]),
-            ParamSpec("inference_timesteps", DataType.long, d["inference_timesteps"]),
-            ParamSpec("max_len", DataType.long, d["max_len"]),
+            ParamSpec("seed", DataType.long, d.seed),
+            ParamSpec("cfg_value", DataType.double, d.cfg_value),
+            ParamSpec("inference_timesteps", DataType.long, d.inference_timesteps),
+            ParamSpec("max_len", DataType.long, d.max_len),
         ]),
     )
 
@@ -167,12 +170,13 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
         warnings.filterwarnings("ignore", message=".*input example was not provided.*")
         info = mlflow.pyfunc.log_model(
             name="model",
-            python_model=str(SERVING_CODE),
+            python_model=find_spec(SERVING_MODULE).origin,
             artifacts={"checkpoint": str(art.export.resolve())},
             code_paths=[str(Path(voxpipe.__file__).parent)],
             signature=signature(),
             pip_requirements=pinned_requirements(),
-            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},  # serve/pyfunc.py: load-time
+            # serve/pyfunc.py: load-time options
+            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id

@@ -40,7 +40,7 @@ from voxpipe.train.export import export_checkpoint
 from voxpipe.train.exports import due, export_step
 from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
-from voxpipe.train.metrics import MetricsLog, finite_or_none
+from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
 from voxpipe.train.resume import result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
@@ -135,8 +135,10 @@ def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[
 
 
 class Trainer:
-    def __init__(self, params: Params, rt: Runtime, stop: TerminationFlag):
+    def __init__(self, params: Params, rt: Runtime, stop: TerminationFlag,
+                 live: LiveLogFactory | None = None):
         p = params.train
+        self.live = live
         self.p, self.tracking, self.rt, self.stop = p, params.tracking, rt, stop
         self.result_params = result_params(params)  # saved with each checkpoint, checked on resume
         self.out = Path(p.out)
@@ -304,7 +306,7 @@ class Trainer:
         start_wall = time.perf_counter()
         self._resume()
         first_step = self.step
-        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p, self.tracking)
+        log = MetricsLog(self.out / "metrics.jsonl", rt.is_main, first_step, p, self.tracking, self.live)
         if not self.val_curve and self.data.has_val:
             self._validate()  # the untrained base: the first point of the convergence curve
         bar = StepProgress(p.max_steps, self.step, rt.is_main, p.log_every, logger)
@@ -370,7 +372,11 @@ class Trainer:
         return report
 
 
-def train(params: Params) -> TrainResult:
-    """`train`: the train section on model.base, tracked per the tracking section (`train.track`)."""
+def train(params: Params, live: LiveLogFactory | None = None) -> TrainResult:
+    """`train`: the train section on model.base; with `train.track`, each step's metrics also go to
+    `live` (`voxpipe train` passes MLflow's, voxpipe/track/live.py)."""
+    if params.train.track and live is None:
+        raise StepError("train.track is on, but no live logger was given: run `voxpipe train`, or call "
+                        "train(params, live=voxpipe.track.live.LiveRun); or set train.track=false")
     with distributed_runtime(params.train.device) as rt, TerminationFlag() as stop:
-        return Trainer(params, rt, stop).run()
+        return Trainer(params, rt, stop, live).run()

@@ -1,8 +1,10 @@
 """Per-step metrics: metrics.jsonl (one JSON object per optimizer step) and, with `train.track`, MLflow.
 
 Only rank 0 writes. On resume the lines after the resumed step are dropped, so the file reads
-as one uninterrupted history. metrics.jsonl is the record; the live MLflow run (track/live.py, the
-pipeline run's run that `register` completes) is imported only when tracking is on.
+as one uninterrupted history. metrics.jsonl is the record; live logging (the pipeline run's MLflow run
+that `register` completes) goes through `LiveLog`, which train owns and voxpipe/track/live.py implements.
+Train never imports it: `voxpipe train` passes it in (voxpipe/cli.py, `Step.wires`), so a change to the
+tracking code is no change to training (DVC does not retrain for it).
 """
 
 from __future__ import annotations
@@ -10,11 +12,24 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import atomic_write_text
+
+
+class LiveLog(Protocol):
+    """Each step's metrics as training runs, somewhere a person watches them (an MLflow run)."""
+
+    run_id: str  # recorded in the train report, so `register` completes this run
+
+    def log(self, record: dict[str, Any]) -> None: ...
+
+
+class LiveLogFactory(Protocol):
+    def __call__(self, tracking: TrackingParams, p: TrainParams, folder: Path,
+                 resume_step: int) -> LiveLog: ...
 
 
 def finite_or_none(value: Any) -> Any:
@@ -25,16 +40,15 @@ def finite_or_none(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool, resume_step: int, p: TrainParams, tracking: TrackingParams):
+    def __init__(self, path: Path, enabled: bool, resume_step: int, p: TrainParams, tracking: TrackingParams,
+                 live: LiveLogFactory | None = None):
         self.path = path
         self.enabled = enabled
-        self.live = None
+        self.live: LiveLog | None = None
         if not enabled:
             return
-        if p.track:
-            from voxpipe.track.live import LiveRun
-
-            self.live = LiveRun(tracking, p, path.parent, resume_step)
+        if p.track and live is not None:
+            self.live = live(tracking, p, path.parent, resume_step)
         kept = []
         if resume_step and path.is_file():
             rows = read_jsonl(path, "metrics.jsonl")
