@@ -20,6 +20,7 @@ from kfp import compiler, dsl, kubernetes
 
 from components import steps
 from components.shared import CPU_IMAGE
+from voxpipe import paramspec
 from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
 from voxpipe.params import LaunchParams, Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
@@ -27,19 +28,10 @@ from voxpipe.secrets import SECRET_ENV_NAMES
 LAUNCH = LaunchParams()
 WORKSPACE = LAUNCH.mount_path  # where every task mounts the workspace PVC
 MLFLOW_SERVICE = "http://mlflow:5000"  # manifests/namespaced/mlflow-service.yaml
-# keys each component sets itself, from the previous steps' artifacts and the cluster parameters
-WIRED = {
-    "ingest": {"out", "plan", "shard", "shard_dirs"},
-    "manifest": {"input", "out"},
-    "model": {"out", "base"},  # base: the base_model parameter
-    "encode": {"manifest", "out"},
-    "train": {"data", "out"},
-    "evaluate": {"model", "data", "out"},
-    "mfu": {"train_report", "metrics", "out"},
-    "register": {"model", "eval", "mfu", "train", "ingest", "out"},
-    "tracking": {"uri", "work"},
-    "launch": {"image", "accelerator", "node_selector", "tolerations", "pvc", "mount_path", "dry_run"},
-}
+# keys each component sets itself, from the previous steps' artifacts and the cluster parameters (the
+# schema marks them `wired`; model.base comes from the base_model parameter)
+WIRED = {section: {k.key.split(".", 1)[1] for k in paramspec.keys(section) if k.wired}
+         for section in paramspec.sections()}
 
 
 def section_defaults(section: str, params: Params | None = None) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class Step:
     # keyword -> "module:attr" the step function gets, imported on first call: a part from a higher layer
     # that the step uses without importing it, and that changes no result (so no DVC dep of the stage)
     wires: tuple[tuple[str, str], ...] = ()
+    # keys of `reads` that change nothing this step writes, though they change another step's (train logs
+    # live to `tracking`, register registers there): no DVC param of its stage (voxpipe/dvcgen.py)
+    untracked: tuple[str, ...] = ()
 
     @property
     def own(self) -> str:
@@ -46,7 +49,7 @@ class Step:
         return self.reads[0].split(".")[0]
 
 
-SHARD_KEYS = ("ingest.plan", "ingest.shard", "ingest.shard_dirs")
+SHARD_KEYS = tuple(k.key for k in keys("ingest") if k.shard)  # the schema's per-shard keys
 
 # in pipeline order: `voxpipe --help` lists them so
 STEPS: tuple[Step, ...] = (
@@ -74,7 +77,7 @@ STEPS: tuple[Step, ...] = (
     Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
          "metrics.jsonl", "voxpipe.train.loop:train", None,
          ("train", "model.base", "model.kernels", "tracking"),
-         wires=(("live", "voxpipe.track.live:LiveRun"),)),
+         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking",)),
     Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
          "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
     Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
@@ -144,7 +147,8 @@ def step_flags(step: Step) -> list[Flag]:
 def _help(key: Key) -> str:
     default = "null" if key.default is None else key.default
     text = f"{key.description} " if key.description else ""
-    return f"{text}[{key.key}, default {default}]".replace("%", "%%")
+    wired = ", wired by the pipeline" if key.wired else ""
+    return f"{text}[{key.key}, default {default}{wired}]".replace("%", "%%")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +163,8 @@ def _overview() -> str:
     width = max(len(s.name) for s in STEPS) + 2
     lines = [f"  {s.name:<{width}}{s.help}" for s in STEPS]
     lines += ["", "other commands:",
-              f"  {'params':<{width}}print the effective params (file < recipe < --set)"]
+              f"  {'params':<{width}}print the effective params (file < recipe < --set)",
+              f"  {'dvc-yaml':<{width}}regenerate dvc.yaml's code deps and params (--check: only compare)"]
     return "steps, in pipeline order:\n" + "\n".join(lines) + "\n\n`voxpipe <step> --help`: its flags."
 
 
@@ -178,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "`dvc repro` run the recipe")
     _common(tool)
     tool.add_argument("--write", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    dvc = sub.add_parser("dvc-yaml", description="rewrite dvc.yaml's per-stage code deps (each step's import "
+                         "closure) and params (the keys it reads that change its result), comments kept")
+    dvc.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each difference")
+    dvc.add_argument("--file", default="dvc.yaml", help="the dvc.yaml (default: ./dvc.yaml)")
     return parser
 
 
@@ -221,9 +230,26 @@ def _params_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dvc_yaml_command(args: argparse.Namespace) -> int:
+    # by name, as the steps are: a tool of the repo, no part of any stage's code deps
+    problems = _on_first_call("voxpipe.dvcgen:dvc_yaml")(Path(args.file), STEPS, check=args.check)
+    if problems and args.check:
+        print(f"voxpipe dvc-yaml: {args.file} is stale (`voxpipe dvc-yaml` rewrites it):\n  "
+              + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    log.info("%s: %s", args.file, "rewritten: " + "; ".join(problems) if problems else "up to date")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    if args.step == "dvc-yaml":
+        try:
+            return _dvc_yaml_command(args)
+        except StepError as e:
+            print(f"voxpipe dvc-yaml: error: {e}", file=sys.stderr)
+            return 1
     if args.step == "params":
         try:
             return _params_command(args)

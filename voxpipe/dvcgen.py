@@ -13,8 +13,16 @@ so the comments and every other line stay as written. `--check` writes nothing a
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from voxpipe.errors import StepError
+from voxpipe.paramspec import fields
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo (an editable install): dvc.yaml, voxpipe/, components/
 
@@ -51,6 +59,7 @@ def _import_nodes(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
             todo += ast.iter_child_nodes(node)
 
 
+@functools.cache
 def imports(module: str, root: Path = ROOT, packages: tuple[str, ...] = ("voxpipe",)) -> set[str]:
     """The modules of `packages` (files under `root`) that `module` imports anywhere it can run.
     `from pkg import name` counts as importing `pkg.name` when that is a module."""
@@ -71,6 +80,7 @@ def imports(module: str, root: Path = ROOT, packages: tuple[str, ...] = ("voxpip
     return {n for n in names if n.split(".")[0] in packages and module_file(n, root)}
 
 
+@functools.cache
 def named_modules(module: str, root: Path = ROOT) -> set[str]:
     """voxpipe modules a module names in a string of its own ("voxpipe.serve.pyfunc"): it finds and runs or
     ships them without importing them (register logs the pyfunc file as the model's code). Not an import
@@ -97,3 +107,128 @@ def import_closure(modules: Iterable[str], root: Path = ROOT) -> set[str]:
     data = {f for p in files for f in p.parent.iterdir()
             if f.is_file() and f.suffix != ".py" and f.name in p.read_text(encoding="utf-8")}
     return {f.relative_to(root).as_posix() for f in files | data}
+
+
+def expand(dep: str, root: Path = ROOT) -> set[str]:
+    """A code dep as the files DVC hashes (a folder: all of them, as .dvcignore leaves them)."""
+    path = root / dep
+    if path.is_file():
+        return {dep}
+    return {f.relative_to(root).as_posix() for f in path.rglob("*")
+            if f.is_file() and "__pycache__" not in f.parts}
+
+
+def compact(files: set[str], root: Path = ROOT) -> list[str]:
+    """The closure as dvc.yaml lists it: a folder where every file in it is needed, else the files."""
+    out = set(files)
+    for folder in {f.rpartition("/")[0] for f in files} - {"voxpipe"}:
+        if expand(folder, root) <= files:
+            out = (out - expand(folder, root)) | {folder}
+    return sorted(out, key=lambda d: (d.count("/"), d))
+
+
+# -- what a stage depends on -------------------------------------------------------------------------
+class StepLike(Protocol):  # voxpipe.cli.Step (the cli passes its STEPS: this module sits below it)
+    name: str
+    target: str
+    reads: tuple[str, ...]
+    hide: tuple[str, ...]
+    untracked: tuple[str, ...]
+
+
+def step_of(cmd: str) -> str | None:
+    """The `voxpipe <step>` a stage's cmd runs (plain or `torchrun ... -m voxpipe.cli <step>`)."""
+    m = re.search(r"(?:^voxpipe|-m voxpipe\.cli) ([\w-]+)", cmd)
+    return m.group(1) if m else None
+
+
+def step_closure(step: StepLike) -> set[str]:
+    return import_closure({"voxpipe.cli", step.target.split(":")[0]})
+
+
+def _covered(key: str, specs: Iterable[str]) -> bool:
+    return any(key == s or key.startswith(s + ".") for s in specs)
+
+
+def tracked_params(step: StepLike, cmd: str) -> list[str]:
+    """The keys the step reads that change its result (a sub-section such as train.lora as one key: DVC
+    must find every key it tracks in params.yaml), not those it leaves to an orchestrator or marks as
+    changing nothing here; then the keys the cmd interpolates (`${local.nproc}`: the world size)."""
+    out = []
+    for spec in step.reads:
+        for name, leaves in fields(spec).items():
+            if any(k.changes_result for k in leaves) and not _covered(name, (*step.hide, *step.untracked)):
+                out.append(name)
+    return out + [k for k in dict.fromkeys(re.findall(r"\$\{([\w.]+)\}", cmd)) if k not in out]
+
+
+# -- dvc.yaml, rewritten in place ------------------------------------------------------------------------
+STAGE = re.compile(r"^  ([\w-]+):(\s*#.*)?\s*$")
+CODE_DEP = re.compile(r"^      - voxpipe/")
+LIST_ITEM = re.compile(r"^      - ([^\s#]+)(\s*#.*)?$")
+KEY = re.compile(r"^    (\w+):")
+
+
+def render(text: str, steps: Iterable[StepLike], root: Path = ROOT) -> str:
+    """dvc.yaml's text with each stage's code deps and params as the code and schema say. A param line's
+    comment is kept with its key."""
+    by_name = {s.name: s for s in steps}
+    stages = yaml.safe_load(text)["stages"]
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    stage, block, i = None, None, 0
+    while i < len(lines):
+        line = lines[i]
+        if m := STAGE.match(line):
+            stage, block = m.group(1), None
+        elif re.match(r"^\S", line) and not line.startswith("#"):  # `plots:`: past the stages
+            stage = None
+        elif m := KEY.match(line):
+            block = m.group(1)
+        step = by_name.get(step_of(stages[stage]["cmd"]) or "") if stage in stages else None
+        if step is not None and block == "deps" and CODE_DEP.match(line):
+            while i < len(lines) and CODE_DEP.match(lines[i]):
+                i += 1
+            out += [f"      - {dep}\n" for dep in compact(step_closure(step), root)]
+            continue
+        if step is not None and block == "params" and LIST_ITEM.match(line):
+            comments = {}
+            while i < len(lines) and (m := LIST_ITEM.match(lines[i])):
+                comments[m.group(1)] = m.group(2) or ""
+                i += 1
+            keys = tracked_params(step, stages[stage]["cmd"])
+            out += [f"      - {key}{comments.get(key, '')}\n" for key in keys]
+            continue
+        out.append(line)
+        i += 1
+    return "".join(out)
+
+
+def differences(old: str, new: str) -> list[str]:
+    """Per stage, what its code deps and params lack and hold beyond what they should."""
+    before, after = yaml.safe_load(old)["stages"], yaml.safe_load(new)["stages"]
+    problems = []
+    for name, stage in after.items():
+        for field_ in ("deps", "params"):
+            have = [d for d in before[name].get(field_, []) if isinstance(d, str)]
+            want = [d for d in stage.get(field_, []) if isinstance(d, str)]
+            if field_ == "deps":
+                have, want = ([d for d in x if d.startswith("voxpipe/")] for x in (have, want))
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            if missing or extra:
+                problems.append(f"stage {name}: {field_} lack {missing}, hold {extra} they should not")
+    return problems
+
+
+def dvc_yaml(path: Path, steps: Iterable[StepLike], check: bool) -> list[str]:
+    """Regenerate `path` (check: only compare); the differences found, one line per stage and list."""
+    if not path.is_file():
+        raise StepError(f"{path}: no such file; run `voxpipe dvc-yaml` in the repo (or give --file)")
+    old = path.read_text(encoding="utf-8")
+    new = render(old, steps)
+    problems = differences(old, new)
+    if not problems and new != old:
+        problems = [f"{path}: the same deps and params, in another order: run `voxpipe dvc-yaml`"]
+    if not check and new != old:
+        path.write_text(new, encoding="utf-8")
+    return problems

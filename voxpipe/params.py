@@ -3,6 +3,16 @@
 params.yaml, `--set section.key=value` overrides and step flags all land here, so DVC stages,
 KFP components and make targets see the same validated values. Unknown keys and wrong types are
 rejected with a message that names the key.
+
+A field's `json_schema_extra` says what kind of setting it is; every list of keys that depends on it is
+derived from these marks (voxpipe/paramspec.py), never written down again:
+- unmarked: the value changes the step's result (DVC tracks it as a param: voxpipe/dvcgen.py);
+- `{"result": False}`: it does not: logging, progress, worker counts, guards that only fail a run, and
+  paths (what a path holds is a DVC dep or out; the path itself is not). A checkpoint resumes across it;
+- `{"weights": False}`: it changes the outputs but not the weights at a step (`train.max_steps`,
+  `train.export_dtype`), so a checkpoint still resumes across it (voxpipe/train/resume.py);
+- `{"wired": True}`: an orchestrator sets it from earlier steps' outputs (KFP: no pipeline parameter);
+- `{"shard": True}`: one shard's setting (`ingest-shard`, `ingest-merge`; no flag of `voxpipe ingest`).
 """
 
 from __future__ import annotations
@@ -45,11 +55,13 @@ class IngestParams(Section):
 
     input: list[str] = Field(
         default_factory=lambda: ["data/sample"], description="parquet files, .csv/.tsv/.jsonl manifests "
-        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them"
+        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them",
+        json_schema_extra={"result": False},
     )
     out: str = Field(
         "work/ingest", description="output folder: raw.jsonl, the decoded 16 kHz FLAC audio, the "
-        "quarantined rows, report.json"
+        "quarantined rows, report.json",
+        json_schema_extra={"result": False, "wired": True},
     )
     text_column: str = Field(
         "text", description="column with the transcript (`transcription` / `sentence` style sets: name it "
@@ -80,17 +92,23 @@ class IngestParams(Section):
     )
     max_bad_fraction: float = Field(
         0.5, ge=0, le=1, description="fail, after writing the good rows, when a larger share of rows is "
-        "quarantined"
+        "quarantined",
+        json_schema_extra={"result": False},
     )
-    workers: int = Field(0, ge=0, description="decode processes; 0 = all cores")
+    workers: int = Field(0, ge=0, description="decode processes; 0 = all cores",
+                         json_schema_extra={"result": False})
     shards: int = Field(
         1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one "
-        "by one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel"
+        "by one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel",
+        json_schema_extra={"result": False},
     )
-    plan: str = Field("", description="ingest-shard / ingest-merge: the plan.json of ingest-plan (wired)")
-    shard: int = Field(0, ge=0, description="ingest-shard: which shard of the plan to ingest (wired)")
+    plan: str = Field("", description="ingest-shard / ingest-merge: the plan.json of ingest-plan",
+                      json_schema_extra={"wired": True, "shard": True})
+    shard: int = Field(0, ge=0, description="ingest-shard: which shard of the plan to ingest",
+                       json_schema_extra={"wired": True, "shard": True})
     shard_dirs: list[str] = Field(
-        default_factory=list, description="ingest-merge: the ingest-shard output folders, any order (wired)"
+        default_factory=list, description="ingest-merge: the ingest-shard output folders, any order",
+        json_schema_extra={"wired": True, "shard": True},
     )
 
 
@@ -98,11 +116,13 @@ class ManifestParams(Section):
     """`manifest`: raw.jsonl split into train.jsonl / val.jsonl (upstream format), same-speaker references."""
 
     input: list[str] = Field(
-        default_factory=lambda: ["work/ingest/raw.jsonl"], description="raw.jsonl files from ingest"
+        default_factory=lambda: ["work/ingest/raw.jsonl"], description="raw.jsonl files from ingest",
+        json_schema_extra={"result": False, "wired": True},
     )
     out: str = Field(
         "work/manifest", description="output folder: train.jsonl and val.jsonl (upstream VoxCPM format), "
-        "report.json"
+        "report.json",
+        json_schema_extra={"result": False, "wired": True},
     )
     val_fraction: float = Field(
         0.05, ge=0, lt=1, description="share of rows held out for validation (by id hash: a row keeps its "
@@ -122,10 +142,12 @@ class ManifestParams(Section):
 class ValidateParams(Section):
     """`validate`: a manifest checked against ingest's sample rate and duration bounds."""
 
-    manifest: str = Field("work/manifest/train.jsonl", description="manifest .jsonl to check")
+    manifest: str = Field("work/manifest/train.jsonl", description="manifest .jsonl to check",
+                          json_schema_extra={"result": False})
     out: str = Field(
         "work/validate", description="output folder: validate.json (rows, hours, every problem); under DVC "
-        "and KFP encode starts only after a usable manifest"
+        "and KFP encode starts only after a usable manifest",
+        json_schema_extra={"result": False},
     )
 
 
@@ -135,12 +157,14 @@ class ModelParams(Section):
     base: str = Field(
         "work/base_model", description="base checkpoint folder (upstream VoxCPM2 layout: config.json, "
         "weights, AudioVAE, tokenizer) that encode, train, evaluate (as the baseline) and mfu read. The "
-        "real model: the folder you downloaded (openbmb/VoxCPM2); the demo: init-model's out"
+        "real model: the folder you downloaded (openbmb/VoxCPM2); the demo: init-model's out",
+        json_schema_extra={"result": False, "wired": True},
     )
     preset: Literal["tiny", "small"] = Field(
         "tiny", description="init-model's size: tiny (tests, the demo) or small (CPU benchmarks)"
     )
-    out: str = Field("work/base_model", description="init-model's output folder (a random-init checkpoint)")
+    out: str = Field("work/base_model", description="init-model's output folder (a random-init checkpoint)",
+                     json_schema_extra={"result": False, "wired": True})
     seed: int = Field(0, description="seed of init-model's random weights")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the saved weights (upstream ships bfloat16)"
@@ -158,10 +182,12 @@ class EncodeParams(Section):
     manifest: list[str] = Field(
         default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"],
         description="manifest .jsonl files to encode (train, val); the outputs are named after them",
+        json_schema_extra={"result": False, "wired": True},
     )
     out: str = Field(
         "work/encoded", description="output folder: safetensors shards, train.jsonl / val.jsonl pointing "
-        "at them, report.json"
+        "at them, report.json",
+        json_schema_extra={"result": False, "wired": True},
     )
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="AudioVAE device: auto = npu, else cuda, else cpu"
@@ -223,10 +249,12 @@ class LoraParams(Section):
 class TrainParams(Section):
     """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
 
-    data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)")
+    data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)",
+                      json_schema_extra={"result": False, "wired": True})
     out: str = Field(
         "work/train", description="output folder: checkpoints/, export/, metrics.jsonl, train_curve.csv, "
-        "report.json"
+        "report.json",
+        json_schema_extra={"result": False, "wired": True},
     )
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="auto = npu, else cuda, else cpu"
@@ -236,7 +264,8 @@ class TrainParams(Section):
         "fp32 gradient reduction). auto = bfloat16 on accelerators, float32 on CPU"
     )
     max_steps: int = Field(
-        40, gt=0, description="optimizer steps (40: the demo on the sample; a real fine-tune wants 1000s)"
+        40, gt=0, description="optimizer steps (40: the demo on the sample; a real fine-tune wants 1000s)",
+        json_schema_extra={"weights": False},
     )
     lr: float | None = Field(
         None, gt=0, description="peak learning rate. Not given or null: 1e-5, or 1e-4 with lora.enabled "
@@ -248,46 +277,61 @@ class TrainParams(Section):
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
     clip_norm: float = Field(1.0, gt=0, description="gradient norm clipping threshold")
-    max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
+    max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row",
+                               json_schema_extra={"result": False})
     log_every: int = Field(
         10, ge=1, description="off a terminal (a pod, a pipe): one log line every N steps (step, loss, lr, "
-        "tokens/s, MFU, peak memory) from rank 0, instead of a progress bar"
+        "tokens/s, MFU, peak memory) from rank 0, instead of a progress bar",
+        json_schema_extra={"result": False},
     )
-    val_every: int = Field(10, ge=0, description="fixed-seed validation every N steps (0 = only at the end)")
-    val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)")
-    checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = Field(2, ge=1, description="newest complete checkpoints kept")
+    val_every: int = Field(10, ge=0, description="fixed-seed validation every N steps (0 = only at the end)",
+                           json_schema_extra={"result": False})
+    val_batches: int = Field(8, ge=0, description="val micro-batches per validation (0 = all)",
+                             json_schema_extra={"result": False})
+    checkpoint_every: int = Field(500, ge=0, description="DCP checkpoint every N steps (0 = only at the end)",
+                                  json_schema_extra={"result": False})
+    keep_checkpoints: int = Field(2, ge=1, description="newest complete checkpoints kept",
+                                  json_schema_extra={"result": False})
     export_every: int = Field(
         20, ge=0, description="also export exports/step-N/ every N steps and at the last (0 = only export/): "
-        "evaluate scores them all and keeps the best. 20: the demo; a real fine-tune wants 100s"
+        "evaluate scores them all and keeps the best. 20: the demo; a real fine-tune wants 100s",
+        json_schema_extra={"result": False},
     )
-    keep_exports: int = Field(3, ge=1, description="newest exports/step-N/ kept")
+    keep_exports: int = Field(3, ge=1, description="newest exports/step-N/ kept",
+                              json_schema_extra={"result": False})
     resume: bool = Field(
         True, description="continue from the newest verified checkpoint in out/checkpoints; it must come "
         "from the same params (only max_steps, checkpoint and logging keys may differ). false: start fresh "
-        "(old checkpoints are moved aside, not deleted)"
+        "(old checkpoints are moved aside, not deleted)",
+        json_schema_extra={"result": False},
     )
     fresh_on_change: bool = Field(
         False, description="when the checkpoint's params differ: start fresh (old checkpoints moved aside) "
-        "instead of stopping with an error; for `dvc repro`, which reruns train when a tracked key changes"
+        "instead of stopping with an error; for `dvc repro`, which reruns train when a tracked key changes",
+        json_schema_extra={"result": False},
     )
-    activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward")
+    activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward",
+                                           json_schema_extra={"result": False})
     compile: bool = Field(
         False, description="torch.compile each transformer block (first steps pay the compile; measured in "
-        "docs/accelerators.md: 0.97x on CPU)"
+        "docs/accelerators.md: 0.97x on CPU)",
+        json_schema_extra={"result": False},
     )
     export_dtype: Literal["float32", "bfloat16"] = Field(
-        "bfloat16", description="dtype of the exported model.safetensors (upstream ships bfloat16)"
+        "bfloat16", description="dtype of the exported model.safetensors (upstream ships bfloat16)",
+        json_schema_extra={"weights": False},
     )
     peak_tflops: float = Field(
         0.0, ge=0,
         description="per-device peak for live MFU; 0 = device table (CPU: none, `voxpipe mfu` measures)",
+        json_schema_extra={"result": False},
     )
     seed: int = Field(0, description="seed of the noise, dropout and data order")
     track: bool = Field(
         False,
         description="MLflow while training: params and every step's metrics live from rank 0, into the "
         "run `register` then completes (off: metrics.jsonl only; `register` logs it afterwards)",
+        json_schema_extra={"result": False},
     )
     lora: LoraParams = Field(default_factory=LoraParams)
 
@@ -305,11 +349,14 @@ class EvaluateParams(Section):
 
     model: str = Field(
         "work/train/exports", description="the fine-tune: a folder of step-N exports (train.export_every; "
-        "each is scored and the promotion rule picks one) or one checkpoint folder (upstream layout)"
+        "each is scored and the promotion rule picks one) or one checkpoint folder (upstream layout)",
+        json_schema_extra={"result": False, "wired": True},
     )
-    data: str = Field("work/encoded", description="`encode` output folder (val.jsonl, train.jsonl, shards)")
+    data: str = Field("work/encoded", description="`encode` output folder (val.jsonl, train.jsonl, shards)",
+                      json_schema_extra={"result": False, "wired": True})
     out: str = Field(
-        "work/eval", description="output folder: eval.json, samples/*.wav, eval.png, report.json"
+        "work/eval", description="output folder: eval.json, samples/*.wav, eval.png, report.json",
+        json_schema_extra={"result": False, "wired": True},
     )
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="auto = npu, else cuda, else cpu"
@@ -336,16 +383,20 @@ class EvaluateParams(Section):
     asr: bool = Field(True, description="WER/CER with pocketsphinx's English model (README: its limits)")
     require_improvement: bool = Field(
         False, description="fail unless the promotion rule passes against the baseline (loss better by more "
-        "than the seed spread, voice kept: docs/evaluation.md)"
+        "than the seed spread, voice kept: docs/evaluation.md)",
+        json_schema_extra={"result": False},
     )
 
 
 class MfuParams(Section):
     """`mfu`: model FLOPs utilisation of a training run, from its report.json and metrics.jsonl."""
 
-    train_report: str = Field("work/train/report.json", description="the train step's report.json")
-    metrics: str | None = Field(None, description="metrics.jsonl (None: next to train_report)")
-    out: str = Field("work/mfu", description="output folder: mfu.json, mfu.md, report.json")
+    train_report: str = Field("work/train/report.json", description="the train step's report.json",
+                              json_schema_extra={"result": False, "wired": True})
+    metrics: str | None = Field(None, description="metrics.jsonl (None: next to train_report)",
+                                json_schema_extra={"result": False, "wired": True})
+    out: str = Field("work/mfu", description="output folder: mfu.json, mfu.md, report.json",
+                     json_schema_extra={"result": False, "wired": True})
     peak_tflops: float | None = Field(
         None, gt=0, description="peak dense TFLOP/s of one device (None: table by device name; CPU: measured)"
     )
@@ -369,7 +420,8 @@ class LaunchParams(Section):
 
     namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
     queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml)")
-    image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)")
+    image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)",
+                       json_schema_extra={"wired": True})
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="the pods' imagePullPolicy"
     )
@@ -382,17 +434,22 @@ class LaunchParams(Section):
     accelerator: str = Field(
         "huawei.com/Ascend910",
         description='device resource: huawei.com/Ascend910 (adds the HCCL env), nvidia.com/gpu, "" = CPU',
+        json_schema_extra={"wired": True},
     )
     cpu: str = Field("", description='CPU request per pod, e.g. "32" ("" = none)')
     memory: str = Field("", description='memory request = limit per pod, e.g. "512Gi" ("" = none)')
     shm_size: str = Field("64Gi", description="size limit of the memory-backed /dev/shm")
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="the pods' nodeSelector, e.g. {accelerator-type: module-910b-8}"
+        default_factory=dict, description="the pods' nodeSelector, e.g. {accelerator-type: module-910b-8}",
+        json_schema_extra={"wired": True},
     )
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="as in a pod spec")
-    pvc: str = Field("voxpipe-workspace", description="ReadWriteMany PVC: data, checkpoints, exports")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="as in a pod spec",
+                                              json_schema_extra={"wired": True})
+    pvc: str = Field("voxpipe-workspace", description="ReadWriteMany PVC: data, checkpoints, exports",
+                     json_schema_extra={"wired": True})
     mount_path: str = Field(
-        "/workspace", description="PVC mount and working directory: relative train paths land on the PVC"
+        "/workspace", description="PVC mount and working directory: relative train paths land on the PVC",
+        json_schema_extra={"wired": True},
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI; no secrets: see secret_env"
@@ -412,7 +469,8 @@ class LaunchParams(Section):
     log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
     hccl_connect_timeout: int = Field(1200, gt=0, description="HCCL_CONNECT_TIMEOUT seconds (Ascend)")
     hccl_exec_timeout: int = Field(1800, gt=0, description="HCCL_EXEC_TIMEOUT seconds (Ascend)")
-    dry_run: bool = Field(False, description="print the Job YAML, submit nothing")
+    dry_run: bool = Field(False, description="print the Job YAML, submit nothing",
+                          json_schema_extra={"wired": True})
 
 
 class RegisterParams(Section):
@@ -420,13 +478,19 @@ class RegisterParams(Section):
 
     model: str | None = Field(
         None, description="exported checkpoint folder (upstream layout); None: the one evaluate chose "
-        "(eval.json `chosen.path`). Given, it must be the checkpoint eval.json judged"
+        "(eval.json `chosen.path`). Given, it must be the checkpoint eval.json judged",
+        json_schema_extra={"result": False, "wired": True},
     )
-    eval: str = Field("work/eval/eval.json", description="evaluate's eval.json (samples/ next to it)")
-    mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json")
-    train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl")
-    ingest: str | None = Field("work/ingest", description="ingest folder: the data version (None: none)")
-    out: str = Field("work/register", description="output folder: registered.json")
+    eval: str = Field("work/eval/eval.json", description="evaluate's eval.json (samples/ next to it)",
+                      json_schema_extra={"result": False, "wired": True})
+    mfu: str = Field("work/mfu/mfu.json", description="the mfu step's mfu.json",
+                     json_schema_extra={"result": False, "wired": True})
+    train: str = Field("work/train", description="the train step's folder: report.json, metrics.jsonl",
+                       json_schema_extra={"result": False, "wired": True})
+    ingest: str | None = Field("work/ingest", description="ingest folder: the data version (None: none)",
+                               json_schema_extra={"result": False, "wired": True})
+    out: str = Field("work/register", description="output folder: registered.json",
+                     json_schema_extra={"result": False, "wired": True})
     run_name: str | None = Field(None, description="None: MLflow picks a name")
     model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
 
@@ -437,7 +501,8 @@ class CompareParams(Section):
     format: Literal["table", "markdown", "csv", "json"] = Field(
         "table", description="output format of compare.<format>"
     )
-    out: str = Field("work/compare", description="compare.<format> and val_curves.png")
+    out: str = Field("work/compare", description="compare.<format> and val_curves.png",
+                     json_schema_extra={"result": False})
     max_runs: int = Field(50, gt=0, description="newest runs compared")
 
 
@@ -454,7 +519,8 @@ class SynthesizeParams(Section):
         None, description="an audio file of the voice to speak in (any length; a few seconds is enough); "
         "None: the voice the model learned"
     )
-    out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)")
+    out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)",
+                     json_schema_extra={"result": False})
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="auto = npu, else cuda, else cpu"
     )
@@ -469,12 +535,14 @@ class TrackingParams(Section):
 
     uri: str | None = Field(
         None, description="None: $MLFLOW_TRACKING_URI, else sqlite:///<work>/mlflow.db. No credentials here: "
-        "they come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+        "they come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN",
+        json_schema_extra={"wired": True},
     )
     experiment: str = Field("voxpipe", description="MLflow experiment of the runs")
     work: str = Field(
         "work", description="mlflow_run.json (the pipeline run's MLflow run); with no tracking URI also "
-        "mlflow.db and mlruns/"
+        "mlflow.db and mlruns/",
+        json_schema_extra={"wired": True},
     )
 
 

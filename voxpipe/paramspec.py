@@ -1,14 +1,16 @@
 """The params schema as a list of keys: what the CLI's flags and docs/params.md are generated from.
 
 Each key is described once, in its schema field (voxpipe/params.py); this module only walks the
-schema, so a new field shows up as a flag and in the reference without being written down again.
+schema, so a new field shows up as a flag and in the reference without being written down again. The
+same goes for a field's marks (`json_schema_extra`, params.py's docstring): the keys a resumed run may
+change, the per-shard keys, the keys KFP wires and those DVC tracks are read from them here.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -22,6 +24,25 @@ class Key:
     annotation: Any  # the field's type, Optional included
     default: Any
     description: str
+    marks: dict[str, Any] = field(default_factory=dict, compare=False)  # the field's json_schema_extra
+
+    @property
+    def changes_result(self) -> bool:
+        """Whether the value changes the step's result (unmarked: it does)."""
+        return self.marks.get("result", True)
+
+    @property
+    def changes_weights(self) -> bool:
+        """Whether it changes the weights a checkpoint holds (a result-free key does not)."""
+        return self.changes_result and self.marks.get("weights", True)
+
+    @property
+    def wired(self) -> bool:
+        return bool(self.marks.get("wired"))
+
+    @property
+    def shard(self) -> bool:
+        return bool(self.marks.get("shard"))
 
 
 def _attr(model: type[BaseModel], name: str) -> str:
@@ -51,7 +72,9 @@ def _walk(model: type[BaseModel], prefix: str) -> list[Key]:
             out += _walk(annotation, name + ".")
         else:
             default = info.get_default(call_default_factory=True)
-            out.append(Key(name, annotation, default, " ".join((info.description or "").split())))
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            description = " ".join((info.description or "").split())
+            out.append(Key(name, annotation, default, description, dict(extra)))
     return out
 
 
@@ -61,6 +84,15 @@ def keys(prefix: str = "") -> list[Key]:
     if not found:
         raise KeyError(f"no params key {prefix!r}")
     return found
+
+
+def fields(prefix: str) -> dict[str, list[Key]]:
+    """The keys under `prefix` grouped by field of their section: `train.lora` is one field of `train` (its
+    leaves together, as DVC tracks it: lora.alpha may be absent from a params file)."""
+    out: dict[str, list[Key]] = {}
+    for k in keys(prefix):
+        out.setdefault(".".join(k.key.split(".")[:2]), []).append(k)
+    return out
 
 
 def base_type(annotation: Any) -> tuple[Any, bool]:
@@ -113,7 +145,8 @@ def reference_markdown() -> str:
             lines += [doc, ""]
         lines += ["| key | type | default | description |", "|---|---|---|---|"]
         for k in keys(section):
-            kind, default, desc = _escape(type_name(k.annotation)), _cell(k.default), _escape(k.description)
+            desc = k.description + (" (wired by the pipeline)" if k.wired else "")
+            kind, default, desc = _escape(type_name(k.annotation)), _cell(k.default), _escape(desc)
             lines.append(f"| `{k.key}` | {kind} | {default} | {desc} |")
         lines.append("")
     return "\n".join(lines)

@@ -16,17 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.params import Params
+from voxpipe.paramspec import fields
 
-# train keys that may differ between the run that wrote a checkpoint and the one resuming it
-RESUME_FREE = frozenset({
-    "max_steps",  # train longer (or stop earlier): the checkpoint is the same run
-    "checkpoint_every", "keep_checkpoints", "resume", "fresh_on_change",  # checkpointing
-    "out",  # the folder itself
-    "val_every", "val_batches", "track", "peak_tflops", "log_every",  # logging (fixed-seed val: own RNG)
-    "export_dtype", "export_every", "keep_exports",  # exports are written from the weights
-    "activation_checkpointing", "compile",  # how the same math runs (memory, speed): fix an OOM and resume
-    "max_bad_steps",  # a guard: it stops a run, it does not change an update
-})
+# train keys that may differ between the run that wrote a checkpoint and the one resuming it: those the
+# schema marks as not changing the weights (voxpipe/params.py): max_steps (train longer or stop earlier),
+# checkpointing, logging (the fixed-seed val has its own RNG), exports (written from the weights), how the
+# same math runs (activation checkpointing, compile: fix an OOM and resume), guards, the folders
+RESUME_FREE = frozenset(name.split(".")[1] for name, leaves in fields("train").items()
+                        if not any(k.changes_weights for k in leaves))
 
 
 def result_params(params: Params) -> dict[str, Any]:
