@@ -13,10 +13,10 @@ import torch
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.step import evaluate
+from voxpipe.files import step_folders
 from voxpipe.lineage import dvc_md5
 from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.track.register import register
-from voxpipe.train.exports import step_exports
 from voxpipe.train.loop import train
 
 
@@ -40,7 +40,7 @@ def trained(encoded_sample, tmp_path_factory) -> Path:
 
 
 def test_exports_every_n_steps_and_the_last_keeping_k(trained):
-    exports = step_exports(trained / "exports")
+    exports = step_folders(trained / "exports")
     assert [step for step, _ in exports] == [4, 5]  # steps 2, 4 and the last (5); the oldest pruned
     assert sorted(p.name for p in (trained / "exports").iterdir()) == ["step-4", "step-5"]  # no temp folders
     weights = [folder / "model.safetensors" for folder in (exports[-1][1], trained / "export")]

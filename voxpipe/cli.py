@@ -223,7 +223,7 @@ def _params_command(args: argparse.Namespace) -> int:
     if args.write is None:
         sys.stdout.write(text)
     else:
-        from voxpipe.report import atomic_write_text
+        from voxpipe.files import atomic_write_text
 
         atomic_write_text(Path(args.write), text)
         log.info("wrote %s", args.write)

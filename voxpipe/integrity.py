@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.errors import StepError
-from voxpipe.report import atomic_write_text
+from voxpipe.files import atomic_write_text, file_digest
 
 MANIFEST = "voxpipe-manifest.json"
 KEY_ENV = "VOXPIPE_CHECKPOINT_KEY"
 KEY_FILE = ".voxpipe-key"
 _VERSION = 1
-_CHUNK = 1 << 20
 
 
 class IntegrityError(StepError):
@@ -82,13 +81,7 @@ def _create_key_file(path: Path) -> None:
 
 def file_entry(path: Path) -> dict[str, Any]:
     """{"size", "sha256"} of one file."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return {"size": size, "sha256": digest.hexdigest()}
+    return {"size": Path(path).stat().st_size, "sha256": file_digest(path)}
 
 
 def hash_files(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:

@@ -14,17 +14,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from voxpipe.files import file_digest
 from voxpipe.report import RUN_FACTS
-
-CHUNK = 1 << 20
 
 
 def md5_file(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """A file's md5 as DVC computes it."""
+    return file_digest(path, "md5")
 
 
 def dvc_md5(path: Path) -> str:

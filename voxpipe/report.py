@@ -1,4 +1,4 @@
-"""Step reports and small atomic file writes shared by every step.
+"""Step reports shared by every step.
 
 A step's folder holds two records. `report.json` says what the step produced (counts, hashes,
 settings, library versions): it is byte-identical for the same inputs, params and code, so DVC can
@@ -12,51 +12,18 @@ import json
 import os
 import platform
 import socket
-import tempfile
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from voxpipe import __version__
-from voxpipe.errors import StepError
+from voxpipe import __version__, files
 from voxpipe.secrets import scrub
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file + rename so readers never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """A JSON object from `path`; a StepError naming the file and `what` it should have been otherwise."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise StepError(f"{path}: cannot read {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise StepError(f"{path}: {what} must be a JSON object")
-    return data
 
 
 def write_json(path: Path, data: Any) -> None:
     """Reports and records: secret values (voxpipe/secrets.py) never reach the file."""
-    atomic_write_text(path, scrub(json.dumps(data, indent=2, sort_keys=True)) + "\n")
+    files.atomic_write_text(path, scrub(json.dumps(data, indent=2, sort_keys=True)) + "\n")
 
 
 def versions() -> dict[str, str]:
@@ -87,4 +54,4 @@ def write_report(out_dir: Path, report: dict[str, Any], run: dict[str, Any] | No
 def read_run(folder: Path) -> dict[str, Any]:
     """A step folder's run.json ({} where there is none, e.g. a folder checked out by `dvc pull`)."""
     path = Path(folder) / RUN_FACTS
-    return read_json_object(path, "the run facts") if path.is_file() else {}
+    return files.read_json_object(path, "the run facts") if path.is_file() else {}

@@ -27,6 +27,7 @@ from safetensors import safe_open
 
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, REF_AUDIO_END_ID, REF_AUDIO_START_ID
+from voxpipe.files import read_json_object
 
 BATCH_KEYS = ("text_tokens", "text_mask", "audio_feats", "audio_mask", "loss_mask", "position_ids", "labels")
 
@@ -65,7 +66,7 @@ class EncodedDataset:
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such split (write it with `voxpipe encode`)")
         report_path = self.root / "report.json"
-        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        report = read_json_object(report_path, "the encode report") if report_path.is_file() else {}
         self.patch_size: int = report.get("patch_size", 4)
         self.latent_dim: int = report.get("latent_dim", 64)
         self.vae_hash: str | None = report.get("vae_hash")

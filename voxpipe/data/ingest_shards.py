@@ -44,7 +44,8 @@ from voxpipe.data.parquet_source import row_groups
 from voxpipe.data.sources import SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
-from voxpipe.report import atomic_write_text, read_json_object, read_run
+from voxpipe.files import atomic_write_text, read_json_object
+from voxpipe.report import read_run
 
 log = logging.getLogger(__name__)
 PLAN = "plan.json"

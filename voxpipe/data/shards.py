@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from voxpipe.data.world import World
 from voxpipe.integrity import IntegrityError, check_file, file_entry
-from voxpipe.report import atomic_write_text
+from voxpipe.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 INDEX = "index.jsonl"

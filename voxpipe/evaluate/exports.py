@@ -11,15 +11,13 @@ the lowest loss. `eval.json` records the whole table and the choice; `exports.pn
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, Verdict
-
-STEP_DIR = re.compile(r"^step-(\d+)$")
+from voxpipe.files import step_folders
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,9 @@ def find_candidates(path: Path) -> list[Candidate]:
     if (path / "config.json").is_file():
         return [Candidate(path, None)]
     found = []
-    if path.is_dir():
-        for child in path.iterdir():
-            m = STEP_DIR.match(child.name)
-            if m and (child / "config.json").is_file():
-                found.append(Candidate(child, int(m.group(1))))
+    for step, child in step_folders(path):
+        if (child / "config.json").is_file():
+            found.append(Candidate(child, step))
     if not found:
         raise StepError(
             f"{path}: neither a checkpoint (no config.json) nor a folder of step-N/ exports; point "

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 from typing import Any
+
+from voxpipe.files import read_json_object
 
 # (eval.json key, label, format) of the headline table, fine-tuned vs baseline where both exist
 HEADLINE = (
@@ -89,7 +90,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def eval_page(folder: Path) -> str:
     """One HTML page: verdict, headline table, plots (*.png) and a player per sample, all embedded."""
-    figures = json.loads((folder / "eval.json").read_text(encoding="utf-8"))
+    figures = read_json_object(folder / "eval.json", "evaluate's eval.json")
     head, criteria = verdict_lines(figures)
     texts = {r["name"]: r.get("text", "") for records in (figures.get("utterances") or {}).values()
              for r in records if "name" in r}

@@ -16,12 +16,13 @@ from typing import Any
 
 from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write_text, read_json_object
 from voxpipe.mfu.flops import TOWERS, dit_inner_length, forward_flops, tower_shares, training_flops
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, peak_flops
 from voxpipe.mfu.published import published_check
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import MfuParams, Params
-from voxpipe.report import atomic_write_text, read_json_object, write_json, write_report
+from voxpipe.report import write_json, write_report
 
 
 @dataclass(frozen=True)

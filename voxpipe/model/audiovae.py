@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from voxpipe.files import read_state_dict
 from voxpipe.model.strict_load import mismatches
 
 
@@ -416,23 +417,7 @@ def load_audiovae_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                 f"{path}: no AudioVAE weights (expected one of {', '.join(AUDIOVAE_FILES)})"
             )
         path = found[0]
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path), device="cpu")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # safetensors and torch raise their own types for truncated/corrupt files
-        raise ValueError(
-            f"{path}: cannot read the AudioVAE weights ({e}); the file is truncated or corrupt: copy it "
-            "again from the base checkpoint"
-        ) from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # .pth nesting
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: not an AudioVAE state dict (expected a mapping of names to tensors)")
-    return _to_upstream_keys(state)
+    return _to_upstream_keys(read_state_dict(path, "the AudioVAE weights"))
 
 
 def load_audiovae_weights(vae: AudioVAE, state: dict[str, torch.Tensor], source: str = "state dict") -> None:

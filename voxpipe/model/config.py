@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from voxpipe.errors import StepError
+from voxpipe.files import read_json_object
 from voxpipe.model.audiovae import AudioVAEConfig
-from voxpipe.report import read_json_object
 
 ARCHITECTURE = "voxcpm2"
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write_text, read_state_dict
 from voxpipe.model.audiovae import (
     AudioVAE,
     audiovae_state_dict_for_save,
@@ -27,7 +28,6 @@ from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.report import atomic_write_text
 
 MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -36,20 +36,8 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, else pytorch_model.bin through torch.load(weights_only=True)."""
     for name in MODEL_FILES:
-        path = directory / name
-        if not path.is_file():
-            continue
-        try:
-            if path.suffix == ".safetensors":
-                return load_file(str(path), device="cpu")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise StepError(f"{path}: cannot read model weights: {e}") from e
-        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-            state = state["state_dict"]
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise StepError(f"{path}: not a state dict (expected a mapping of names to tensors)")
-        return state
+        if (directory / name).is_file():
+            return read_state_dict(directory / name, "the model weights")
     raise StepError(f"{directory}: no model weights (expected one of {', '.join(MODEL_FILES)})")
 
 

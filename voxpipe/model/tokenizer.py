@@ -20,6 +20,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from voxpipe.files import read_json_object
+
 # Raw ids VoxCPM2 puts into the LM sequence around audio (never produced from text by upstream).
 AUDIO_START_ID, AUDIO_END_ID, REF_AUDIO_START_ID, REF_AUDIO_END_ID = 101, 102, 103, 104
 
@@ -110,10 +112,10 @@ class VoxTokenizer:
             raise ValueError(f"{path}: not a tokenizer file ({e}); copy tokenizer.json again from the base "
                              "checkpoint") from None
         config_path = directory / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        config = read_json_object(config_path, "the tokenizer config") if config_path.is_file() else {}
         special_map_path = directory / "special_tokens_map.json"
         special_map = (
-            json.loads(special_map_path.read_text(encoding="utf-8")) if special_map_path.is_file() else {}
+            read_json_object(special_map_path, "the special tokens map") if special_map_path.is_file() else {}
         )
 
         # Like transformers 5: added tokens come from tokenizer_config's added_tokens_decoder when it

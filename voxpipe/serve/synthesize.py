@@ -10,8 +10,6 @@ the served model answers; a checkpoint folder is loaded directly and runs the sa
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
@@ -84,14 +83,6 @@ def synthesize(params: Params) -> SynthesizeResult:
     else:
         audio, rate, hit = _from_folder(p, reference)
     out = Path(p.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".wav")
-    os.close(fd)
-    try:
-        sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
     source = p.model + (f" in the voice of {p.reference}" if p.reference else "")
     return SynthesizeResult(out, audio.size / rate, rate, hit, source)

@@ -6,13 +6,13 @@ record reproducible from the work folder alone, and lets `register` rerun withou
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.errors import StepError
+from voxpipe.files import read_json_object
 from voxpipe.lineage import dvc_md5, md5_file
 from voxpipe.params import RegisterParams
 
@@ -57,18 +57,6 @@ class PipelineArtifacts:
         return md5_file(self.eval_path) + "".join(md5_file(s) for s in self.samples)
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise StepError(f"{path}: {what} not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StepError(f"{path}: {what} is not readable JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise StepError(f"{path}: {what} must be a JSON object")
-    return data
-
-
 def _check_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
     for number, row in enumerate(rows, 1):
         if not isinstance(row.get("step"), int):
@@ -76,7 +64,7 @@ def _check_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _data_lineage(folder: Path) -> DataLineage:
-    report = read_json(folder / "report.json", "ingest report")
+    report = read_json_object(folder / "report.json", "ingest report")
     rows = read_jsonl(folder / "raw.jsonl", "ingest raw.jsonl")
     return DataLineage(folder, dvc_md5(folder), report, rows)
 
@@ -93,11 +81,11 @@ def _export(p: RegisterParams, evaluation: dict[str, Any], eval_path: Path) -> P
 
 def load_artifacts(p: RegisterParams) -> PipelineArtifacts:
     eval_path = Path(p.eval)
-    evaluation = read_json(eval_path, "eval.json")
+    evaluation = read_json_object(eval_path, "eval.json")
     if not isinstance(evaluation.get("loss_model"), int | float):
         raise StepError(f"{eval_path}: no numeric 'loss_model' (the fine-tuned model's fixed-seed loss)")
     export = _export(p, evaluation, eval_path)
-    model_config = read_json(export / "config.json", "exported model config.json")
+    model_config = read_json_object(export / "config.json", "exported model config.json")
     train_dir = Path(p.train)
     metrics_path = train_dir / "metrics.jsonl"
     metrics = read_jsonl(metrics_path, "training metrics.jsonl")
@@ -109,12 +97,12 @@ def load_artifacts(p: RegisterParams) -> PipelineArtifacts:
         export_md5=dvc_md5(export),
         model_config=model_config,
         train_dir=train_dir,
-        train_report=read_json(train_dir / "report.json", "train report.json"),
+        train_report=read_json_object(train_dir / "report.json", "train report.json"),
         metrics=metrics,
         eval_path=eval_path,
         eval=evaluation,
         samples=samples,
         mfu_path=Path(p.mfu),
-        mfu=read_json(Path(p.mfu), "mfu.json"),
+        mfu=read_json_object(Path(p.mfu), "mfu.json"),
         data=_data_lineage(Path(p.ingest)) if p.ingest else None,
     )

@@ -23,7 +23,6 @@ import base64
 import json
 import logging
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from voxpipe.errors import StepError
+from voxpipe.files import step_folders
 from voxpipe.integrity import (
     KEY_ENV,
     MANIFEST,
@@ -52,20 +52,12 @@ from voxpipe.report import write_json
 from voxpipe.train.device import Runtime
 
 log = logging.getLogger(__name__)
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
 class Resumed:
     trainer: dict[str, Any]  # what rank 0 saved in trainer.json
     sampler: dict[str, Any]  # this rank's sampler state
-
-
-def step_folders(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every `step-N` folder under root, oldest first, complete or not."""
-    if not root.is_dir():
-        return []
-    return sorted((int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name)))
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -7,7 +7,6 @@ the batch contract of `VoxCPM2.forward` (upstream's packed layout, reference pro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from voxpipe.data.batching import EvalBatches, TokenBudgetSampler
 from voxpipe.data.dataset import EncodedDataset, collate
 from voxpipe.errors import StepError
+from voxpipe.files import read_json_object
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.encoder import load_encoder
 from voxpipe.params import TrainParams
@@ -59,7 +59,7 @@ def check_encoded_by(root: Path, base_dir: Path, rt: Runtime) -> None:
     error = None
     if rt.is_main:
         report = root / "report.json"
-        recorded = json.loads(report.read_text()) if report.is_file() else {}
+        recorded = read_json_object(report, "the encode report") if report.is_file() else {}
         encoder = load_encoder(base_dir)
         for part, ours in (("vae", encoder.vae_hash), ("tokenizer", encoder.tokenizer_hash)):
             theirs = recorded.get(f"{part}_hash")

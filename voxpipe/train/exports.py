@@ -10,26 +10,18 @@ a crash never leaves a folder that looks like an export.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from voxpipe.files import step_folders
 from voxpipe.train.device import Runtime
 
 EXPORTS = "exports"
-_STEP = re.compile(r"^step-(\d+)$")
 
 
 def due(step: int, every: int, last: bool) -> bool:
     return every > 0 and (last or step % every == 0)
-
-
-def step_exports(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of the complete exports under root, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _STEP.match(d.name)))
 
 
 def export_step(write: Callable[[Path], object], out: Path, step: int, keep: int, rt: Runtime) -> None:
@@ -45,5 +37,5 @@ def export_step(write: Callable[[Path], object], out: Path, step: int, keep: int
     if final.exists():
         shutil.rmtree(final)  # the same step again (a resumed run): the new weights replace it
     os.replace(tmp, final)
-    for _, old in step_exports(root)[:-keep]:
+    for _, old in step_folders(root)[:-keep]:  # complete ones: a partial export has a temp name
         shutil.rmtree(old)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -28,8 +26,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write, atomic_write_text
 from voxpipe.params import LoraParams
-from voxpipe.report import atomic_write_text
 
 LORA_WEIGHTS = "lora_weights.safetensors"
 LORA_CONFIG = "lora_config.json"
@@ -195,15 +193,7 @@ def save_lora(
 ) -> Path:
     """Write lora_weights.safetensors + lora_config.json the way upstream's training script does."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{LORA_WEIGHTS}.")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": "pt"})
-        os.replace(tmp, out / LORA_WEIGHTS)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(out / LORA_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config = {"base_model": base_model, "lora_config": upstream_lora_config(params)}
     atomic_write_text(out / LORA_CONFIG, json.dumps(config, indent=2) + "\n")
     return out

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from voxpipe.data.jsonl import read_jsonl
+from voxpipe.files import atomic_write_text
 from voxpipe.params import TrackingParams, TrainParams
-from voxpipe.report import atomic_write_text
 
 
 class LiveLog(Protocol):

@@ -19,7 +19,7 @@ from voxpipe.data.jsonl import jsonl_records
 from voxpipe.data.world import World
 from voxpipe.errors import StepError
 from voxpipe.integrity import file_entry
-from voxpipe.report import atomic_write_text
+from voxpipe.files import atomic_write_text
 
 Hashes = dict[Path, tuple[str | None, str | None]]  # audio file -> (sha256, None) or (None, problem)
 

@@ -36,7 +36,8 @@ from voxpipe.errors import StepError
 from voxpipe.model.encoder import Encoder, encode_batch, load_encoder
 from voxpipe.params import EncodeParams, Params
 from voxpipe.progress import bar as progress_bar
-from voxpipe.report import atomic_write_text, write_report
+from voxpipe.files import atomic_write_text
+from voxpipe.report import write_report
 
 log = logging.getLogger(__name__)
 LATENTS, TOKENS = "latents", "tokens"
