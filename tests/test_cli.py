@@ -86,3 +86,30 @@ def test_params_command_prints_and_writes_the_effective_params(tmp_path, capsys)
     assert main(["params", "--set", "train.lr=0.003", "--write", str(out)]) == 0
     assert out.read_text() == printed
     assert load_params(out) == load_params(None, ["train.lr=0.003"])
+
+
+def _refused(*argv: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "voxpipe", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ("encode", "--model", "X"), ("train", "--model", "X"), ("mfu", "--model", "X"),
+    ("train", "--max-step", "3"), ("params", "--wri", "p.yaml"),
+])
+def test_a_prefix_of_a_flag_is_refused_as_unrecognized(argv):
+    """argparse's prefix matching is off: `encode --model X` used to mean --model-base silently."""
+    assert f"unrecognized arguments: {' '.join(argv[1:])}" in _refused(*argv)
+
+
+def test_one_flag_names_one_model_in_every_step():
+    """--model-base is always the base checkpoint (model.base); --model always the fine-tune."""
+    for step in STEPS:
+        for flag in step_flags(step):
+            if flag.name == "--model-base":
+                assert flag.key.key == "model.base", step.name
+            elif flag.name == "--model":
+                assert flag.key.key in ("evaluate.model", "register.model", "synthesize.model"), step.name
+    evaluate = next(s for s in STEPS if s.name == "evaluate")
+    assert {"--model", "--model-base"} <= {f.name for f in step_flags(evaluate)}

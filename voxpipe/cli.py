@@ -2,7 +2,10 @@
 
 Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/params.py:
 the flag's help is the field's description). Precedence: params file < `--recipe` < `--set` < flag.
-Step modules are imported only when their step runs, so `voxpipe --help` stays fast.
+Step modules are imported only when their step runs, so `voxpipe --help` stays fast. A flag means one
+thing: no prefix matching (`allow_abbrev=False`), and a model flag names the same model in every step:
+`--model-base` is the base checkpoint (model.base), `--model` the fine-tune (evaluate, register,
+synthesize).
 """
 
 from __future__ import annotations
@@ -169,22 +172,25 @@ def _overview() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False everywhere: a prefix is no flag (`encode --model X` would mean --model-base)
     parser = argparse.ArgumentParser(prog="voxpipe", description=__doc__.splitlines()[0], epilog=_overview(),
+                                     allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"voxpipe {__version__}")
     sub = parser.add_subparsers(dest="step", required=True, metavar="<step>")
     for step in STEPS:
-        sp = sub.add_parser(step.name, description=step.help)
+        sp = sub.add_parser(step.name, description=step.help, allow_abbrev=False)
         _common(sp)
         for flag in step_flags(step):
             sp.add_argument(flag.name, dest=flag.key.key, default=None, help=_help(flag.key), **flag.kwargs)
-    tool = sub.add_parser("params", description="print the effective params as YAML (params file < --recipe "
-                          "< --set), or write them: `voxpipe params --recipe NAME --write params.yaml` makes "
-                          "`dvc repro` run the recipe")
+    tool = sub.add_parser("params", allow_abbrev=False, description="print the effective params as YAML "
+                          "(params file < --recipe < --set), or write them: `voxpipe params --recipe NAME "
+                          "--write params.yaml` makes `dvc repro` run the recipe")
     _common(tool)
     tool.add_argument("--write", metavar="FILE", default=None, help="write to FILE instead of stdout")
-    dvc = sub.add_parser("dvc-yaml", description="rewrite dvc.yaml's per-stage code deps (each step's import "
-                         "closure) and params (the keys it reads that change its result), comments kept")
+    dvc = sub.add_parser("dvc-yaml", allow_abbrev=False, description="rewrite dvc.yaml's per-stage code deps "
+                         "(each step's import closure) and params (the keys it reads that change its "
+                         "result), comments kept")
     dvc.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each difference")
     dvc.add_argument("--file", default="dvc.yaml", help="the dvc.yaml (default: ./dvc.yaml)")
     return parser
