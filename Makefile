@@ -15,7 +15,7 @@ HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$
 RECIPE ?=
 APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
 
-.PHONY: help install test lint demo repro compile images image-test mlflow-ui clean
+.PHONY: help install test test-fast lint demo repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,10 @@ lint: $(STAMP)  ## ruff over the code, hadolint over images/
 
 test: lint  ## ruff + the whole pytest suite
 	$(BIN)/pytest -q
+
+test-fast: $(STAMP)  ## the inner loop: ruff + every test not marked slow (no dvc repro, kfp.local, server, torchrun)
+	$(BIN)/ruff check voxpipe components pipelines tests benchmarks data/sample
+	$(BIN)/pytest -q -m "not slow"
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are
 	$(APPLY_RECIPE)

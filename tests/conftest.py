@@ -1,4 +1,10 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and which tests are `slow`.
+
+`make test-fast` (`pytest -m "not slow"`) leaves out the end-to-end tests: those of a module marked
+`pytestmark = pytest.mark.slow` (dvc repro, kfp.local, the image, the walkthrough), those marked one by one,
+and every test that uses a fixture in SLOW_FIXTURES (a real server, a torchrun world, a training run), so
+a new test on one of them is slow without saying so. `make test` runs them all.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,30 @@ ROOT = Path(__file__).resolve().parents[1]
 # Before anything imports mlflow: its telemetry thread unsets an environment variable while requests iterates
 # os.environ in another thread ("API request ... failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'").
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+# fixtures that start a real end-to-end part: a server, a training run, a DVC repo, a KFP local runner
+SLOW_FIXTURES = {
+    "server", "auth_server", "s3",  # `mlflow server` (plain, basic-auth), moto's S3 server
+    "first_repro", "local_runner", "container",  # `dvc repro`, kfp.local, the built image
+    "two_rank_run", "finished", "live", "pipeline",  # training runs (torchrun, or in process)
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real MLflow tracking + registry server on localhost (tests/servers.py), one per test module; its
+    process group is ended afterwards."""
+    from servers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as uri:
+        yield uri
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.track.register import register
 from voxpipe.train.loop import train
 
+pytestmark = pytest.mark.slow  # trains with periodic exports, then evaluates and registers them
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():

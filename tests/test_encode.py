@@ -110,6 +110,7 @@ def test_rerun_does_no_encoding_and_changes_nothing(encoded_sample):
     assert _tree(copy) == before
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(encoded_sample, tmp_path):
     manifest = _subset_manifest(encoded_sample, 8, tmp_path / "subset.jsonl")
     settings = {"shard_mb": 0.05, "batch_seconds": 8.0}  # two or three clips per shard, several shards
@@ -247,6 +248,7 @@ def _assert_bit_identical(got: dict, want: dict) -> None:
         assert (ref is None and got[key][1] is None) or torch.equal(got[key][1], ref), key
 
 
+@pytest.mark.slow
 def test_two_ranks_encode_bit_identical_latents(encoded_sample, tmp_path):
     manifest = _subset_manifest(encoded_sample, 12, tmp_path / "subset.jsonl")
     one = encode(_params(encoded_sample, manifest, tmp_path / "one", **SPLIT))
@@ -275,6 +277,7 @@ def _worker(launcher: subprocess.Popen, local_rank: int):
     return None
 
 
+@pytest.mark.slow
 def test_a_killed_rank_resumes_its_share(encoded_sample, tmp_path):
     manifest = _subset_manifest(encoded_sample, 16, tmp_path / "subset.jsonl")
     settings = {"batch_seconds": 3.0, "shard_mb": 0.001}  # a clip or two per batch, a shard per batch

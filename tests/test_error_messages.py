@@ -209,6 +209,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_first_use_of_a_new_sqlite_store_by_racing_processes(tmp_path):
     """Without the creation lock, racers on a new mlflow.db fail in alembic's migration."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

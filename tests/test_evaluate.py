@@ -209,6 +209,7 @@ def test_error_rates():
 # -- the step ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_sample, tmp_path, capsys):
     """One run of the step, the tiny base against itself with --require-improvement: every output is
     written, then the gate fails the run because nothing improved."""

@@ -24,10 +24,10 @@ from voxpipe.params import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("VOXPIPE_IMAGE", "")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not IMAGE or not shutil.which("buildah"),
     reason="needs a built image: `make image-test` builds it with buildah and sets VOXPIPE_IMAGE",
-)
+)]
 
 # a few training steps of the tiny model on a few rows per speaker, a small evaluation
 SETTINGS = {

@@ -16,6 +16,7 @@ from voxpipe.lineage import dvc_md5
 from voxpipe.params import IngestParams
 
 pytestmark = [
+    pytest.mark.slow,  # the pipeline under kfp.local
     pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:.*have no effect in the current local runner:UserWarning"),
 ]

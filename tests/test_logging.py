@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from voxpipe.progress import step_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,6 +18,7 @@ LINE = re.compile(r"voxpipe\.train\.loop: step (\d+)/(\d+) loss \S+ lr \S+ token
                   r"peak_mem \S+ GiB$")
 
 
+@pytest.mark.slow
 def test_training_under_torchrun_logs_every_n_steps_from_rank_0_only(encoded_sample, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "voxpipe.cli", "train", "--params", str(tmp_path / "none.yaml"),

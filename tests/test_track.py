@@ -25,7 +25,6 @@ import pandas as pd
 import pytest
 import soundfile as sf
 from mlflow import MlflowClient
-from servers import mlflow_server
 
 from voxpipe.cli import main
 from voxpipe.data.ingest_step import ingest
@@ -49,13 +48,6 @@ SECRETS = {
     "MLFLOW_TRACKING_PASSWORD": "pw-Hx81-never-logged",
     "MLFLOW_TRACKING_TOKEN": "tok-Qz27-never-logged",
 }
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A real MLflow tracking + registry server on localhost; its process group is ended afterwards."""
-    with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as uri:
-        yield uri
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,7 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(two_rank_run, encode
     assert report["val_curve"] == ref_val
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_0_then_resumes(encoded_sample, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "voxpipe.cli", *cli_args(encoded_sample, out, steps=400)]
@@ -164,6 +165,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_0_then_resumes(encoded_sample, tmp
     assert (out / "export" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_bf16_lora_with_activation_checkpointing_trains_on_cpu(encoded_sample, tmp_path):
     lora = LoraParams(enabled=True, r=4, alpha=8)
     report = run_in_process(encoded_sample, tmp_path / "run", max_steps=3, dtype="bfloat16", grad_accum=2,
@@ -210,6 +212,7 @@ def _poisoned_copy(sample, dst: Path, rows: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_nan_batch_is_skipped_and_counted(encoded_sample, tmp_path):
     data = _poisoned_copy(encoded_sample, tmp_path / "data", "first")
     report = run_in_process(encoded_sample, tmp_path / "run", data=str(data), max_steps=16, val_every=0)
@@ -221,6 +224,7 @@ def test_a_nan_batch_is_skipped_and_counted(encoded_sample, tmp_path):
     assert math.isfinite(report["val_curve"][-1]["val/loss"]), "a skipped NaN step still reached the weights"
 
 
+@pytest.mark.slow
 def test_consecutive_nan_steps_stop_with_a_clear_message(encoded_sample, tmp_path):
     data = _poisoned_copy(encoded_sample, tmp_path / "data", "all")
     with pytest.raises(StepError, match=r"step 3: 3 steps in a row had a non-finite loss"):

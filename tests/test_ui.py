@@ -8,10 +8,7 @@ import html
 import json
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +87,7 @@ def test_summary_markdown_is_the_verdict_and_a_table():
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_eval_page_plays_its_samples_and_shows_its_plots_in_chromium(eval_folder, tmp_path):
     page = eval_page(eval_folder)
     assert page.count("<audio") == 2 and page.count("<img") == 1 and "hello there" in page
@@ -105,35 +103,9 @@ def test_eval_page_plays_its_samples_and_shows_its_plots_in_chromium(eval_folder
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    port = _free_port()
-    mlflow = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}",
-                             "--default-artifact-root", str(tmp_path / "art"), "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
 @needs_chromium
-def test_mlflow_opens_the_experiment_as_model_training_with_the_run_description(mlflow_server):
-    client = MlflowClient(mlflow_server)
+def test_mlflow_opens_the_experiment_as_model_training_with_the_run_description(server):
+    client = MlflowClient(server)
     experiment = experiment_id(client, "voxpipe-ui", None)
     assert client.get_experiment(experiment).tags.items() >= EXPERIMENT_KIND.items()
     run = client.create_run(experiment, run_name="ui-run").info.run_id
@@ -149,8 +121,8 @@ def test_mlflow_opens_the_experiment_as_model_training_with_the_run_description(
     client.set_tag(run, NOTE_TAG, note)
     # MLflow 3.17's UI picks its view from a global switch (?workflowType=, else GenAI); voxpipe's links
     # carry it, and the experimentKind tag is there for the versions that read it
-    runs = chromium("--dump-dom", f"{mlflow_server}/#/experiments/{experiment}?workflowType=machine_learning")
+    runs = chromium("--dump-dom", f"{server}/#/experiments/{experiment}?workflowType=machine_learning")
     assert "ui-run" in runs and ">Runs<" in runs
-    page = chromium("--dump-dom", f"{mlflow_server}/#/experiments/{experiment}/runs/{run}"
+    page = chromium("--dump-dom", f"{server}/#/experiments/{experiment}/runs/{run}"
                                   "?workflowType=machine_learning")
     assert "Description" in page and "40 steps, full fine-tune, 2 x cpu" in page

@@ -16,8 +16,10 @@ import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import soundfile as sf
 
+pytestmark = pytest.mark.slow  # the whole walkthrough: ingest to a registered model, through the CLI
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
