@@ -1,12 +1,14 @@
 """dvc.yaml: its dependencies checked against the code, then a real `dvc repro` in one scratch git repo.
 
-The static checks read dvc.yaml and voxpipe/ only: each stage's code deps are the import closure of
-its `voxpipe <step>` (computed with ast, not a hand-kept list), and params are tracked per key.
+The static checks run `voxpipe dvc-yaml --check` (voxpipe/dvcgen.py): each stage's code deps are the
+import closure of its `voxpipe <step>` (computed with ast, not a hand-kept list), and its params are the
+keys it reads that change its result, tracked per key.
 
 The scratch repo holds the project's dvc.yaml, .dvcignore and voxpipe/ (hashed as the stages' deps),
 a few rows per speaker of the shipped sample, and params.yaml with few training steps and a small
 evaluation. The commands are the real `voxpipe`, `torchrun` and `dvc` from this venv; the remote is
-moto's S3 server on 127.0.0.1. The tests run in file order on that one repo (each leaves it committed).
+moto's S3 server on 127.0.0.1. Each test that uses the repo starts from its last commit (`at_commit`),
+and a state a test needs (the run trained with a kill in between) is a fixture: any order, any subset.
 """
 
 from __future__ import annotations
@@ -204,7 +206,20 @@ def first_repro(repo) -> str:
     return out
 
 
-def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro):
+def restore_commit(repo: Path) -> None:
+    """Back to the committed run: params, dvc.lock and metrics from git, the cached outputs from DVC."""
+    run(repo, "git", "checkout", "--", ".")
+    dvc(repo, "checkout")
+
+
+@pytest.fixture
+def at_commit(repo, first_repro) -> Path:
+    """The repo as last committed, whatever a test before this one left in it."""
+    restore_commit(repo)
+    return repo
+
+
+def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro, at_commit):
     assert ran(first_repro) == STAGES
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert sorted(lock) == sorted(STAGES)
@@ -224,13 +239,13 @@ def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro):
     assert candidate.tags["voxpipe.data_version"] == ingest_md5
 
 
-def test_second_repro_does_nothing(repo, first_repro):
+def test_second_repro_does_nothing(repo, first_repro, at_commit):
     out = dvc(repo, "repro")
     assert ran(out) == []
     assert "up to date" in dvc(repo, "status")
 
 
-def test_keys_that_do_not_change_the_result_rerun_nothing(repo, first_repro):
+def test_keys_that_do_not_change_the_result_rerun_nothing(repo, first_repro, at_commit):
     write_params(repo, ingest={"workers": 2}, train={**TEST_SETTINGS["train"], "checkpoint_every": 3,
                                                      "track": True, "val_every": 2})
     assert "up to date" in dvc(repo, "status")
@@ -239,7 +254,7 @@ def test_keys_that_do_not_change_the_result_rerun_nothing(repo, first_repro):
     write_params(repo)
 
 
-def test_a_stage_run_again_writes_the_same_bytes(repo, first_repro):
+def test_a_stage_run_again_writes_the_same_bytes(repo, first_repro, at_commit):
     """Each data stage run again from nothing (its folder deleted, even the persistent ones) hashes as
     before, so nothing after it reruns."""
     before = cached_outs(repo)
@@ -268,28 +283,54 @@ def _repro_killed_after_a_checkpoint(repo: Path) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    time.sleep(1)  # torchrun's workers die with their launcher (PR_SET_PDEATHSIG)
+    until_no_voxpipe_process_in(repo)  # torchrun's workers die with their launcher (PR_SET_PDEATHSIG)
     return int(newest.name.removeprefix("step-"))
 
 
-def test_killed_train_resumes_from_its_checkpoint_on_the_next_repro(repo, first_repro):
-    # a new seed: train starts over (train.fresh_on_change moves the old checkpoints aside), and is killed
+def until_no_voxpipe_process_in(folder: Path, timeout: float = 60) -> None:
+    """Wait until no `voxpipe` process (a torchrun worker) runs in `folder` (Linux /proc)."""
+    folder, deadline = folder.resolve(), time.monotonic() + timeout
+    while True:
+        left = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                here = Path(os.readlink(proc / "cwd")) == folder
+                if here and b"voxpipe" in (proc / "cmdline").read_bytes():
+                    left.append(proc.name)
+            except OSError:
+                pass  # gone, or not ours to read
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes {left} still work in {folder}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def killed_run(repo, first_repro) -> tuple[int, str, dict, list[str]]:
+    """A new seed: train starts over (train.fresh_on_change moves the old checkpoints aside), is killed
+    after a checkpoint, and the next `dvc repro` finishes it; committed. (step killed at, repro output,
+    the train report and metrics.jsonl lines then: run records, which no checkout brings back)"""
+    restore_commit(repo)
     write_params(repo, train={**TEST_SETTINGS["train"], "seed": 1})
     killed_at = _repro_killed_after_a_checkpoint(repo)
-    assert killed_at < TEST_SETTINGS["train"]["max_steps"]
     out = dvc(repo, "repro")
-    assert ran(out)[0] == "train"
+    commit(repo, "seed 1, trained with a kill in between")
     report = json.loads((repo / "work/train/report.json").read_text())
+    return killed_at, out, report, (repo / "work/train/metrics.jsonl").read_text().splitlines()
+
+
+def test_killed_train_resumes_from_its_checkpoint_on_the_next_repro(killed_run):
+    killed_at, out, report, lines = killed_run
+    assert killed_at < TEST_SETTINGS["train"]["max_steps"]
+    assert ran(out)[0] == "train"
     resumed = report["resumed_from"]
     assert resumed and int(Path(resumed).name.removeprefix("step-")) >= killed_at, report
     assert report["steps"] == TEST_SETTINGS["train"]["max_steps"] and report["steps_run"] < report["steps"]
-    lines = (repo / "work/train/metrics.jsonl").read_text().splitlines()
     steps = sorted({json.loads(line)["step"] for line in lines} - {0})
     assert steps == list(range(1, report["steps"] + 1))  # the history before the kill is kept
-    commit(repo, "seed 1, trained with a kill in between")
 
 
-def test_train_param_change_reruns_train_and_what_follows(repo, first_repro):
+def test_train_param_change_reruns_train_and_what_follows(repo, first_repro, at_commit):
     """The checkpoints of the committed run are for another lr: train starts fresh (moves them aside)."""
     out = dvc(repo, "exp", "run", "-S", "train.lr=3e-5")
     assert ran(out) == ["train", "evaluate", "mfu", "register"], out[-3000:]
@@ -298,8 +339,7 @@ def test_train_param_change_reruns_train_and_what_follows(repo, first_repro):
     assert "loss_model" in diff["work/eval/eval.json"]
     assert "mfu" in diff["work/mfu/mfu.json"]
     assert load_params(repo / "params.yaml").train.lr == 3e-5  # DVC's `3e-05` reads as a float
-    run(repo, "git", "checkout", "--", ".")  # back to the committed run: params, dvc.lock, metrics
-    dvc(repo, "checkout")  # and its cached outputs
+    restore_commit(repo)
 
 
 # -- a real remote: moto's S3 server on 127.0.0.1 holds DVC's data and MLflow's artifacts ------------
@@ -326,7 +366,7 @@ def s3_client(endpoint: str):
                         region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
 
 
-def test_data_round_trip_through_an_s3_remote_and_a_fresh_clone(repo, first_repro, s3, tmp_path):
+def test_data_round_trip_through_an_s3_remote_and_a_fresh_clone(repo, killed_run, at_commit, s3, tmp_path):
     """dvc add -> push -> a fresh clone -> pull -> repro, with MLflow's artifact store on the same S3.
 
     The clone pulls the raw data and every cached output; `dvc repro` there reruns train (its run
