@@ -187,7 +187,7 @@ def test_cpu_peak_is_measured_once_per_dtype_and_threads():
 
 def test_published_configuration():
     check = published_check()
-    assert check["parameters"] == pytest.approx(2.29e9, rel=0.01)  # DESIGN.md section 4
+    assert check["parameters"] == pytest.approx(2.29e9, rel=0.01)  # docs/accelerators.md: the model's size
     assert check["peak_flops"] == pytest.approx(353.9e12, rel=1e-3)
     rows = check["conventions"]
     # the reconstructed convention reproduces their 87.1 TFLOP/s x 0.987 s

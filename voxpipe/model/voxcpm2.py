@@ -72,7 +72,7 @@ class _Prompt:
 
 
 class VoxCPM2(nn.Module):
-    """Base LM -> FSQ -> residual LM -> local DiT per patch, plus the stop head (see DESIGN.md section 4)."""
+    """Base LM -> FSQ -> residual LM -> local DiT per patch, plus the stop head (docs/accelerators.md)."""
 
     def __init__(self, config: VoxCPM2Config):
         super().__init__()
