@@ -84,6 +84,12 @@ def test_check_names_the_stage_and_the_difference_and_the_rewrite_keeps_comments
     assert path.read_text() == text  # every comment where it was
 
 
+def test_a_missing_dvc_yaml_is_one_paragraph(tmp_path):
+    proc = voxpipe_dvc_yaml("--check", "--file", str(tmp_path / "dvc.yaml"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"voxpipe dvc-yaml: error: {tmp_path / 'dvc.yaml'}: no such file" in proc.stderr
+
+
 def test_import_closure_follows_lazy_imports_and_package_data():
     train = step_closure("train")
     assert "voxpipe/train/fixed_seed_loss.py" in train and "voxpipe/mfu/peak.py" in train

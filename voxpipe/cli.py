@@ -243,24 +243,21 @@ def _dvc_yaml_command(args: argparse.Namespace) -> int:
         print(f"voxpipe dvc-yaml: {args.file} is stale (`voxpipe dvc-yaml` rewrites it):\n  "
               + "\n  ".join(problems), file=sys.stderr)
         return 1
-    log.info("%s: %s", args.file, "rewritten: " + "; ".join(problems) if problems else "up to date")
+    log.info("%s: %s", args.file, f"rewritten ({len(problems)} lists changed)" if problems else "up to date")
     return 0
+
+
+TOOLS = {"dvc-yaml": _dvc_yaml_command, "params": _params_command}  # the other commands
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    if args.step == "dvc-yaml":
+    if args.step in TOOLS:
         try:
-            return _dvc_yaml_command(args)
+            return TOOLS[args.step](args)
         except StepError as e:
-            print(f"voxpipe dvc-yaml: error: {e}", file=sys.stderr)
-            return 1
-    if args.step == "params":
-        try:
-            return _params_command(args)
-        except StepError as e:
-            print(f"voxpipe params: error: {e}", file=sys.stderr)
+            print(f"voxpipe {args.step}: error: {e}", file=sys.stderr)
             return 1
     step = next(s for s in STEPS if s.name == args.step)
     try:
