@@ -42,6 +42,8 @@ CONFIGS = {
         sr_bin_boundaries=[12000, 20000, 30000, 40000],
     ),
 }
+# the first configuration in the fast loop, the others with the slow tests (make test runs them all)
+FAST_FIRST = [n if i == 0 else pytest.param(n, marks=pytest.mark.slow) for i, n in enumerate(CONFIGS)]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,7 @@ def _batch(clips: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.nn.functional.pad(c, (0, n - c.numel())) for c in clips]).unsqueeze(1)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", FAST_FIRST)
 def test_upstream_checkpoint_loads_in_ours_and_matches(name, speech, tmp_path):
     cfg = CONFIGS[name]
     up = _upstream_vae(cfg, seed=1)
@@ -118,7 +120,7 @@ def test_upstream_checkpoint_loads_in_ours_and_matches(name, speech, tmp_path):
     torch.testing.assert_close(y_ours, y_up, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", FAST_FIRST)
 def test_our_checkpoint_loads_strictly_in_upstream(name, speech, tmp_path):
     from safetensors.torch import load_file
 

@@ -62,7 +62,9 @@ def make_batch(config, b: int, length: int, device: str | torch.device = "cpu") 
     return {name: value.to(device) for name, value in batch.items()}
 
 
-@pytest.fixture(scope="module", params=list(SHAPES))
+# small runs a real fwd+bwd at B=4, L=200: with the slow tests (tiny and the meta-device real shape stay fast)
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n == "small" else n
+                                        for n in SHAPES])
 def counted(request):
     """(config, B, L, DiT rows, forward counter, forward+backward total) of our VoxCPM2.
 
