@@ -35,7 +35,7 @@ from voxpipe.lineage import dvc_md5
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
 from voxpipe.track.compare import compare
 from voxpipe.track.register import RegisterResult, register
-from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
+from voxpipe.track.reglock import LOCK_TAG, register_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model
@@ -320,12 +320,14 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     assert MlflowClient(server).get_model_version_by_alias(name, "champion").version == better["version"]
 
 
-def test_registry_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+def test_register_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("e")
     events = []
 
     def holder():
-        with registry_lock(client, "m"):
+        with register_lock(client, uri, experiment, "m", timeout_s=60):
             events.append("first in")
             time.sleep(1.0)
             events.append("first out")
@@ -334,15 +336,23 @@ def test_registry_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path):
     thread.start()
     while not events:
         time.sleep(0.05)
-    with registry_lock(client, "m"):
+    with caplog.at_level("INFO", logger="voxpipe"), register_lock(client, uri, experiment, "m", timeout_s=60):
         events.append("second in")
     thread.join()
     assert events == ["first in", "first out", "second in"]
-    # a register killed inside the lock leaves the marker model behind: it is broken after the lease
-    client.create_registered_model(f"m{LOCK_SUFFIX}")
-    with registry_lock(client, "m", lease_s=0.5):
+    assert "waiting for the register lock of 'm', held by" in caplog.text  # every wait is logged
+    (run,) = client.search_runs([experiment], filter_string=f"tags.`{LOCK_TAG}` = 'm'")
+    assert {k for k in run.data.params} == {"lock.0", "free.0", "lock.1", "free.1"}
+    # a register killed inside the lock leaves lock.N without free.N: broken after the lease
+    client.log_param(run.info.run_id, "lock.2", "a register that died")
+    with register_lock(client, uri, experiment, "m", timeout_s=60, lease_s=0.5):
         pass
-    assert not client.search_registered_models(f"name = 'm{LOCK_SUFFIX}'")
+    assert client.get_run(run.info.run_id).data.params["free.2"].startswith("broken by ")
+    # a live holder that outlasts the timeout: the wait is bounded, with the way out
+    client.log_param(run.info.run_id, "lock.4", "a slow register")
+    with pytest.raises(StepError, match=r"held by a slow register and did not come free in 1 s"):
+        with register_lock(client, uri, experiment, "m", timeout_s=1.0, lease_s=60):
+            pass
 
 
 def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secrets_in_env, tmp_path):
@@ -372,7 +382,10 @@ def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secret
         tags = client.get_model_version(name, reg["version"]).tags
         assert tags["voxpipe.decision"] == ("promoted" if reg["decision"]["promoted"] else "not promoted")
         assert ("champion" in reg["aliases"]) <= reg["decision"]["promoted"]
-    assert not client.search_registered_models(f"name = '{name}{LOCK_SUFFIX}'")  # the lock was released
+    (lock,) = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+                                 filter_string=f"tags.`{LOCK_TAG}` = '{name}'")
+    taken = {k for k in lock.data.params if k.startswith("lock.")}
+    assert len(taken) == 3 and {k.replace("lock.", "free.") for k in taken} <= set(lock.data.params)  # released
 
 
 def test_compare_lists_both_runs(registered, pipeline, server):

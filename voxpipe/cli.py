@@ -80,6 +80,10 @@ STEPS: tuple[Step, ...] = (
          ("evaluate", "model.base", "model.kernels", "train.max_tokens")),
     Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
          "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
+    Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
+         "others READ only (once per deployment, before the first register)",
+         "voxpipe.track.registry_init:registry_init", None, ("register.model_name", "tracking"),
+         out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
          "promotion rule passes)", "voxpipe.track.register:register", None, ("register", "tracking")),
     Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "

@@ -429,6 +429,10 @@ class RegisterParams(Section):
     out: str = Field("work/register", description="output folder: registered.json")
     run_name: str | None = Field(None, description="None: MLflow picks a name")
     model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
+    lock_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="longest wait for the registry-wide register lock (another "
+        "register holding it) before register stops", json_schema_extra={"result": False}
+    )
 
 
 class CompareParams(Section):
