@@ -385,7 +385,8 @@ def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secret
     (lock,) = client.search_runs([client.get_experiment_by_name(name).experiment_id],
                                  filter_string=f"tags.`{LOCK_TAG}` = '{name}'")
     taken = {k for k in lock.data.params if k.startswith("lock.")}
-    assert len(taken) == 3 and {k.replace("lock.", "free.") for k in taken} <= set(lock.data.params)  # released
+    released = {k.replace("lock.", "free.") for k in taken}
+    assert len(taken) == 3 and released <= set(lock.data.params)
 
 
 def test_compare_lists_both_runs(registered, pipeline, server):

@@ -132,14 +132,15 @@ def refuse_foreign(uri: str, me: Account, resource: Resource, lower: bool = Fals
     if found and not lower:
         raise StepError(
             f"the {resource.label} on MLflow at {_host(uri)} can be edited by others than the pipeline's "
-            f"account {me.username!r}: {who}. Run `voxpipe registry-init` as {me.username!r} to lower them to "
-            "READ, and check the versions and aliases they may have changed")
+            f"account {me.username!r}: {who}. Run `voxpipe registry-init` as {me.username!r} to lower them "
+            "to READ, and check the versions and aliases they may have changed")
     if found:
         _lower(uri, resource, found)
         left = editors(uri, me, resource)  # a role (not a direct grant) can still give them more
         if left:
-            raise StepError(f"after lowering direct grants, {left} can still edit the {resource.label} through "
-                            "roles; remove those role permissions (MLflow's roles API) and rerun registry-init")
+            raise StepError(f"after lowering direct grants, {left} can still edit the {resource.label} "
+                            "through roles; remove those role permissions (MLflow's roles API) and rerun "
+                            "registry-init")
     return sorted(found)
 
 

@@ -4,8 +4,9 @@ Reads the run's artifacts (export, train report + metrics, eval.json + samples, 
 folder), finds or creates the pipeline's MLflow run (tracking.py; with `train.track` the run the
 trainer logged into live), logs what is not logged yet (record.py), registers the export
 (registry.py) and writes `registered.json`. Before it writes anything, it checks that nobody but the
-pipeline's account (and MLflow admins) can edit the experiment or the registered model (ownership.py). Rank-free: it runs once, after training (the trainer's
-live logging is over by then), so one process writes the run at a time.
+pipeline's account (and MLflow admins) can edit the experiment or the registered model
+(ownership.py). Rank-free: it runs once, after training (the trainer's live logging is over by
+then), so one process writes the run at a time.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.note import NOTE_TAG, run_note
-from voxpipe.track.record import log_pipeline_run, run_params
 from voxpipe.track.ownership import check_owned
+from voxpipe.track.record import log_pipeline_run, run_params
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
 from voxpipe.track.tracking import (
     experiment_id,

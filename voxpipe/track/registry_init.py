@@ -15,9 +15,15 @@ from pathlib import Path
 
 from voxpipe.params import Params
 from voxpipe.track.ownership import current_account, refuse_foreign, resources
-from voxpipe.track.reglock import lock_run
 from voxpipe.track.registry import ensure_registered_model
-from voxpipe.track.tracking import experiment_id, local_artifact_root, redact_uri, resolve_tracking_uri, session
+from voxpipe.track.reglock import lock_run
+from voxpipe.track.tracking import (
+    experiment_id,
+    local_artifact_root,
+    redact_uri,
+    resolve_tracking_uri,
+    session,
+)
 
 
 @dataclass
@@ -32,8 +38,9 @@ class RegistryInitResult:
     def summary(self) -> str:
         who = f"owned by {self.account!r}, others READ" if self.account else "no accounts on this server"
         lowered = "; ".join(f"{k}: {', '.join(v)} lowered to READ" for k, v in self.lowered.items() if v)
-        return (f"registry-init: experiment {self.experiment!r} (id {self.experiment_id}) and registered model "
-                f"{self.model!r} at {redact_uri(self.uri)}, {who}" + (f"; {lowered}" if lowered else ""))
+        return (f"registry-init: experiment {self.experiment!r} (id {self.experiment_id}) and registered "
+                f"model {self.model!r} at {redact_uri(self.uri)}, {who}"
+                + (f"; {lowered}" if lowered else ""))
 
 
 def registry_init(params: Params) -> RegistryInitResult:
@@ -49,4 +56,5 @@ def registry_init(params: Params) -> RegistryInitResult:
             for resource in resources(experiment, tracking.experiment, name):
                 lowered[resource.label] = refuse_foreign(uri, me, resource, lower=True)
         lock_run(client, experiment, name)  # after the check: the lock lives in the verified experiment
-    return RegistryInitResult(uri, tracking.experiment, experiment, name, me.username if me else None, lowered)
+    account = me.username if me else None
+    return RegistryInitResult(uri, tracking.experiment, experiment, name, account, lowered)
