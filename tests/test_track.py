@@ -204,7 +204,7 @@ def reference_clip(root: Path) -> Path:
     return sorted((root / "ingest" / "audio").rglob("*.flac"))[0]
 
 
-def test_champion_loads_and_synthesizes(registered, server, pipeline):
+def test_champion_loads_and_synthesizes(registered, server, pipeline, monkeypatch):
     root, _ = pipeline
     with session(server):
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
@@ -219,16 +219,26 @@ def test_champion_loads_and_synthesizes(registered, server, pipeline):
         assert audio.dtype == np.float32 and audio.size > 0 and np.isfinite(audio).all()
         np.testing.assert_array_equal(audio, same)  # fixed seed: the same audio
 
-    # voice cloning: a reference clip per row, as a path or as base64 (what a remote client sends)
+    # voice cloning: a reference clip per row as base64 (what a remote client sends); a path only inside
+    # the folder the deployment names
     clip = reference_clip(root)
     encoded = base64.b64encode(clip.read_bytes()).decode()
-    by_path, by_bytes = (model.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [ref]}),
-                                       params=params)["audio"][0] for ref in (str(clip), encoded))
+    for path in (str(clip), "/no/such/clip.wav"):  # the same answer whether the file exists or not
+        with pytest.raises(Exception, match=r"not base64 audio; .*REFERENCE_DIR, and it names none\)$"):
+            model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": [path]}), params=params)
+    monkeypatch.setenv("VOXPIPE_REFERENCE_DIR", str(clip.parent))
+    with session(server):
+        confined = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    by_bytes = model.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [encoded]}),
+                             params=params)["audio"][0]
+    by_path = confined.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [clip.name]}),
+                               params=params)["audio"][0]
     np.testing.assert_array_equal(by_path, by_bytes)  # the same clip, the same seed: the same audio
     own_voice = out["audio"][0]
     assert own_voice.size != by_path.size or not np.array_equal(own_voice, by_path)  # the reference counts
-    with pytest.raises(Exception, match="neither an audio file nor base64 audio"):
-        model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["/no/such/clip.wav"]}), params=params)
+    with pytest.raises(Exception, match="this one is outside it"):
+        confined.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["../../../etc/passwd"]}),
+                         params=params)
 
 
 def test_synthesize_with_a_reference_clip(registered, server, pipeline, tmp_path, capsys):

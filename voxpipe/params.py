@@ -453,19 +453,26 @@ class SynthesizeParams(Section):
         "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS or "
         "models:/NAME/VERSION, from tracking.uri) or a checkpoint folder (upstream layout)"
     )
-    text: str = Field("", description="what to say")
+    text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
+                      "model takes the same)")
     reference: str | None = Field(
-        None, description="an audio file of the voice to speak in (any length; a few seconds is enough); "
-        "None: the voice the model learned"
+        None, description="an audio file of the voice to speak in (a few seconds is enough; at most "
+        "max_reference_seconds); None: the voice the model learned"
+    )
+    max_reference_seconds: float = Field(
+        30.0, gt=0, le=600, description="longest reference clip accepted, here and by the served model (a "
+        "longer one costs memory and time, not quality)"
     )
     out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)")
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="auto = npu, else cuda, else cpu"
     )
-    seed: int = Field(0, description="generation seed: the same seed and inputs give the same audio")
-    cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
-    inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
-    max_len: int = Field(2000, gt=0, description="generation limit in patches (160 ms each)")
+    seed: int = Field(0, ge=0, le=2**53, description="generation seed (0 to 2^53): the same seed and "
+                      "inputs give the same audio")
+    cfg_value: float = Field(2.0, gt=0, le=20, description="classifier-free guidance scale (finite, (0, 20])")
+    inference_timesteps: int = Field(10, ge=1, le=100, description="Euler steps per patch (1-100)")
+    max_len: int = Field(2000, ge=1, le=4096, description="generation limit in patches (160 ms each; "
+                         "1-4096)")
 
 
 class TrackingParams(Section):

@@ -116,13 +116,16 @@ def pinned_requirements() -> list[str]:
 
 
 def signature() -> ModelSignature:
-    """Input: "text" and an optional "reference_audio" (path or base64 clip of the voice to clone).
-    Params: seed, cfg_value, inference_timesteps, max_len.
+    """Input: "text" and an optional "reference_audio" (base64 clip of the voice to clone).
+    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields).
     Output: per text the 48 kHz float32 waveform, its sample rate and whether it hit max_len."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
-    from voxpipe.serve.pyfunc import GENERATION_DEFAULTS as d
+    from voxpipe.params import SynthesizeParams
+
+    d = {k: SynthesizeParams.model_fields[k].default for k in ("seed", "cfg_value", "inference_timesteps",
+                                                                 "max_len")}
 
     return ModelSignature(
         inputs=Schema([ColSpec(DataType.string, "text"),
@@ -133,10 +136,10 @@ def signature() -> ModelSignature:
             ColSpec(DataType.boolean, "hit_length_limit"),
         ]),
         params=ParamSchema([
-            ParamSpec("seed", DataType.long, d["seed"]),
-            ParamSpec("cfg_value", DataType.double, d["cfg_value"]),
-            ParamSpec("inference_timesteps", DataType.long, d["inference_timesteps"]),
-            ParamSpec("max_len", DataType.long, d["max_len"]),
+            # all double: MLflow's own type check answers a JSON 1e6 for a long with a multi-line error that
+            # echoes the request; as doubles every value reaches the one request schema (serve/request.py),
+            # which takes integral values as integers and refuses the rest in one line
+            *(ParamSpec(k, DataType.double, float(v)) for k, v in d.items()),
         ]),
     )
 
