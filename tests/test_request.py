@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -53,18 +54,21 @@ HOSTILE = {  # what: (rows, params, the one-line reason expected)
                             r"reference_audio of row 0: 600.0 s long; at most 30 s"),
     "/etc/passwd": ([{"text": "hi", "reference_audio": "/etc/passwd"}], {},
                     r"reference_audio of row 0: not base64 audio; .*names none\)"),
-    "huge text": ([{"text": "a" * 1_000_000}], {}, rf"text of row 0: 1000000 characters; at most {MAX_TEXT_CHARS}"),
+    "huge text": ([{"text": "a" * 1_000_000}], {},
+                  rf"text of row 0: 1000000 characters; at most {MAX_TEXT_CHARS}"),
 }
 
 
 def test_the_schema_refuses_each_hostile_value_in_one_line():
     for what, (rows, params, reason) in HOSTILE.items():
         with pytest.raises(RequestError, match=reason) as refused:
-            parse_request([r["text"] for r in rows], [r.get("reference_audio") for r in rows], params, Limits())
+            parse_request([r["text"] for r in rows], [r.get("reference_audio") for r in rows], params,
+                          Limits())
         assert "\n" not in str(refused.value), what
     # what passes: defaults filled in, JSON's integral floats taken as integers, stereo 48 kHz downmixed and
     # resampled to 16 kHz mono
-    ok = parse_request(["hi"], [clip_b64(2, sr=48000, channels=2)], {"max_len": 8.0, "cfg_value": 3}, Limits())
+    stereo = clip_b64(2, sr=48000, channels=2)
+    ok = parse_request(["hi"], [stereo], {"max_len": 8.0, "cfg_value": 3}, Limits())
     assert ok.generation == {"seed": 0, "cfg_value": 3.0, "inference_timesteps": 10, "max_len": 8}
     assert ok.references[0].ndim == 1 and ok.references[0].size == 32000
     assert generation(None)["cfg_value"] == 2.0
@@ -124,14 +128,15 @@ def served(tmp_path_factory):
     mlflow = str(Path(sys.executable).with_name("mlflow"))
     args = [mlflow, "models", "serve", "-m", reg["model_uri"], "--env-manager", "local", "-h", "127.0.0.1",
             "-p", str(port), "-w", "1"]
-    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", {**env, "MLFLOW_TRACKING_URI": uri},
-                 cwd=root):
+    env["MLFLOW_TRACKING_URI"] = uri
+    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", env, cwd=root):
         yield f"http://127.0.0.1:{port}"
 
 
 def invoke(url: str, rows: list[dict], params: dict) -> tuple[int, dict]:
     body = json.dumps({"dataframe_records": rows, "params": params}).encode()  # NaN/Infinity as Python writes
-    request = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{url}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=300) as r:
             return r.status, json.loads(r.read())
@@ -151,4 +156,4 @@ def test_a_served_model_answers_hostile_requests_with_a_4xx_and_one_line(served)
         assert 400 <= status < 500, (what, status, answer)
         message = answer["message"]
         assert "\n" not in message and len(message) < 400, (what, message[:500])
-        assert __import__("re").search(reason, message), (what, message)
+        assert re.search(reason, message), (what, message)
