@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -276,3 +277,50 @@ def test_killing_torchruns_process_group_leaves_no_worker(encoded_sample, tmp_pa
     assert not any(_alive(w) for w in workers), "a worker outlived its launcher"
     with hold_output(out, "train"):  # and nobody holds the folder any more
         pass
+
+
+# -- every file checked before it is used ----------------------------------------------------------
+def test_train_verifies_every_shard_and_encode_reencodes_only_the_bad_ones(encoded_sample, tmp_path):
+    """4 flipped bytes in the latent shard and a truncated token shard: train stops before reading anything,
+    naming both and saying to rerun encode; encode sets them aside and encodes only their clips."""
+    from voxpipe.data.encode.step import encode
+    from voxpipe.data.shards import check_referenced, referenced_shards
+    from voxpipe.data.world import World
+    from voxpipe.params import EncodeParams
+
+    data = tmp_path / "encoded"
+    shutil.copytree(encoded_sample.encoded, data)
+    index = [json.loads(line) for line in (data / "index.jsonl").read_text().splitlines()]
+    flipped = next(r for r in index if r["kind"] == "latents")
+    truncated = next(r for r in index if r["kind"] != "latents")
+    raw = bytearray((data / flipped["shard"]).read_bytes())
+    for offset in range(len(raw) - 40, len(raw) - 36):  # inside the tensor data, past the header
+        raw[offset] ^= 0x5A
+    (data / flipped["shard"]).write_bytes(bytes(raw))
+    with open(data / truncated["shard"], "r+b") as f:
+        f.truncate(truncated["size"] // 2)
+
+    with pytest.raises(StepError) as err:
+        run(SimpleNamespace(encoded=data, base_model=encoded_sample.base_model), tmp_path / "train")
+    message = str(err.value)
+    assert "\n" not in message and f"{flipped['shard']} (bad-hash)" in message
+    assert f"{truncated['shard']} (bad-size)" in message and "Rerun `voxpipe encode`" in message
+    assert not (tmp_path / "train" / "checkpoints").exists()  # stopped before training
+
+    params = Params(model={"base": str(encoded_sample.base_model)}, encode=EncodeParams(
+        manifest=[str(encoded_sample.manifest / "train.jsonl"), str(encoded_sample.manifest / "val.jsonl")],
+        out=str(data), device="cpu"))
+    again = encode(params)
+    assert again.run["shards_rejected"] == {flipped["shard"]: "bad-hash", truncated["shard"]: "bad-size"}
+    # the clips of the damaged latent shard (here: the sample's only one), the tokens re-tokenized;
+    # that encode leaves good shards alone is test_encode.py's test_deleted_truncated_or_altered_...
+    assert again.run["clips"]["encoded"] == len(flipped["entries"])
+    rows = [json.loads(line) for split in ("train", "val") for line in (data / f"{split}.jsonl").open()]
+    check_referenced(data, referenced_shards(rows), World())  # now every shard verifies
+
+
+def test_train_imports_nothing_of_the_encode_step():
+    code = ("import sys, voxpipe.train.loop; "
+            "print([m for m in sys.modules if m.startswith('voxpipe.data.encode')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
