@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from voxpipe.errors import StepError
-from voxpipe.integrity import KEY_ENV, MANIFEST, file_entry
+from voxpipe.integrity import KEY_ENV, KEY_FILE, MANIFEST, file_entry, user_key_path
 from voxpipe.outlock import hold_output, lock_path
 from voxpipe.params import Params, TrainParams, load_params
 from voxpipe.train.loop import train
@@ -66,7 +66,10 @@ def test_each_checkpoint_has_a_signed_manifest_and_a_private_key(finished):
     assert manifest["step"] == 4 and len(manifest["hmac"]) == 64
     assert {".metadata", "trainer.json", "rank-0.json"} <= set(manifest["files"])
     assert any(name.endswith(".distcp") for name in manifest["files"])
-    assert (ckpts / ".voxpipe-key").stat().st_mode & 0o777 == 0o600
+    assert not (ckpts / KEY_FILE).exists()  # the key is the user's, outside the checkpoints
+    key = user_key_path()
+    assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o777 == 0o700
+    assert not key.resolve().is_relative_to(finished.resolve())
 
 
 def test_a_truncated_distcp_falls_back_to_the_previous_checkpoint(encoded_sample, copy, caplog):
@@ -121,6 +124,23 @@ def test_a_planted_metadata_pickle_is_never_unpickled(encoded_sample, copy, tmp_
     reason = "bad-signature" if resigned else "bad-size"
     assert (copy / "checkpoints" / f"step-4.rejected-{reason}" / ".metadata").is_file()
     assert report(copy)["resumed_from"].endswith("step-2")
+
+
+def test_a_planted_key_and_a_resigned_checkpoint_run_nothing(encoded_sample, copy, tmp_path):
+    """The attack of issue 22: write access to checkpoints/ only. Plant a key file there, re-sign a
+    checkpoint with a planted .metadata pickle: the run stops before unpickling anything."""
+    from voxpipe.integrity import write_manifest
+
+    marker = tmp_path / "marker"
+    newest = copy / "checkpoints" / "step-4"
+    (newest / ".metadata").write_bytes(_marker_pickle(marker))
+    forged = b"attacker-key-0123456789abcdef"
+    (copy / "checkpoints" / KEY_FILE).write_bytes(forged)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    write_manifest(newest, forged, extra={"step": manifest["step"]})
+    with pytest.raises(StepError, match=r"a checkpoint signing key inside the checkpoints folder is no "):
+        run(encoded_sample, copy, max_steps=5)
+    assert not marker.exists()
 
 
 def test_checkpoints_signed_with_another_key_stop_the_run_and_stay(encoded_sample, copy, monkeypatch):

@@ -13,8 +13,9 @@ The checkpoint folder must be on storage every rank sees (the shared workspace v
 Resume trusts nothing it has not verified: DCP's reader unpickles `.metadata`, so rank 0 checks the
 manifest's signature and every file's size and hash before any rank opens a file. A checkpoint that
 fails is renamed `step-N.rejected-<reason>` (kept for inspection, never deleted) and the next older
-one is tried. The signing key is env VOXPIPE_CHECKPOINT_KEY, else `checkpoints/.voxpipe-key` (0600),
-which lives and persists with the checkpoints it signs.
+one is tried. The signing key is env VOXPIPE_CHECKPOINT_KEY (a Kubernetes Secret on a cluster:
+launch-train refuses a Job without it), else the user's own key file outside every output folder
+(voxpipe/integrity.py), so write access to the checkpoints is not enough to forge a signature.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from voxpipe.integrity import (
     listed_files,
     read_manifest,
     signing_key,
+    user_key_path,
     verify_manifest,
     write_manifest,
 )
@@ -116,7 +118,7 @@ def newest_verified(root: Path) -> Path | None:
         raise StepError(
             f"{root}: no checkpoint's manifest verifies with this signing key ({len(candidates)} tried, "
             f"newest {candidates[0][1].name}). Run with the key that wrote them ({KEY_ENV}, or the "
-            f"{root}/.voxpipe-key file), or start fresh with --no-resume (they are then moved aside)"
+            f"key file {user_key_path()}), or start fresh with --no-resume (they are then moved aside)"
         )
     for step, folder in candidates:
         try:
