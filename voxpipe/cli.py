@@ -8,6 +8,7 @@ Step modules are imported only when their step runs, so `voxpipe --help` stays f
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
@@ -22,6 +23,7 @@ from voxpipe.errors import StepError
 from voxpipe.outlock import guard_step
 from voxpipe.params import load_params, params_yaml
 from voxpipe.paramspec import Key, base_type, keys
+from voxpipe.secrets import scrub
 
 log = logging.getLogger("voxpipe")
 
@@ -194,9 +196,14 @@ def run_step(step: Step, args: argparse.Namespace) -> Any:
 def setup_logging() -> None:
     """One logging setup for every step: INFO lines on stderr, from rank 0 only under torchrun (the
     other ranks log warnings and errors)."""
+    from voxpipe.secrets import ScrubFilter
+
     level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%dT%H:%M:%S", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # every logger's records pass the root's handlers
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
 
 
 def _params_command(args: argparse.Namespace) -> int:
@@ -211,20 +218,35 @@ def _params_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def native_crash_safety() -> None:
+    """A native crash (SIGSEGV in numba- or C-compiled code) leaves a Python stack of every thread on
+    stderr, so a pod's log says where it died; and numba's on-disk cache goes to a per-user folder, not
+    into site-packages next to librosa, where concurrent runs from one virtualenv corrupted it (every
+    `evaluate` then died in `librosa.pyin` with SIGSEGV and no message) and a read-only image cannot
+    write. Must run before anything imports numba (it reads NUMBA_CACHE_DIR once, at import); a
+    NUMBA_CACHE_DIR the user set is kept."""
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(cache, "voxpipe", "numba")
+
+
 def main(argv: list[str] | None = None) -> int:
+    native_crash_safety()
     args = build_parser().parse_args(argv)
     setup_logging()
     if args.step == "params":
         try:
             return _params_command(args)
         except StepError as e:
-            print(f"voxpipe params: error: {e}", file=sys.stderr)
+            print(f"voxpipe params: error: {scrub(str(e))}", file=sys.stderr)
             return 1
     step = next(s for s in STEPS if s.name == args.step)
     try:
         result = run_step(step, args)
     except StepError as e:
-        print(f"voxpipe {step.name}: error: {e}", file=sys.stderr)
+        print(f"voxpipe {step.name}: error: {scrub(str(e))}", file=sys.stderr)
         return 1
     summary = getattr(result, "summary", None)
     text = summary() if callable(summary) else ""
