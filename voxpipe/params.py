@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from voxpipe.errors import StepError
 
@@ -357,6 +357,13 @@ class MfuParams(Section):
 
 # MLflow's credentials (manifests/namespaced/mlflow-deployment.yaml) and the checkpoint signing key
 # (voxpipe/integrity.py): the Secrets docs/cluster.md has you create
+# the sizes a Job may ask for: a typo (pods=100000000) is refused, not rendered
+MAX_PODS = 1024
+MAX_DEVICES_PER_POD = 64
+# a Kubernetes resource quantity (apimachinery's resource.Quantity): a decimal number with an optional
+# binary (Ki..Ei), decimal (n, u, m, k, M, G, T, P, E) or exponent suffix; "" = not set
+QUANTITY = re.compile(r"^$|^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+
 DEFAULT_SECRET_ENV = {
     "MLFLOW_TRACKING_USERNAME": "voxpipe-mlflow/username",
     "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password",
@@ -373,19 +380,25 @@ class LaunchParams(Section):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="the pods' imagePullPolicy"
     )
-    pods: int = Field(2, ge=1, description="pods (nodes): one master + pods-1 workers, scheduled all or none")
-    devices_per_pod: int = Field(8, ge=1, description="accelerators per pod = torchrun processes per pod")
+    pods: int = Field(2, ge=1, le=MAX_PODS, description="pods (nodes): one master + pods-1 workers, "
+                      f"scheduled all or none (at most {MAX_PODS})")
+    devices_per_pod: int = Field(8, ge=1, le=MAX_DEVICES_PER_POD, description="accelerators per pod = "
+                                 f"torchrun processes per pod (at most {MAX_DEVICES_PER_POD})")
     encode_devices: int = Field(
-        1, ge=1, description="accelerators for `launch-encode` (one encode process each): one pod when they "
-        "fit in devices_per_pod, else whole pods of devices_per_pod. `pods` is train's"
+        1, ge=1, le=MAX_PODS * MAX_DEVICES_PER_POD, description="accelerators for `launch-encode` (one "
+        "encode process each): one pod when they fit in devices_per_pod, else whole pods of "
+        "devices_per_pod. `pods` is train's"
     )
     accelerator: str = Field(
         "huawei.com/Ascend910",
         description='device resource: huawei.com/Ascend910 (adds the HCCL env), nvidia.com/gpu, "" = CPU',
     )
-    cpu: str = Field("", description='CPU request per pod, e.g. "32" ("" = none)')
-    memory: str = Field("", description='memory request = limit per pod, e.g. "512Gi" ("" = none)')
-    shm_size: str = Field("64Gi", description="size limit of the memory-backed /dev/shm")
+    cpu: str = Field("", description='CPU request per pod, a Kubernetes quantity, e.g. "32" or "500m" '
+                     '("" = none)')
+    memory: str = Field("", description='memory request = limit per pod, a Kubernetes quantity, e.g. '
+                        '"512Gi" ("" = none)')
+    shm_size: str = Field("64Gi", min_length=1, description="size limit of the memory-backed /dev/shm (a "
+                          "Kubernetes quantity)")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="the pods' nodeSelector, e.g. {accelerator-type: module-910b-8}"
     )
@@ -413,6 +426,13 @@ class LaunchParams(Section):
     hccl_connect_timeout: int = Field(1200, gt=0, description="HCCL_CONNECT_TIMEOUT seconds (Ascend)")
     hccl_exec_timeout: int = Field(1800, gt=0, description="HCCL_EXEC_TIMEOUT seconds (Ascend)")
     dry_run: bool = Field(False, description="print the Job YAML, submit nothing")
+
+    @field_validator("cpu", "memory", "shm_size")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if not QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Gi, 64Gi, 500m, 32)")
+        return value
 
 
 class RegisterParams(Section):
