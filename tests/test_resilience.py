@@ -344,3 +344,54 @@ def test_train_imports_nothing_of_the_encode_step():
             "print([m for m in sys.modules if m.startswith('voxpipe.data.encode')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- disk full ------------------------------------------------------------------------------------
+def test_disk_full_while_checkpointing_keeps_the_complete_checkpoints(encoded_sample, tmp_path, monkeypatch):
+    """The disk fills while step-4 is written (a real partial file, then the kernel's ENOSPC): one paragraph
+    naming the folder, the partial folder gone, step-2 kept; with space again the rerun resumes from it."""
+    import errno
+
+    from voxpipe.train import checkpoint
+
+    real = checkpoint.write_json
+
+    def full_at_step_4(path, data):
+        if ".tmp-step-4" in str(path):
+            Path(path).write_text("{")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(checkpoint, "write_json", full_at_step_4)
+    out = tmp_path / "run"
+    with pytest.raises(StepError) as err:
+        run(encoded_sample, out)
+    message = str(err.value)
+    assert "\n" not in message and f"into {out / 'checkpoints'} failed (No space left on device)" in message
+    assert "complete checkpoints are kept (step-2)" in message
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]
+    monkeypatch.setattr(checkpoint, "write_json", real)
+    run(encoded_sample, out)
+    assert report(out)["resumed_from"].endswith("step-2")
+
+
+def test_disk_full_during_encode_names_the_folder(encoded_sample, tmp_path, monkeypatch):
+    import errno
+
+    from voxpipe.data import shards
+    from voxpipe.data.encode.step import encode
+    from voxpipe.params import EncodeParams
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+
+    monkeypatch.setattr(shards, "save_file", full)
+    out = tmp_path / "encoded"
+    params = Params(model={"base": str(encoded_sample.base_model)}, encode=EncodeParams(
+        manifest=[str(encoded_sample.manifest / "val.jsonl")], out=str(out), device="cpu"))
+    with pytest.raises(StepError) as err:
+        encode(params)
+    message = str(err.value)
+    assert "\n" not in message and f"writing into {out} failed (No space left on device" in message
+    assert "rerun encode" in message
