@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Before anything imports mlflow: its telemetry thread unsets an environment variable while requests iterates
 # os.environ in another thread ("API request ... failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'").
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# the local checkpoint signing key (voxpipe/integrity.py) lives in the user's state folder: the tests' own,
+# so they neither read nor write the real user's key (set before any test; torchrun children inherit it)
+os.environ["XDG_STATE_HOME"] = os.path.join(
+    os.environ.get("PYTEST_XDG_STATE_HOME") or f"/tmp/voxpipe-tests-{os.getuid()}-{os.getpid()}", "state")
 
 
 # fixtures that start a real end-to-end part: a server, a training run, a DVC repo, a KFP local runner

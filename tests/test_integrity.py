@@ -17,9 +17,16 @@ from voxpipe.integrity import (
     check_file,
     file_entry,
     signing_key,
+    user_key_path,
     verify_manifest,
     write_manifest,
 )
+
+
+@pytest.fixture(autouse=True)
+def own_state(tmp_path, monkeypatch):
+    """Each test its own user state folder: the local key file is changed here."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 
 
 @pytest.fixture
@@ -37,7 +44,9 @@ def signed(tmp_path, monkeypatch):
 def test_roundtrip_and_key_file_mode(signed, tmp_path):
     folder, key = signed
     assert verify_manifest(folder, key)["step"] == 3
-    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE(user_key_path().stat().st_mode) == 0o600
+    assert user_key_path() == tmp_path / "state" / "voxpipe" / "checkpoint.key"  # not in the output folder
+    assert not (tmp_path / KEY_FILE).exists()
     assert signing_key(tmp_path) == key  # the same key on the next run
 
 
@@ -77,7 +86,7 @@ def test_rehashed_manifest_without_the_key_fails(signed):
 def test_env_key_wins_and_empty_env_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "from-a-kubernetes-secret")
     assert signing_key(tmp_path) == b"from-a-kubernetes-secret"
-    assert not (tmp_path / KEY_FILE).exists()
+    assert not user_key_path().exists()
     monkeypatch.setenv(KEY_ENV, "")
     with pytest.raises(StepError, match=KEY_ENV):
         signing_key(tmp_path)
@@ -86,7 +95,7 @@ def test_env_key_wins_and_empty_env_is_an_error(tmp_path, monkeypatch):
 def test_readable_key_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
     signing_key(tmp_path)
-    os.chmod(tmp_path / KEY_FILE, 0o644)
+    os.chmod(user_key_path(), 0o644)
     with pytest.raises(StepError, match="chmod 600"):
         signing_key(tmp_path)
 
@@ -99,3 +108,20 @@ def test_check_file(tmp_path):
     f.write_bytes(b"abc" * 99)
     with pytest.raises(IntegrityError, match="300"):
         check_file(f, entry)
+
+
+def test_a_key_file_inside_the_checkpoints_folder_is_refused_with_the_way_out(tmp_path, monkeypatch):
+    """Write access to the checkpoints must not be enough to forge: an in-folder key (what an older voxpipe
+    wrote, or what an attacker planted with a re-signed checkpoint) is never used."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / KEY_FILE).write_text("k" * 64)
+    with pytest.raises(StepError) as err:
+        signing_key(checkpoints)
+    message = str(err.value)
+    assert "\n" not in message and str(checkpoints / KEY_FILE) in message
+    assert f"mv {checkpoints / KEY_FILE} {user_key_path()}" in message and "--no-resume" in message
+    assert not user_key_path().exists()  # nothing adopted
+    monkeypatch.setenv(KEY_ENV, "from-a-secret-0123")  # a cluster's key: the stray file does not matter
+    assert signing_key(checkpoints) == b"from-a-secret-0123"

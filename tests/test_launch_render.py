@@ -15,7 +15,7 @@ import yaml
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import PARAMS_ENV, Owner, job_yaml, render_job
+from voxpipe.launch.volcano import PARAMS_ENV, Owner, StepJob, job_yaml, render_job
 from voxpipe.params import LaunchParams, Params, TrainParams, load_params
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -243,3 +243,15 @@ def test_cli_dry_run_prints_the_job(capsys, monkeypatch, tmp_path):
     job = yaml.safe_load(capsys.readouterr().out)
     expected = rendered(LaunchParams(pods=3, namespace="ml"), TrainParams(lr=0.0003), "ml")
     assert job == expected
+
+
+def test_a_train_job_without_the_checkpoint_key_secret_is_refused():
+    """Without VOXPIPE_CHECKPOINT_KEY from a Secret, the pods would sign with a key file on the volume."""
+    launch = LaunchParams(secret_env={"MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password"})
+    with pytest.raises(StepError) as err:
+        rendered(launch, TrainParams(), "ml")
+    message = str(err.value)
+    assert "\n" not in message and "launch.secret_env has no VOXPIPE_CHECKPOINT_KEY" in message
+    assert "launch.secret_env.VOXPIPE_CHECKPOINT_KEY=voxpipe-checkpoint/key" in message
+    # encode signs nothing: its job needs no key
+    render_job(Params(launch=launch), "ml", job=StepJob.encode(launch))

@@ -219,7 +219,7 @@ def volcano_pod_specs() -> dict[str, dict]:
     variants = {
         "ascend": LaunchParams(pods=4),
         "gpu": LaunchParams(accelerator="nvidia.com/gpu", pods=2),
-        "cpu-one-pod": LaunchParams(accelerator="", pods=1, secret_env={}),
+        "cpu-one-pod": LaunchParams(accelerator="", pods=1, secret_env={"VOXPIPE_CHECKPOINT_KEY": "ck/key"}),
     }
     jobs = {name: render_job(Params(launch=launch), "ml") for name, launch in variants.items()}
     encode = LaunchParams(encode_devices=16)

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from voxpipe.errors import StepError
-from voxpipe.integrity import KEY_ENV, MANIFEST, file_entry
+from voxpipe.integrity import KEY_ENV, KEY_FILE, MANIFEST, file_entry, user_key_path
 from voxpipe.outlock import hold_output, lock_path
 from voxpipe.params import Params, TrainParams, load_params
 from voxpipe.train.loop import train
@@ -65,7 +66,10 @@ def test_each_checkpoint_has_a_signed_manifest_and_a_private_key(finished):
     assert manifest["step"] == 4 and len(manifest["hmac"]) == 64
     assert {".metadata", "trainer.json", "rank-0.json"} <= set(manifest["files"])
     assert any(name.endswith(".distcp") for name in manifest["files"])
-    assert (ckpts / ".voxpipe-key").stat().st_mode & 0o777 == 0o600
+    assert not (ckpts / KEY_FILE).exists()  # the key is the user's, outside the checkpoints
+    key = user_key_path()
+    assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o777 == 0o700
+    assert not key.resolve().is_relative_to(finished.resolve())
 
 
 def test_a_truncated_distcp_falls_back_to_the_previous_checkpoint(encoded_sample, copy, caplog):
@@ -120,6 +124,23 @@ def test_a_planted_metadata_pickle_is_never_unpickled(encoded_sample, copy, tmp_
     reason = "bad-signature" if resigned else "bad-size"
     assert (copy / "checkpoints" / f"step-4.rejected-{reason}" / ".metadata").is_file()
     assert report(copy)["resumed_from"].endswith("step-2")
+
+
+def test_a_planted_key_and_a_resigned_checkpoint_run_nothing(encoded_sample, copy, tmp_path):
+    """The attack of issue 22: write access to checkpoints/ only. Plant a key file there, re-sign a
+    checkpoint with a planted .metadata pickle: the run stops before unpickling anything."""
+    from voxpipe.integrity import write_manifest
+
+    marker = tmp_path / "marker"
+    newest = copy / "checkpoints" / "step-4"
+    (newest / ".metadata").write_bytes(_marker_pickle(marker))
+    forged = b"attacker-key-0123456789abcdef"
+    (copy / "checkpoints" / KEY_FILE).write_bytes(forged)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    write_manifest(newest, forged, extra={"step": manifest["step"]})
+    with pytest.raises(StepError, match=r"a checkpoint signing key inside the checkpoints folder is no "):
+        run(encoded_sample, copy, max_steps=5)
+    assert not marker.exists()
 
 
 def test_checkpoints_signed_with_another_key_stop_the_run_and_stay(encoded_sample, copy, monkeypatch):
@@ -277,3 +298,101 @@ def test_killing_torchruns_process_group_leaves_no_worker(encoded_sample, tmp_pa
     assert not any(_alive(w) for w in workers), "a worker outlived its launcher"
     with hold_output(out, "train"):  # and nobody holds the folder any more
         pass
+
+
+# -- every file checked before it is used ----------------------------------------------------------
+def test_train_verifies_every_shard_and_encode_reencodes_only_the_bad_ones(encoded_sample, tmp_path):
+    """4 flipped bytes in the latent shard and a truncated token shard: train stops before reading anything,
+    naming both and saying to rerun encode; encode sets them aside and encodes only their clips."""
+    from voxpipe.data.encode.step import encode
+    from voxpipe.data.shards import check_referenced, referenced_shards
+    from voxpipe.data.world import World
+    from voxpipe.params import EncodeParams
+
+    data = tmp_path / "encoded"
+    shutil.copytree(encoded_sample.encoded, data)
+    index = [json.loads(line) for line in (data / "index.jsonl").read_text().splitlines()]
+    flipped = next(r for r in index if r["kind"] == "latents")
+    truncated = next(r for r in index if r["kind"] != "latents")
+    raw = bytearray((data / flipped["shard"]).read_bytes())
+    for offset in range(len(raw) - 40, len(raw) - 36):  # inside the tensor data, past the header
+        raw[offset] ^= 0x5A
+    (data / flipped["shard"]).write_bytes(bytes(raw))
+    with open(data / truncated["shard"], "r+b") as f:
+        f.truncate(truncated["size"] // 2)
+
+    with pytest.raises(StepError) as err:
+        run(SimpleNamespace(encoded=data, base_model=encoded_sample.base_model), tmp_path / "train")
+    message = str(err.value)
+    assert "\n" not in message and f"{flipped['shard']} (bad-hash)" in message
+    assert f"{truncated['shard']} (bad-size)" in message and "Rerun `voxpipe encode`" in message
+    assert not (tmp_path / "train" / "checkpoints").exists()  # stopped before training
+
+    params = Params(model={"base": str(encoded_sample.base_model)}, encode=EncodeParams(
+        manifest=[str(encoded_sample.manifest / "train.jsonl"), str(encoded_sample.manifest / "val.jsonl")],
+        out=str(data), device="cpu"))
+    again = encode(params)
+    assert again.run["shards_rejected"] == {flipped["shard"]: "bad-hash", truncated["shard"]: "bad-size"}
+    # the clips of the damaged latent shard (here: the sample's only one), the tokens re-tokenized;
+    # that encode leaves good shards alone is test_encode.py's test_deleted_truncated_or_altered_...
+    assert again.run["clips"]["encoded"] == len(flipped["entries"])
+    rows = [json.loads(line) for split in ("train", "val") for line in (data / f"{split}.jsonl").open()]
+    check_referenced(data, referenced_shards(rows), World())  # now every shard verifies
+
+
+def test_train_imports_nothing_of_the_encode_step():
+    code = ("import sys, voxpipe.train.loop; "
+            "print([m for m in sys.modules if m.startswith('voxpipe.data.encode')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- disk full ------------------------------------------------------------------------------------
+def test_disk_full_while_checkpointing_keeps_the_complete_checkpoints(encoded_sample, tmp_path, monkeypatch):
+    """The disk fills while step-4 is written (a real partial file, then the kernel's ENOSPC): one paragraph
+    naming the folder, the partial folder gone, step-2 kept; with space again the rerun resumes from it."""
+    import errno
+
+    from voxpipe.train import checkpoint
+
+    real = checkpoint.write_json
+
+    def full_at_step_4(path, data):
+        if ".tmp-step-4" in str(path):
+            Path(path).write_text("{")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(checkpoint, "write_json", full_at_step_4)
+    out = tmp_path / "run"
+    with pytest.raises(StepError) as err:
+        run(encoded_sample, out)
+    message = str(err.value)
+    assert "\n" not in message and f"into {out / 'checkpoints'} failed (No space left on device)" in message
+    assert "complete checkpoints are kept (step-2)" in message
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]
+    monkeypatch.setattr(checkpoint, "write_json", real)
+    run(encoded_sample, out)
+    assert report(out)["resumed_from"].endswith("step-2")
+
+
+def test_disk_full_during_encode_names_the_folder(encoded_sample, tmp_path, monkeypatch):
+    import errno
+
+    from voxpipe.data import shards
+    from voxpipe.data.encode.step import encode
+    from voxpipe.params import EncodeParams
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+
+    monkeypatch.setattr(shards, "save_file", full)
+    out = tmp_path / "encoded"
+    params = Params(model={"base": str(encoded_sample.base_model)}, encode=EncodeParams(
+        manifest=[str(encoded_sample.manifest / "val.jsonl")], out=str(out), device="cpu"))
+    with pytest.raises(StepError) as err:
+        encode(params)
+    message = str(err.value)
+    assert "\n" not in message and f"writing into {out} failed (No space left on device" in message
+    assert "rerun encode" in message

@@ -35,7 +35,7 @@ from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, Tra
 from voxpipe.track.compare import compare
 from voxpipe.track.live import LiveRun
 from voxpipe.track.register import RegisterResult, register
-from voxpipe.track.registry import LOCK_SUFFIX, registry_lock
+from voxpipe.track.reglock import LOCK_TAG, register_lock
 from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model
@@ -192,12 +192,18 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert expected <= artifacts
 
 
+def pipeline_runs(client: MlflowClient, experiment: str) -> list:
+    """The experiment's runs but the register lock's (track/reglock.py)."""
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return [r for r in runs if LOCK_TAG not in r.data.tags]
+
+
 def reference_clip(root: Path) -> Path:
     """A real recording of the sample (ingest output): the voice to clone."""
     return sorted((root / "ingest" / "audio").rglob("*.flac"))[0]
 
 
-def test_champion_loads_and_synthesizes(registered, server, pipeline):
+def test_champion_loads_and_synthesizes(registered, server, pipeline, monkeypatch):
     root, _ = pipeline
     with session(server):
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
@@ -212,16 +218,26 @@ def test_champion_loads_and_synthesizes(registered, server, pipeline):
         assert audio.dtype == np.float32 and audio.size > 0 and np.isfinite(audio).all()
         np.testing.assert_array_equal(audio, same)  # fixed seed: the same audio
 
-    # voice cloning: a reference clip per row, as a path or as base64 (what a remote client sends)
+    # voice cloning: a reference clip per row as base64 (what a remote client sends); a path only inside
+    # the folder the deployment names
     clip = reference_clip(root)
     encoded = base64.b64encode(clip.read_bytes()).decode()
-    by_path, by_bytes = (model.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [ref]}),
-                                       params=params)["audio"][0] for ref in (str(clip), encoded))
+    for path in (str(clip), "/no/such/clip.wav"):  # the same answer whether the file exists or not
+        with pytest.raises(Exception, match=r"not base64 audio; .*REFERENCE_DIR, and it names none\)$"):
+            model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": [path]}), params=params)
+    monkeypatch.setenv("VOXPIPE_REFERENCE_DIR", str(clip.parent))
+    with session(server):
+        confined = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    by_bytes = model.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [encoded]}),
+                             params=params)["audio"][0]
+    by_path = confined.predict(pd.DataFrame({"text": ["hello there"], "reference_audio": [clip.name]}),
+                               params=params)["audio"][0]
     np.testing.assert_array_equal(by_path, by_bytes)  # the same clip, the same seed: the same audio
     own_voice = out["audio"][0]
     assert own_voice.size != by_path.size or not np.array_equal(own_voice, by_path)  # the reference counts
-    with pytest.raises(Exception, match="neither an audio file nor base64 audio"):
-        model.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["/no/such/clip.wav"]}), params=params)
+    with pytest.raises(Exception, match="this one is outside it"):
+        confined.predict(pd.DataFrame({"text": ["hi"], "reference_audio": ["../../../etc/passwd"]}),
+                         params=params)
 
 
 def test_synthesize_with_a_reference_clip(registered, server, pipeline, tmp_path, capsys):
@@ -313,12 +329,14 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     assert MlflowClient(server).get_model_version_by_alias(name, "champion").version == better["version"]
 
 
-def test_registry_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+def test_register_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("e")
     events = []
 
     def holder():
-        with registry_lock(client, "m"):
+        with register_lock(client, uri, experiment, "m", timeout_s=60):
             events.append("first in")
             time.sleep(1.0)
             events.append("first out")
@@ -327,15 +345,23 @@ def test_registry_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path):
     thread.start()
     while not events:
         time.sleep(0.05)
-    with registry_lock(client, "m"):
+    with caplog.at_level("INFO", logger="voxpipe"), register_lock(client, uri, experiment, "m", timeout_s=60):
         events.append("second in")
     thread.join()
     assert events == ["first in", "first out", "second in"]
-    # a register killed inside the lock leaves the marker model behind: it is broken after the lease
-    client.create_registered_model(f"m{LOCK_SUFFIX}")
-    with registry_lock(client, "m", lease_s=0.5):
+    assert "waiting for the register lock of 'm', held by" in caplog.text  # every wait is logged
+    (run,) = client.search_runs([experiment], filter_string=f"tags.`{LOCK_TAG}` = 'm'")
+    assert {k for k in run.data.params} == {"lock.0", "free.0", "lock.1", "free.1"}
+    # a register killed inside the lock leaves lock.N without free.N: broken after the lease
+    client.log_param(run.info.run_id, "lock.2", "a register that died")
+    with register_lock(client, uri, experiment, "m", timeout_s=60, lease_s=0.5):
         pass
-    assert not client.search_registered_models(f"name = 'm{LOCK_SUFFIX}'")
+    assert client.get_run(run.info.run_id).data.params["free.2"].startswith("broken by ")
+    # a live holder that outlasts the timeout: the wait is bounded, with the way out
+    client.log_param(run.info.run_id, "lock.4", "a slow register")
+    with pytest.raises(StepError, match=r"held by a slow register and did not come free in 1 s"):
+        with register_lock(client, uri, experiment, "m", timeout_s=1.0, lease_s=60):
+            pass
 
 
 def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secrets_in_env, tmp_path):
@@ -365,7 +391,11 @@ def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secret
         tags = client.get_model_version(name, reg["version"]).tags
         assert tags["voxpipe.decision"] == ("promoted" if reg["decision"]["promoted"] else "not promoted")
         assert ("champion" in reg["aliases"]) <= reg["decision"]["promoted"]
-    assert not client.search_registered_models(f"name = '{name}{LOCK_SUFFIX}'")  # the lock was released
+    (lock,) = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+                                 filter_string=f"tags.`{LOCK_TAG}` = '{name}'")
+    taken = {k for k in lock.data.params if k.startswith("lock.")}
+    released = {k.replace("lock.", "free.") for k in taken}
+    assert len(taken) == 3 and released <= set(lock.data.params)
 
 
 def test_compare_lists_both_runs(registered, pipeline, server):
@@ -491,7 +521,7 @@ def test_live_training_run_is_the_registered_run(live, server):
     assert during["loss"] == steps and during["skipped"] == steps and during["val/loss"] == [2, 4]
     # register completed that run: one run, each metric once per step, the base model's val point added
     assert reg["run_id"] == report["mlflow_run_id"] and "train" in reg["logged"]
-    (run,) = client.search_runs([client.get_experiment_by_name(LIVE).experiment_id])
+    (run,) = pipeline_runs(client, LIVE)
     assert run.info.run_id == reg["run_id"] and run.info.status == "FINISHED"
     after = histories(client, reg["run_id"])
     assert all(len(points) == len(set(points)) for points in after.values()), after
@@ -508,7 +538,7 @@ def test_reregister_live_run_is_idempotent(live, server):
     (Path(files["work"]) / "mlflow_run.json").unlink()  # found again through the train report
     again = run_register(files, tracking_uri=server, experiment=LIVE, model_name=LIVE)
     assert (again["run_id"], again["version"], again["logged"]) == (reg["run_id"], reg["version"], [])
-    assert len(client.search_runs([client.get_experiment_by_name(LIVE).experiment_id])) == 1
+    assert len(pipeline_runs(client, LIVE)) == 1
     assert histories(client, reg["run_id"]) == before
 
 
@@ -534,6 +564,6 @@ def test_resumed_training_rejoins_its_run_once_per_step(server, encoded_sample, 
     assert again["resumed_from"].endswith("step-2") and again["steps_run"] == 2
     assert again["mlflow_run_id"] == first["mlflow_run_id"]
     client = MlflowClient(server)
-    assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
+    assert len(pipeline_runs(client, experiment)) == 1
     steps = histories(client, first["mlflow_run_id"])
     assert steps["loss"] == list(range(1, LIVE_STEPS + 1)) and steps["val/loss"] == [2, 4]

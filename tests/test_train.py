@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from upstream import import_upstream
 
 from voxpipe.errors import StepError
-from voxpipe.integrity import KEY_FILE, MANIFEST
+from voxpipe.integrity import MANIFEST, user_key_path
 from voxpipe.model.io import from_pretrained
 from voxpipe.params import LoraParams, ModelParams, Params, TrainParams, load_params
 from voxpipe.train.checkpoint import latest_checkpoint
@@ -91,9 +91,9 @@ def test_two_ranks_train_export_and_converge(two_rank_run, encoded_sample):
     assert all(0 <= r["data_wait_frac"] < 1 and r["flops"] > 0 for r in rows)
     assert "val/loss" in rows[9] and "val/loss" not in rows[8]
     assert "val/loss" in stdout.splitlines()[-1]
-    # checkpoints: only the newest `keep_checkpoints` (2) complete ones remain, beside the signing key
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [KEY_FILE, "step-20", "step-30"]
-    assert (out / "checkpoints" / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    # checkpoints: only the newest `keep_checkpoints` (2) complete ones remain; the signing key is elsewhere
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-20", "step-30"]
+    assert user_key_path().stat().st_mode & 0o777 == 0o600
 
 
 def test_export_loads_strictly_in_ours_and_upstream(two_rank_run, encoded_sample):

@@ -11,6 +11,7 @@ synthesize).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
@@ -26,6 +27,7 @@ from voxpipe.errors import StepError
 from voxpipe.outlock import guard_step
 from voxpipe.params import load_params, params_yaml
 from voxpipe.paramspec import Key, base_type, keys
+from voxpipe.secrets import scrub
 
 log = logging.getLogger("voxpipe")
 
@@ -91,6 +93,10 @@ STEPS: tuple[Step, ...] = (
          ("evaluate", "model.base", "model.kernels", "train.max_tokens")),
     Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
          "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
+    Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
+         "others READ only (once per deployment, before the first register)",
+         "voxpipe.track.registry_init:registry_init", None, ("register.model_name", "tracking"),
+         out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
          "promotion rule passes)", "voxpipe.track.register:register", None, ("register", "tracking")),
     Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "
@@ -219,9 +225,14 @@ def run_step(step: Step, args: argparse.Namespace) -> Any:
 def setup_logging() -> None:
     """One logging setup for every step: INFO lines on stderr, from rank 0 only under torchrun (the
     other ranks log warnings and errors)."""
+    from voxpipe.secrets import ScrubFilter
+
     level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%dT%H:%M:%S", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # every logger's records pass the root's handlers
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
 
 
 def _params_command(args: argparse.Namespace) -> int:
@@ -250,20 +261,35 @@ def _dvc_yaml_command(args: argparse.Namespace) -> int:
 TOOLS = {"dvc-yaml": _dvc_yaml_command, "params": _params_command}  # the other commands
 
 
+def native_crash_safety() -> None:
+    """A native crash (SIGSEGV in numba- or C-compiled code) leaves a Python stack of every thread on
+    stderr, so a pod's log says where it died; and numba's on-disk cache goes to a per-user folder, not
+    into site-packages next to librosa, where concurrent runs from one virtualenv corrupted it (every
+    `evaluate` then died in `librosa.pyin` with SIGSEGV and no message) and a read-only image cannot
+    write. Must run before anything imports numba (it reads NUMBA_CACHE_DIR once, at import); a
+    NUMBA_CACHE_DIR the user set is kept."""
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(cache, "voxpipe", "numba")
+
+
 def main(argv: list[str] | None = None) -> int:
+    native_crash_safety()
     args = build_parser().parse_args(argv)
     setup_logging()
     if args.step in TOOLS:
         try:
             return TOOLS[args.step](args)
         except StepError as e:
-            print(f"voxpipe {args.step}: error: {e}", file=sys.stderr)
+            print(f"voxpipe {args.step}: error: {scrub(str(e))}", file=sys.stderr)
             return 1
     step = next(s for s in STEPS if s.name == args.step)
     try:
         result = run_step(step, args)
     except StepError as e:
-        print(f"voxpipe {step.name}: error: {e}", file=sys.stderr)
+        print(f"voxpipe {step.name}: error: {scrub(str(e))}", file=sys.stderr)
         return 1
     summary = getattr(result, "summary", None)
     text = summary() if callable(summary) else ""

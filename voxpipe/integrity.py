@@ -5,8 +5,11 @@ index is trusted by the next step. A manifest lists every file's size and sha256
 last and atomically, so it doubles as the "complete" marker. An HMAC over the manifest, keyed
 by a secret the workspace volume does not hold (env `VOXPIPE_CHECKPOINT_KEY`, from a Kubernetes
 Secret on a cluster), stops whoever can write to the volume from planting files and re-hashing
-them. Local runs without the env var use a key file with mode 0600 in the output folder: it
-catches corruption and other users' writes, not an attacker who can read the folder.
+them. Local runs without the env var use the user's own key file, outside every output folder
+(`$XDG_STATE_HOME/voxpipe/checkpoint.key`, else `~/.local/state/voxpipe/`, mode 0600 in a 0700
+folder): write access to the checkpoints is then not enough to forge a signature. A key file inside
+a checkpoints folder (`.voxpipe-key`, what older voxpipe wrote) is never used: whoever could write
+the folder could have replaced it; the run stops with the way out.
 
 Verify before use: call `verify_manifest` before anything in the folder is opened or unpickled.
 """
@@ -29,7 +32,8 @@ from voxpipe.files import atomic_write_text, file_digest
 
 MANIFEST = "voxpipe-manifest.json"
 KEY_ENV = "VOXPIPE_CHECKPOINT_KEY"
-KEY_FILE = ".voxpipe-key"
+KEY_FILE = ".voxpipe-key"  # the old in-folder key: refused, see signing_key
+USER_KEY = "checkpoint.key"
 _VERSION = 1
 
 
@@ -41,15 +45,32 @@ class IntegrityError(StepError):
         self.reason = reason
 
 
+def user_key_path() -> Path:
+    """The local signing key: the user's state folder, never an output folder."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "voxpipe" / USER_KEY
+
+
 def signing_key(key_dir: Path) -> bytes:
-    """The HMAC key: env VOXPIPE_CHECKPOINT_KEY, else `key_dir/.voxpipe-key` (created 0600 if absent)."""
+    """The HMAC key: env VOXPIPE_CHECKPOINT_KEY, else the user's key file (created 0600 if absent).
+
+    `key_dir` is the checkpoints folder: a key file left inside it by an older voxpipe stops the run."""
     env = os.environ.get(KEY_ENV)
     if env is not None:
         if not env:
             raise StepError(f"{KEY_ENV} is set but empty; set it to the secret key (or unset it locally)")
         return env.encode()
-    path = Path(key_dir) / KEY_FILE
+    path = user_key_path()
+    legacy = Path(key_dir) / KEY_FILE
+    if legacy.exists():
+        raise StepError(
+            f"{legacy}: a checkpoint signing key inside the checkpoints folder is no longer used, since "
+            "anyone who can write the folder could have replaced it and signed a planted checkpoint. The "
+            f"local key now lives in {path}. If you made this folder and nobody else writes to it, move the "
+            f"key there (`mkdir -p -m 700 {path.parent} && mv {legacy} {path}`; only if {path} does not "
+            f"exist yet); otherwise delete it and train with --no-resume, or set {KEY_ENV}")
     if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _create_key_file(path)
     mode = path.stat().st_mode
     if mode & 0o077:
@@ -169,7 +190,7 @@ def read_manifest(folder: Path, key: bytes) -> dict[str, Any]:
         raise IntegrityError(
             "bad-signature",
             f"{path}: the signature does not match: the manifest was changed, or it was signed with "
-            f"another key ({KEY_ENV} or {KEY_FILE})",
+            f"another key ({KEY_ENV} or {user_key_path()})",
         )
     if not entries_ok:
         raise IntegrityError("bad-manifest", f"{path}: malformed file entries")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from voxpipe.errors import StepError
 
@@ -408,6 +408,13 @@ class MfuParams(Section):
 
 # MLflow's credentials (manifests/namespaced/mlflow-deployment.yaml) and the checkpoint signing key
 # (voxpipe/integrity.py): the Secrets docs/cluster.md has you create
+# the sizes a Job may ask for: a typo (pods=100000000) is refused, not rendered
+MAX_PODS = 1024
+MAX_DEVICES_PER_POD = 64
+# a Kubernetes resource quantity (apimachinery's resource.Quantity): a decimal number with an optional
+# binary (Ki..Ei), decimal (n, u, m, k, M, G, T, P, E) or exponent suffix; "" = not set
+QUANTITY = re.compile(r"^$|^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+
 DEFAULT_SECRET_ENV = {
     "MLFLOW_TRACKING_USERNAME": "voxpipe-mlflow/username",
     "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password",
@@ -425,20 +432,26 @@ class LaunchParams(Section):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="the pods' imagePullPolicy"
     )
-    pods: int = Field(2, ge=1, description="pods (nodes): one master + pods-1 workers, scheduled all or none")
-    devices_per_pod: int = Field(8, ge=1, description="accelerators per pod = torchrun processes per pod")
+    pods: int = Field(2, ge=1, le=MAX_PODS, description="pods (nodes): one master + pods-1 workers, "
+                      f"scheduled all or none (at most {MAX_PODS})")
+    devices_per_pod: int = Field(8, ge=1, le=MAX_DEVICES_PER_POD, description="accelerators per pod = "
+                                 f"torchrun processes per pod (at most {MAX_DEVICES_PER_POD})")
     encode_devices: int = Field(
-        1, ge=1, description="accelerators for `launch-encode` (one encode process each): one pod when they "
-        "fit in devices_per_pod, else whole pods of devices_per_pod. `pods` is train's"
+        1, ge=1, le=MAX_PODS * MAX_DEVICES_PER_POD, description="accelerators for `launch-encode` (one "
+        "encode process each): one pod when they fit in devices_per_pod, else whole pods of "
+        "devices_per_pod. `pods` is train's"
     )
     accelerator: str = Field(
         "huawei.com/Ascend910",
         description='device resource: huawei.com/Ascend910 (adds the HCCL env), nvidia.com/gpu, "" = CPU',
         json_schema_extra={"wired": True},
     )
-    cpu: str = Field("", description='CPU request per pod, e.g. "32" ("" = none)')
-    memory: str = Field("", description='memory request = limit per pod, e.g. "512Gi" ("" = none)')
-    shm_size: str = Field("64Gi", description="size limit of the memory-backed /dev/shm")
+    cpu: str = Field("", description='CPU request per pod, a Kubernetes quantity, e.g. "32" or "500m" '
+                     '("" = none)')
+    memory: str = Field("", description='memory request = limit per pod, a Kubernetes quantity, e.g. '
+                        '"512Gi" ("" = none)')
+    shm_size: str = Field("64Gi", min_length=1, description="size limit of the memory-backed /dev/shm (a "
+                          "Kubernetes quantity)")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="the pods' nodeSelector, e.g. {accelerator-type: module-910b-8}",
         json_schema_extra={"wired": True},
@@ -472,6 +485,13 @@ class LaunchParams(Section):
     dry_run: bool = Field(False, description="print the Job YAML, submit nothing",
                           json_schema_extra={"wired": True})
 
+    @field_validator("cpu", "memory", "shm_size")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if not QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Gi, 64Gi, 500m, 32)")
+        return value
+
 
 class RegisterParams(Section):
     """`register`: the pipeline run into MLflow, the export as a registered pyfunc model version."""
@@ -493,6 +513,10 @@ class RegisterParams(Section):
                      json_schema_extra={"result": False, "wired": True})
     run_name: str | None = Field(None, description="None: MLflow picks a name")
     model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
+    lock_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="longest wait for the registry-wide register lock (another "
+        "register holding it) before register stops", json_schema_extra={"result": False}
+    )
 
 
 class CompareParams(Section):
@@ -514,20 +538,27 @@ class SynthesizeParams(Section):
         "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS or "
         "models:/NAME/VERSION, from tracking.uri) or a checkpoint folder (upstream layout)"
     )
-    text: str = Field("", description="what to say")
+    text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
+                      "model takes the same)")
     reference: str | None = Field(
-        None, description="an audio file of the voice to speak in (any length; a few seconds is enough); "
-        "None: the voice the model learned"
+        None, description="an audio file of the voice to speak in (a few seconds is enough; at most "
+        "max_reference_seconds); None: the voice the model learned"
+    )
+    max_reference_seconds: float = Field(
+        30.0, gt=0, le=600, description="longest reference clip accepted, here and by the served model (a "
+        "longer one costs memory and time, not quality)"
     )
     out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)",
                      json_schema_extra={"result": False})
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
         "auto", description="auto = npu, else cuda, else cpu"
     )
-    seed: int = Field(0, description="generation seed: the same seed and inputs give the same audio")
-    cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
-    inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
-    max_len: int = Field(2000, gt=0, description="generation limit in patches (160 ms each)")
+    seed: int = Field(0, ge=0, le=2**53, description="generation seed (0 to 2^53): the same seed and "
+                      "inputs give the same audio")
+    cfg_value: float = Field(2.0, gt=0, le=20, description="classifier-free guidance scale (finite, (0, 20])")
+    inference_timesteps: int = Field(10, ge=1, le=100, description="Euler steps per patch (1-100)")
+    max_len: int = Field(2000, ge=1, le=4096, description="generation limit in patches (160 ms each; "
+                         "1-4096)")
 
 
 class TrackingParams(Section):

@@ -8,6 +8,10 @@ folds the parts into `index.jsonl` at the start (what a killed run left) and at 
 A listed shard is reused only after its size and sha256 match the index (voxpipe.integrity): a
 deleted, truncated or rewritten shard is set aside as `<name>.<reason>` (never deleted, so it can
 be looked at), dropped from the index, and its clips are encoded again.
+
+`train` checks the same before it reads anything (`check_referenced`): every shard the encoded
+splits reference must be listed in the index with the size and sha256 it has now, or training
+stops naming the shards, and rerunning `encode` re-encodes only their clips.
 """
 
 from __future__ import annotations
@@ -120,6 +124,36 @@ def verify_index(out: Path, world: World) -> dict[str, str]:
         atomic_write_text(out / INDEX, _lines([r for r in records if r["shard"] not in bad]))
     world.barrier()  # nobody writes a shard before the bad ones are out of the way
     return {shard: reason for shard, (reason, _) in bad.items()}
+
+
+def referenced_shards(rows: list[dict[str, Any]]) -> set[str]:
+    """Every shard an encoded split's rows point at (tokens, latents, reference latents)."""
+    return {ref["shard"] for row in rows for key in ("tokens", "latents", "ref_latents")
+            if isinstance(ref := row.get(key), dict) and "shard" in ref}
+
+
+def check_referenced(out: Path, shards: set[str], world: World) -> None:
+    """StepError naming every referenced shard that is not in the index or fails its size/sha256 check.
+
+    Collective (shards hashed in parallel across ranks); nothing is moved: `encode` does that."""
+    listed = {r["shard"]: r for r in _records(out / INDEX)}
+    names = sorted(shards)
+
+    def problem(name: str) -> str | None:
+        record = listed.get(name)
+        if record is None:
+            return f"{name} (not in {INDEX})"
+        found = _problem(out, record)
+        return None if found is None else f"{name} ({found[0]})"
+
+    bad = [p for p in world.map(problem, names, workers=4, desc="verify shards") if p is not None]
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise IntegrityError("bad-shards", (
+            f"{out}: {len(bad)} of the {len(names)} encoded shards the splits reference fail their check "
+            f"against {out / INDEX} (size and sha256): {', '.join(bad[:5])}{more}. Training reads nothing it "
+            "cannot verify. Rerun `voxpipe encode` with the same params: it sets the damaged shards aside "
+            "and encodes only their clips again, then rerun train"))
 
 
 class ShardIndex:

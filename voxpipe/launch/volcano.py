@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from voxpipe.errors import StepError
+from voxpipe.integrity import KEY_ENV
 from voxpipe.launch.workspace import inside_workspace
 from voxpipe.params import LaunchParams, Params
 from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords
@@ -267,6 +268,12 @@ def render_job(
             {"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}
         ]
     template = pod_template(launch, params, job)
+    if job.step == "train" and KEY_ENV not in launch.secret_env:
+        raise StepError(
+            f"launch.secret_env has no {KEY_ENV}: the training pods would sign and verify checkpoints with a "
+            "key file on the shared volume, which anyone who can write the checkpoints could replace. Create "
+            f"a Secret (`kubectl create secret generic voxpipe-checkpoint --from-literal=key=$(openssl rand "
+            f"-hex 32)`) and set launch.secret_env.{KEY_ENV}=voxpipe-checkpoint/key (docs/cluster.md)")
     tasks: list[dict[str, Any]] = [
         {
             "name": "master",

@@ -8,26 +8,51 @@ code, so a serving environment needs only the pinned pip requirements:
     out["audio"][0]  # float32 waveform at out["sample_rate"][0] (48000)
 
 Voice cloning: an optional `reference_audio` column holds, per row, a clip of the voice to speak
-in: a path readable where the model runs, or the audio file's bytes in base64 (what a remote
-client sends); empty = the voice the model learned. The same seed gives the same audio.
+in: the audio file's bytes in base64; empty = the voice the model learned. A path is accepted only
+inside the folder the deployment names in $VOXPIPE_REFERENCE_DIR. The same seed gives the same
+audio. Every request is checked (serve/request.py); a refused one is an HTTP 400 whose message is
+one line naming the field.
 
 Load-time options (`model_config`): device ("auto" = cuda when available, else cpu; or "npu", ...),
-dtype of the model parameters ("float32" or "bfloat16"; the VAE stays float32) and kernels
-(`model.kernels`: "auto" = torch_npu's fused kernels on an NPU, "fused", "eager").
+dtype of the model parameters ("float32" or "bfloat16"; the VAE stays float32), kernels
+(`model.kernels`: "auto" = torch_npu's fused kernels on an NPU, "fused", "eager") and
+max_reference_seconds (default 30; $VOXPIPE_MAX_REFERENCE_SECONDS overrides it in a deployment).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
-from voxpipe.params import SynthesizeParams
+from voxpipe.serve.request import Limits, RequestError
 
-GENERATION_KEYS = ("seed", "cfg_value", "inference_timesteps", "max_len")
-# the pyfunc params' defaults are `voxpipe synthesize`'s: both say the same when nothing is given
-GENERATION_DEFAULTS = {k: SynthesizeParams.model_fields[k].default for k in GENERATION_KEYS}
+REFERENCE_DIR_ENV = "VOXPIPE_REFERENCE_DIR"
+MAX_REFERENCE_ENV = "VOXPIPE_MAX_REFERENCE_SECONDS"  # a deployment's override of model_config's
+
+
+class RefusedRequest(MlflowException):
+    """A 400 whose message stays one line: MLflow's scoring server prefixes an exception's message with
+    the whole request ("Failed to predict data '...'"), which for a 10-minute clip is megabytes of
+    base64 echoed back; this message ignores that rewrite."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+        super().__init__(reason, error_code=INVALID_PARAMETER_VALUE)  # HTTP 400
+
+    @property
+    def message(self) -> str:
+        return self._reason
+
+    @message.setter
+    def message(self, value: str) -> None:
+        pass
 
 
 class VoxpipeTTS(PythonModel):
@@ -44,6 +69,10 @@ class VoxpipeTTS(PythonModel):
         self.model = from_pretrained(
             context.artifacts["checkpoint"], device=device, dtype=dtype, kernels=config.get("kernels", "auto")
         ).eval()
+        folder = os.environ.get(REFERENCE_DIR_ENV)
+        seconds = os.environ.get(MAX_REFERENCE_ENV) or config.get("max_reference_seconds",
+                                                                   Limits.max_reference_seconds)
+        self.limits = Limits(float(seconds), Path(folder) if folder else None)
 
     # the pandas type hint makes MLflow keep the logged signature (texts + generation params)
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
@@ -54,13 +83,12 @@ class VoxpipeTTS(PythonModel):
         frame = model_input
         if not isinstance(frame, pd.DataFrame):
             frame = pd.DataFrame({"text": list(model_input)})
-        texts = [str(t) for t in (frame["text"] if "text" in frame else frame.iloc[:, 0])]
+        texts = list(frame["text"] if "text" in frame else frame.iloc[:, 0])
         references = list(frame["reference_audio"]) if "reference_audio" in frame else [None] * len(texts)
-        args = {**GENERATION_DEFAULTS, **(params or {})}
-        speech = speak(
-            self.model, texts, references, seed=int(args["seed"]), cfg_value=float(args["cfg_value"]),
-            inference_timesteps=int(args["inference_timesteps"]), max_len=int(args["max_len"]),
-        )
+        try:
+            speech = speak(self.model, texts, references, params, self.limits)
+        except RequestError as e:
+            raise RefusedRequest(str(e)) from None
         return pd.DataFrame({
             "audio": [a.numpy().astype(np.float32) for a in speech.audio],
             "sample_rate": [speech.sample_rate] * len(texts),

@@ -5,7 +5,9 @@
 A `models:/` URI is loaded through MLflow exactly as a serving endpoint loads it (the pyfunc model
 and its `predict`, with the reference as the `reference_audio` column), so what this writes is what
 the served model answers; a checkpoint folder is loaded directly and runs the same code
-(speech.py). The same seed and inputs give the same audio, bit for bit.
+(speech.py). The same seed and inputs give the same audio, bit for bit. The request is checked
+once up front by the schema the served model uses (request.py): the reference file's bytes go in
+base64, as a serving client sends them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import soundfile as sf
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
+from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 REGISTRY_SCHEMES = ("models:/", "runs:/")
@@ -39,8 +42,7 @@ class SynthesizeResult:
 
 
 def _generation(p: SynthesizeParams) -> dict[str, int | float]:
-    return {"seed": p.seed, "cfg_value": p.cfg_value, "inference_timesteps": p.inference_timesteps,
-            "max_len": p.max_len}
+    return {k: getattr(p, k) for k in GENERATION_KEYS}
 
 
 def _from_registry(params: Params, reference: str) -> tuple[np.ndarray, int, bool]:
@@ -49,7 +51,8 @@ def _from_registry(params: Params, reference: str) -> tuple[np.ndarray, int, boo
 
     p, tracking = params.synthesize, params.tracking
     with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))):
-        model = mlflow.pyfunc.load_model(p.model, model_config={"device": p.device})
+        model = mlflow.pyfunc.load_model(p.model, model_config={
+            "device": p.device, "max_reference_seconds": p.max_reference_seconds})
     frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
     out = model.predict(frame, params=_generation(p))
     return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0])
@@ -65,7 +68,7 @@ def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, 
         raise StepError(f"synthesize.model {p.model!r}: neither a models:/ URI nor a checkpoint folder "
                         "(no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
-    speech = speak(model, [p.text], [reference], **_generation(p))
+    speech = speak(model, [p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
     return speech.audio[0].numpy().astype(np.float32), speech.sample_rate, bool(speech.hit_length_limit[0])
 
 
@@ -77,7 +80,11 @@ def synthesize(params: Params) -> SynthesizeResult:
     if p.reference:
         if not Path(p.reference).is_file():
             raise StepError(f"synthesize.reference {p.reference}: no such audio file")
-        reference = str(Path(p.reference).resolve())
+        reference = encode_file(p.reference)  # its bytes, as a serving client sends them
+    try:  # refused here as the served model refuses it, before any model loads
+        parse_request([p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
+    except RequestError as e:
+        raise StepError(f"synthesize: {e}") from None
     if p.model.startswith(REGISTRY_SCHEMES):
         audio, rate, hit = _from_registry(params, reference)
     else:

@@ -18,6 +18,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.params import Params
 from voxpipe.track.plots import val_curves
+from voxpipe.track.reglock import LOCK_TAG
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 FIGURES = (
@@ -112,7 +113,8 @@ def compare(params: Params) -> CompareResult:
             )
         newest = client.search_runs([experiment.experiment_id], max_results=p.max_runs,
                                     order_by=["attributes.start_time DESC"])
-        runs = list(reversed(newest))  # oldest first, as they happened
+        # oldest first, as they happened; the register lock's run (reglock.py) is no pipeline run
+        runs = [r for r in reversed(newest) if LOCK_TAG not in r.data.tags]
         if not runs:
             raise StepError(f"MLflow experiment {tracking.experiment!r} has no runs")
         curves = {

@@ -3,8 +3,10 @@
 Reads the run's artifacts (export, train report + metrics, eval.json + samples, mfu.json, ingest
 folder), finds or creates the pipeline's MLflow run (tracking.py; with `train.track` the run the
 trainer logged into live), logs what is not logged yet (record.py), registers the export
-(registry.py) and writes `registered.json`. Rank-free: it runs once, after training (the trainer's
-live logging is over by then), so one process writes the run at a time.
+(registry.py) and writes `registered.json`. Before it writes anything, it checks that nobody but the
+pipeline's account (and MLflow admins) can edit the experiment or the registered model
+(ownership.py). Rank-free: it runs once, after training (the trainer's live logging is over by
+then), so one process writes the run at a time.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.note import NOTE_TAG, run_note
+from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params
-from voxpipe.track.registry import register_export
+from voxpipe.track.registry import Place, ensure_registered_model, register_export
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
@@ -69,9 +72,12 @@ def register(params: Params) -> RegisterResult:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
         experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
+        ensure_registered_model(client, p.model_name)
+        check_owned(uri, experiment, tracking.experiment, p.model_name)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
-        reg = register_export(client, p.model_name, ref.run_id, art, extra)
+        place = Place(uri, experiment, p.lock_timeout_s)
+        reg = register_export(client, place, p.model_name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         client.set_terminated(ref.run_id, "FINISHED")
     registered = {

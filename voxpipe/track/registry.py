@@ -8,24 +8,18 @@ val set it was scored on (same `voxpipe.val_digest`); otherwise the candidate is
 reason. Every criterion, its numbers and its verdict are tags on the version.
 
 Races: the upload (seconds) happens first, outside any lock; then reading the champion, deciding
-and moving the aliases happen under a registry-wide lock (`registry_lock`: the atomic creation of
-a marker registered model, which every MLflow store serialises), and the champion is re-read right
-before the alias moves (compare-and-set). What `register` reports is read back from the registry.
-A version is identified by (run id, export md5): registering the same export from the same run
+and moving the aliases happen under a registry-wide lock (reglock.py: a write-once param of a run in
+the pipeline-owned experiment, which only the pipeline's account may write), and the champion is
+re-read right before the alias moves (compare-and-set). What `register` reports is read back from
+the registry. A version is identified by (run id, export md5): registering the same export from the same run
 again returns the existing version and leaves aliases alone.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import random
 import re
-import socket
-import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import requires, version
 from importlib.util import find_spec
@@ -37,6 +31,7 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
 from voxpipe.params import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
+from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
 
 if TYPE_CHECKING:
@@ -51,8 +46,6 @@ VAL_TAG = "voxpipe.val_digest"
 EXPORT_TAG = "voxpipe.export_md5"
 RULE_TAG = "voxpipe.rule."
 MAX_TAG = 5000  # MLflow's limit on a tag value
-LOCK_SUFFIX = ".register-lock"
-LOCK_LEASE_S = 120.0  # a lock unchanged for this long is a crashed register's: broken
 CAS_TRIES = 3
 # the pyfunc model's file, which MLflow runs (models from code); found, not imported: serve sits above track
 SERVING_MODULE = "voxpipe.serve.pyfunc"
@@ -126,13 +119,13 @@ def pinned_requirements() -> list[str]:
 
 
 def signature() -> ModelSignature:
-    """Input: "text" and an optional "reference_audio" (path or base64 clip of the voice to clone).
-    Params: seed, cfg_value, inference_timesteps, max_len.
+    """Input: "text" and an optional "reference_audio" (base64 clip of the voice to clone).
+    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields).
     Output: per text the 48 kHz float32 waveform, its sample rate and whether it hit max_len."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
-    d = SynthesizeParams()  # the pyfunc params' defaults are `voxpipe synthesize`'s
+    d = {k: getattr(SynthesizeParams(), k) for k in ("seed", "cfg_value", "inference_timesteps", "max_len")}
 
     return ModelSignature(
         inputs=Schema([ColSpec(DataType.string, "text"),
@@ -143,10 +136,10 @@ def signature() -> ModelSignature:
             ColSpec(DataType.boolean, "hit_length_limit"),
         ]),
         params=ParamSchema([
-            ParamSpec("seed", DataType.long, d.seed),
-            ParamSpec("cfg_value", DataType.double, d.cfg_value),
-            ParamSpec("inference_timesteps", DataType.long, d.inference_timesteps),
-            ParamSpec("max_len", DataType.long, d.max_len),
+            # all double: MLflow's own type check answers a JSON 1e6 for a long with a multi-line error that
+            # echoes the request; as doubles every value reaches the one request schema (serve/request.py),
+            # which takes integral values as integers and refuses the rest in one line
+            *(ParamSpec(k, DataType.double, float(v)) for k, v in d.items()),
         ]),
     )
 
@@ -214,53 +207,8 @@ def decide(client: MlflowClient, name: str, art: PipelineArtifacts) -> tuple[Dec
     return Decision.from_verdict(verdict, candidate.loss), champion.version if champion else None
 
 
-@contextmanager
-def registry_lock(client: MlflowClient, name: str, lease_s: float = LOCK_LEASE_S) -> Iterator[None]:
-    """Serialise `register`s on one store: the holder is who created the marker model `<name>.register-lock`.
-
-    Creating a registered model is atomic in every MLflow store (a unique name), so exactly one
-    creator wins. A marker that stays the same for `lease_s` seconds of waiting belongs to a register
-    that died inside its (sub-second) critical section: it is deleted and the race starts again.
-    """
-    from mlflow.exceptions import MlflowException
-
-    lock = f"{name}{LOCK_SUFFIX}"
-    holder = f"{socket.gethostname()} pid {os.getpid()}"
-    seen, since = None, time.monotonic()
-    while True:
-        try:
-            client.create_registered_model(lock, description=f"held by voxpipe register on {holder}")
-            break
-        except MlflowException as e:
-            # taken; or taken and released while the store looked it up (sqlite: not found)
-            if e.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
-                raise
-        try:
-            stamp = client.get_registered_model(lock).creation_timestamp
-        except MlflowException:
-            continue  # released between our two calls
-        if stamp != seen:
-            seen, since = stamp, time.monotonic()
-        elif time.monotonic() - since > lease_s:
-            _delete_quietly(client, lock)
-            continue
-        time.sleep(0.1 + 0.2 * random.random())
-    try:
-        yield
-    finally:
-        _delete_quietly(client, lock)
-
-
-def _delete_quietly(client: MlflowClient, lock: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.delete_registered_model(lock)
-    except MlflowException:
-        pass  # already gone (broken as stale by another register)
-
-
-def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+def ensure_registered_model(client: MlflowClient, name: str) -> None:
+    """Created by the pipeline's account when missing (a concurrent register creating it first is fine)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -292,12 +240,22 @@ def _check_eval(art: PipelineArtifacts) -> None:
                         "register.model empty to register the one evaluate chose, or evaluate this one")
 
 
-def promote(client: MlflowClient, name: str, version: str, art: PipelineArtifacts) -> Decision:
+@dataclass(frozen=True)
+class Place:
+    """Where register writes: the store's URI (for messages), the pipeline-owned experiment (the lock's
+    home) and how long to wait for the lock."""
+
+    uri: str
+    experiment_id: str
+    lock_timeout_s: float
+
+
+def promote(client: MlflowClient, place: Place, name: str, version: str, art: PipelineArtifacts) -> Decision:
     """Under the registry lock: decide against the current champion, tag the version, move the aliases.
 
     Compare-and-set: the champion is read again right before `@champion` moves; if it changed (someone
     outside voxpipe moved it), the decision is made again, at most CAS_TRIES times, then refused."""
-    with registry_lock(client, name):
+    with register_lock(client, place.uri, place.experiment_id, name, place.lock_timeout_s):
         for _ in range(CAS_TRIES):
             decision, read = decide(client, name, art)
             now = _alias_version(client, name, CHAMPION)
@@ -317,7 +275,8 @@ def promote(client: MlflowClient, name: str, version: str, art: PipelineArtifact
 
 
 def register_export(
-    client: MlflowClient, name: str, run_id: str, art: PipelineArtifacts, extra_tags: dict[str, str]
+    client: MlflowClient, place: Place, name: str, run_id: str, art: PipelineArtifacts,
+    extra_tags: dict[str, str],
 ) -> Registration:
     _check_eval(art)
     existing = find_version(client, name, run_id, art.export_md5)
@@ -326,9 +285,8 @@ def register_export(
         return Registration(name, current.version, False, Decision.from_tags(current.tags), current.source,
                             sorted(current.aliases))
     model_uri, model_id = log_model(run_id, art)
-    _ensure_registered_model(client, name)
     tags = {EXPORT_TAG: art.export_md5, **extra_tags}
     mv = client.create_model_version(name, model_uri, run_id=run_id, tags=tags, model_id=model_id)
-    decision = promote(client, name, mv.version, art)
+    decision = promote(client, place, name, mv.version, art)
     current = client.get_model_version(name, mv.version)  # what the registry holds now, not what we meant
     return Registration(name, current.version, True, decision, current.source, sorted(current.aliases))

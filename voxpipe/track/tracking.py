@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from voxpipe.errors import StepError
 from voxpipe.report import write_json
-from voxpipe.secrets import REDACTED, is_secret_name, scrub, secret_values
+from voxpipe.secrets import REDACTED, is_secret_name, scrub, secret_values, uri_passwords
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -83,9 +83,9 @@ def _as_text(value: Any) -> str:
 # -- where runs go --------------------------------------------------------------------------------
 def resolve_tracking_uri(param: str | None, work: Path) -> str:
     if param:
-        if urlsplit(param).password is not None:
+        if uri_passwords(param):
             raise StepError(
-                f"tracking_uri {redact_uri(param)!r} carries a password: put credentials in "
+                f"tracking_uri {redact_uri(param)!r} carries a password or a token: put credentials in "
                 "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
             )
         return param

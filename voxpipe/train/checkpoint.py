@@ -13,8 +13,9 @@ The checkpoint folder must be on storage every rank sees (the shared workspace v
 Resume trusts nothing it has not verified: DCP's reader unpickles `.metadata`, so rank 0 checks the
 manifest's signature and every file's size and hash before any rank opens a file. A checkpoint that
 fails is renamed `step-N.rejected-<reason>` (kept for inspection, never deleted) and the next older
-one is tried. The signing key is env VOXPIPE_CHECKPOINT_KEY, else `checkpoints/.voxpipe-key` (0600),
-which lives and persists with the checkpoints it signs.
+one is tried. The signing key is env VOXPIPE_CHECKPOINT_KEY (a Kubernetes Secret on a cluster:
+launch-train refuses a Job without it), else the user's own key file outside every output folder
+(voxpipe/integrity.py), so write access to the checkpoints is not enough to forge a signature.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from voxpipe.integrity import (
     listed_files,
     read_manifest,
     signing_key,
+    user_key_path,
     verify_manifest,
     write_manifest,
 )
@@ -108,7 +110,7 @@ def newest_verified(root: Path) -> Path | None:
         raise StepError(
             f"{root}: no checkpoint's manifest verifies with this signing key ({len(candidates)} tried, "
             f"newest {candidates[0][1].name}). Run with the key that wrote them ({KEY_ENV}, or the "
-            f"{root}/.voxpipe-key file), or start fresh with --no-resume (they are then moved aside)"
+            f"key file {user_key_path()}), or start fresh with --no-resume (they are then moved aside)"
         )
     for step, folder in candidates:
         try:
@@ -194,18 +196,26 @@ def save_checkpoint(
     rt: Runtime,
     keep: int,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final folder; prunes all but the newest `keep`."""
+    """Collective: every rank calls it. Returns the final folder; prunes all but the newest `keep`.
+
+    A full or read-only disk stops the run with one paragraph naming the folder; the partial folder is
+    removed and every complete checkpoint kept, so a rerun resumes from the newest one."""
     tmp = root / f".tmp-step-{step}"
     final = root / f"step-{step}"
-    if rt.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    rt.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-    write_json(tmp / f"rank-{rt.rank}.json", {"rng": rng_state(rt.device), "sampler": sampler})
-    if rt.is_main:
-        write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
+    try:
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        rt.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+        write_json(tmp / f"rank-{rt.rank}.json", {"rng": rng_state(rt.device), "sampler": sampler})
+        if rt.is_main:
+            write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
+    except Exception as e:
+        if (failed := _save_failed(e, root, step, tmp)) is e:
+            raise
+        raise failed from e
     rt.barrier()
     # every rank hashes its share of the files; rank 0 signs the whole list
     names = listed_files(tmp)
@@ -213,7 +223,10 @@ def save_checkpoint(
     dist.all_gather_object(shares, hash_files(tmp, names[rt.rank :: rt.world_size]))
     if rt.is_main:
         files = {name: entry for share in shares for name, entry in share.items()}
-        write_manifest(tmp, signing_key(root), files, extra={"step": step})
+        try:
+            write_manifest(tmp, signing_key(root), files, extra={"step": step})
+        except OSError as e:
+            raise _save_failed(e, root, step, tmp) from e  # an OSError: always the paragraph
         if final.exists():  # a leftover that never verified (no manifest): kept, out of the way
             set_aside(final, "replaced")
         tmp.rename(final)
@@ -223,6 +236,34 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     rt.barrier()
     return final
+
+
+def _save_failed(e: Exception, root: Path, step: int, tmp: Path) -> Exception:
+    """A disk error while saving as one paragraph (the partial folder removed); anything else as it was."""
+    error = _os_error(e)
+    if error is None:
+        return e
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = [f.name for _, f in complete_checkpoints(root)]
+    return StepError(
+        f"writing checkpoint step-{step} into {root} failed ({error.strerror or error}). The partial "
+        f"folder was removed; the complete checkpoints are kept ({', '.join(kept) or 'none yet'}). Free "
+        "space on that volume (or make it writable, or lower train.keep_checkpoints) and rerun train: it "
+        "resumes from the newest complete checkpoint")
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind a failed save: raised directly, or collected by DCP from some rank."""
+    if isinstance(e, OSError):
+        return e
+    failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(inner, OSError):
+                return inner
+    cause = e.__cause__ or e.__context__
+    return _os_error(cause) if cause is not None and cause is not e else None
 
 
 def load_checkpoint(

@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 from voxpipe.data.batching import EvalBatches, TokenBudgetSampler
 from voxpipe.data.dataset import EncodedDataset, collate
+from voxpipe.data.shards import check_referenced, referenced_shards
+from voxpipe.data.world import World
 from voxpipe.errors import StepError
 from voxpipe.files import read_json_object
 from voxpipe.model.config import VoxCPM2Config
@@ -97,6 +99,9 @@ class TrainData:
             else None
         )
         self._val_cache: list[ValBatch] | None = None
+        # before any tensor is read: every referenced shard as the encode index recorded it
+        rows = train.rows + (self.val.rows if self.val is not None else [])
+        check_referenced(root, referenced_shards(rows), World(rt.rank, rt.world_size))
 
     @property
     def rows_too_long(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -231,6 +232,9 @@ def _row_problem(row: Row, hashes: Hashes, problems: dict[str, str]) -> tuple[st
 
 
 
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
 def encode(params: Params) -> EncodeResult:
     """`encode`, reading the base checkpoint from model.base (train's base: latents must match it).
 
@@ -241,7 +245,16 @@ def encode(params: Params) -> EncodeResult:
     out = Path(p.out)
     out.mkdir(parents=True, exist_ok=True)
     with joined_world() as world:
-        return _encode(world, p, params.model.base, files, out)
+        try:
+            return _encode(world, p, params.model.base, files, out)
+        except OSError as e:  # disk full, read-only, quota: what is registered stays, temp files go next run
+            if e.errno not in DISK_ERRORS:
+                raise
+            raise StepError(
+                f"writing into {out} failed ({e.strerror or e}{f': {e.filename}' if e.filename else ''}). "
+                "Shards already registered in index.jsonl are kept and reused; a half-written one is "
+                "removed on the next run. Free space (or make the folder writable) and rerun encode: it "
+                "encodes only what is missing") from e
 
 
 def _encode(world: World, p: EncodeParams, base: str, files: list[Path], out: Path) -> EncodeResult:

@@ -1,0 +1,159 @@
+"""Issue 22: one validated request schema for `voxpipe synthesize` and the served pyfunc model.
+
+The fast test feeds the schema itself every hostile value of the issue; the slow one sends them to a
+real `mlflow models serve` process (`--env-manager local`) on 127.0.0.1 serving a registered tiny
+model, and checks each gets an HTTP 4xx whose message is one line naming the field, while a good
+request still gets audio.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from servers import free_port, serving
+from test_track import write_eval, write_mfu, write_training
+
+from voxpipe.cli import main
+from voxpipe.params import ModelParams, Params
+from voxpipe.serve.request import MAX_TEXT_CHARS, Limits, RequestError, generation, parse_request
+from voxpipe.track.register import register
+from voxpipe.train.init_model import init_model
+
+
+def clip_b64(seconds: float, sr: int = 16000, value: float | None = None, channels: int = 1,
+             subtype: str = "PCM_16") -> str:
+    n = int(seconds * sr)
+    wav = 0.1 * np.sin(np.arange(n) * 2 * np.pi * 220 / sr).astype(np.float32)
+    if value is not None:
+        wav[n // 2] = value
+    buf = io.BytesIO()
+    sf.write(buf, np.stack([wav] * channels, axis=1), sr, format="WAV", subtype=subtype)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+HOSTILE = {  # what: (rows, params, the one-line reason expected)
+    "NaN cfg": ([{"text": "hi"}], {"cfg_value": float("nan")}, r"params.cfg_value=nan: .*finite"),
+    "inf cfg": ([{"text": "hi"}], {"cfg_value": float("inf")}, r"params.cfg_value=inf: .*finite"),
+    "max_len=-5": ([{"text": "hi"}], {"max_len": -5}, r"params.max_len=-5: .*greater than or equal to 1"),
+    "timesteps=0": ([{"text": "hi"}], {"inference_timesteps": 0}, r"params.inference_timesteps=0: .*greater"),
+    "timesteps=1e6": ([{"text": "hi"}], {"inference_timesteps": 1e6}, r"inference_timesteps=1000000.*less"),
+    "NaN reference": ([{"text": "hi", "reference_audio": clip_b64(1, value=float("nan"), subtype="FLOAT")}],
+                      {}, r"reference_audio of row 0: the reference clip holds NaN"),
+    "10-minute reference": ([{"text": "hi", "reference_audio": clip_b64(600, sr=8000)}], {},
+                            r"reference_audio of row 0: 600.0 s long; at most 30 s"),
+    "/etc/passwd": ([{"text": "hi", "reference_audio": "/etc/passwd"}], {},
+                    r"reference_audio of row 0: not base64 audio; .*names none\)"),
+    "huge text": ([{"text": "a" * 1_000_000}], {},
+                  rf"text of row 0: 1000000 characters; at most {MAX_TEXT_CHARS}"),
+}
+
+
+def test_the_schema_refuses_each_hostile_value_in_one_line():
+    for what, (rows, params, reason) in HOSTILE.items():
+        with pytest.raises(RequestError, match=reason) as refused:
+            parse_request([r["text"] for r in rows], [r.get("reference_audio") for r in rows], params,
+                          Limits())
+        assert "\n" not in str(refused.value), what
+    # what passes: defaults filled in, JSON's integral floats taken as integers, stereo 48 kHz downmixed and
+    # resampled to 16 kHz mono
+    stereo = clip_b64(2, sr=48000, channels=2)
+    ok = parse_request(["hi"], [stereo], {"max_len": 8.0, "cfg_value": 3}, Limits())
+    assert ok.generation == {"seed": 0, "cfg_value": 3.0, "inference_timesteps": 10, "max_len": 8}
+    assert ok.references[0].ndim == 1 and ok.references[0].size == 32000
+    assert generation(None)["cfg_value"] == 2.0
+    with pytest.raises(RequestError, match=r"params \['temperature'\]: unknown"):
+        generation({"temperature": 1.0})
+    # the clip limit is configurable; a path only inside a folder the deployment names
+    with pytest.raises(RequestError, match="2.0 s long; at most 1 s"):
+        parse_request(["hi"], [clip_b64(2)], {}, Limits(max_reference_seconds=1))
+
+
+def test_paths_only_inside_the_deployments_folder(tmp_path):
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    (folder / "me.wav").write_bytes(base64.b64decode(clip_b64(1)))
+    (tmp_path / "secret.wav").write_bytes(base64.b64decode(clip_b64(1)))
+    (folder / "link.wav").symlink_to(tmp_path / "secret.wav")
+    limits = Limits(reference_dir=folder)
+    assert parse_request(["hi"], ["me.wav"], {}, limits).references[0].size == 16000
+    for escape in ("../secret.wav", str(tmp_path / "secret.wav"), "link.wav"):
+        with pytest.raises(RequestError, match="this one is outside it"):
+            parse_request(["hi"], [escape], {}, limits)
+    with pytest.raises(RequestError, match="names none"):  # no folder named: no path, existing or not
+        parse_request(["hi"], [str(folder / "me.wav")], {}, Limits())
+
+
+def test_the_cli_refuses_what_the_served_model_refuses(tmp_path, capsys):
+    long = tmp_path / "long.wav"
+    long.write_bytes(base64.b64decode(clip_b64(40)))
+    base = ["synthesize", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "x.wav")]
+    assert main([*base, "--text", "hi", "--reference", str(long)]) == 1
+    assert "reference_audio of row 0: 40.0 s long; at most 30 s" in capsys.readouterr().err
+    assert main([*base, "--text", "hi", "--reference", str(long), "--max-reference-seconds", "60"]) == 1
+    assert "neither a models:/ URI nor a checkpoint folder" in capsys.readouterr().err  # got past the check
+    assert main([*base, "--text", "hi", "--set", "synthesize.cfg_value=.nan"]) == 1
+    assert "cfg_value" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A registered tiny model served by `mlflow models serve --env-manager local` on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("served")
+    init_model(ModelParams(preset="tiny", out=str(root / "export")))
+    files = {"model": str(root / "export"), "ingest": None, "out": str(root / "register"),
+             "train": str(write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])),
+             "eval": str(write_eval(root / "eval", 1.9, 2.0)), "mfu": str(write_mfu(root / "mfu", 0.01))}
+    (root / "work").mkdir()
+    uri = f"sqlite:///{root / 'work' / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its uvicorn
+    with pytest.MonkeyPatch.context() as mp:
+        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
+            mp.delenv(k)
+        reg = register(Params.model_validate({
+            "register": {**files, "model_name": "voxpipe-served"},
+            "tracking": {"uri": uri, "work": str(root / "work")}, "launch": {"secret_env": {}}})).registered
+    port = free_port()
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    args = [mlflow, "models", "serve", "-m", reg["model_uri"], "--env-manager", "local", "-h", "127.0.0.1",
+            "-p", str(port), "-w", "1"]
+    env["MLFLOW_TRACKING_URI"] = uri
+    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", env, cwd=root):
+        yield f"http://127.0.0.1:{port}"
+
+
+def invoke(url: str, rows: list[dict], params: dict) -> tuple[int, dict]:
+    body = json.dumps({"dataframe_records": rows, "params": params}).encode()  # NaN/Infinity as Python writes
+    request = urllib.request.Request(f"{url}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.slow
+def test_a_served_model_answers_hostile_requests_with_a_4xx_and_one_line(served):
+    status, out = invoke(served, [{"text": "hello there", "reference_audio": clip_b64(1)}],
+                         {"max_len": 4, "inference_timesteps": 2})
+    assert status == 200, out
+    (row,) = out["predictions"]
+    assert row["sample_rate"] == 48000 and len(row["audio"]) > 0 and np.isfinite(row["audio"]).all()
+    for what, (rows, params, reason) in HOSTILE.items():
+        status, answer = invoke(served, rows, params)
+        assert 400 <= status < 500, (what, status, answer)
+        message = answer["message"]
+        assert "\n" not in message and len(message) < 400, (what, message[:500])
+        assert re.search(reason, message), (what, message)

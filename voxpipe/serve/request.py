@@ -1,0 +1,166 @@
+"""One validated request for `voxpipe synthesize` and the served pyfunc model: texts, reference clips,
+generation params. Both go through `parse_request`, so the CLI and a serving client are refused the
+same things with the same one-line reasons.
+
+The bounds are the `synthesize` section's fields (voxpipe/params.py: one place, one description):
+finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches, text at most
+2000 characters, at most MAX_ROWS texts per request. A reference clip is decoded to 16 kHz mono,
+must be finite and at most `max_reference_seconds` long (read from the file's header before anything
+is decoded, so a 10-minute clip costs nothing).
+
+Over serving, `reference_audio` is the clip's bytes in base64. A path is taken only when the
+deployment names a folder (`reference_dir`, $VOXPIPE_REFERENCE_DIR) and it resolves inside it; a path
+outside, or any path without a folder, gets the same answer whether or not the file exists (no
+existence oracle). The local CLI reads the user's file itself and sends its bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError, create_model
+
+from voxpipe.data.audio import AudioDecodeError, decode
+from voxpipe.errors import StepError
+from voxpipe.params import Section, SynthesizeParams
+
+SAMPLE_RATE = 16000  # what VoxCPM2's AudioVAE encodes
+GENERATION_KEYS = ("seed", "cfg_value", "inference_timesteps", "max_len")
+MAX_ROWS = 64
+MAX_TEXT_CHARS = next(m.max_length for m in SynthesizeParams.model_fields["text"].metadata
+                      if hasattr(m, "max_length"))
+# base64 of the largest plausible 30 s clip (48 kHz stereo float32) and then some: refused before decoding
+MAX_REFERENCE_BYTES_PER_SECOND = 48000 * 2 * 4
+_DATA_URL = "base64,"
+
+# the generation params, with the synthesize section's own fields (bounds, defaults) and its strictness
+_FIELDS = SynthesizeParams.model_fields
+Generation = create_model("Generation", __base__=Section,
+                          **{k: (_FIELDS[k].annotation, _FIELDS[k]) for k in GENERATION_KEYS})
+GENERATION_DEFAULTS = {k: SynthesizeParams.model_fields[k].default for k in GENERATION_KEYS}
+
+
+class RequestError(StepError):
+    """A refused request: one line, naming the field."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_reference_seconds: float = SynthesizeParams.model_fields["max_reference_seconds"].default
+    reference_dir: Path | None = None  # a folder whose files a request may name by path; None: none
+
+
+@dataclass(frozen=True)
+class Request:
+    texts: list[str]
+    references: list[np.ndarray | None]  # 16 kHz mono float32 per row
+    generation: dict[str, Any]
+
+
+def generation(params: dict[str, Any] | None) -> dict[str, Any]:
+    """The generation params with defaults, checked; integral floats (JSON's 1e3) count as integers."""
+    given = dict(params or {})
+    unknown = sorted(set(given) - set(GENERATION_KEYS))
+    if unknown:
+        raise RequestError(f"params {unknown}: unknown; known: {', '.join(GENERATION_KEYS)}")
+    for key in ("seed", "inference_timesteps", "max_len"):
+        value = given.get(key)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            given[key] = int(value)
+    if isinstance(given.get("cfg_value"), int) and not isinstance(given.get("cfg_value"), bool):
+        given["cfg_value"] = float(given["cfg_value"])
+    try:
+        return Generation(**{**GENERATION_DEFAULTS, **given}).model_dump()
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = err["loc"][0] if err["loc"] else "params"
+        raise RequestError(f"params.{key}={given.get(key)!r}: {err['msg']}") from None
+
+
+def check_text(text: Any, where: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError(f"{where}: empty; say something")
+    if len(text) > MAX_TEXT_CHARS:
+        raise RequestError(f"{where}: {len(text)} characters; at most {MAX_TEXT_CHARS} per text (split it)")
+    return text
+
+
+def reference_waveform(value: str, where: str, limits: Limits) -> np.ndarray:
+    """16 kHz mono float32 of base64 audio (or of a file inside `limits.reference_dir`)."""
+    text = value.strip()
+    cap = int(limits.max_reference_seconds * MAX_REFERENCE_BYTES_PER_SECOND * 4 / 3) + (1 << 20)
+    if len(text) > cap:
+        raise RequestError(f"{where}: {len(text)} base64 characters, more than a "
+                           f"{limits.max_reference_seconds:g} s clip can take; send a shorter clip")
+    try:
+        source: bytes | Path = base64.b64decode(text.partition(_DATA_URL)[2] or text, validate=True)
+    except (binascii.Error, ValueError):
+        source = _confined_path(text, where, limits)
+    _check_length(source, where, limits)
+    try:
+        wav = decode(source, SAMPLE_RATE)
+    except AudioDecodeError as e:
+        raise RequestError(f"{where}: not decodable audio ({e}); send a WAV/FLAC clip's bytes in "
+                           "base64") from e
+    if wav.size == 0:
+        raise RequestError(f"{where}: the reference clip is empty")
+    if not np.isfinite(wav).all():
+        raise RequestError(f"{where}: the reference clip holds NaN or infinite samples")
+    if wav.size > limits.max_reference_seconds * SAMPLE_RATE:  # a format whose header had no length
+        raise RequestError(f"{where}: {wav.size / SAMPLE_RATE:.1f} s long; at most "
+                           f"{limits.max_reference_seconds:g} s (a few seconds of the voice is enough)")
+    return wav
+
+
+def _confined_path(text: str, where: str, limits: Limits) -> Path:
+    refused = (f"{where}: not base64 audio; send the clip's bytes in base64 (a path is accepted only "
+               "inside the folder this deployment names in VOXPIPE_REFERENCE_DIR")
+    if limits.reference_dir is None or len(text) > 4096 or "\x00" in text:
+        raise RequestError(refused + ", and it names none)")
+    root = limits.reference_dir.resolve()
+    path = (root / text).resolve()
+    if not path.is_relative_to(root):
+        raise RequestError(refused + ": this one is outside it)")
+    if not path.is_file():
+        raise RequestError(f"{where}: no file {text!r} in the reference folder")
+    return path
+
+
+def _check_length(source: bytes | Path, where: str, limits: Limits) -> None:
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(source) if isinstance(source, bytes) else source)
+    except (sf.LibsndfileError, RuntimeError, TypeError):
+        return  # decode() names the problem
+    if info.samplerate > 0 and info.frames > limits.max_reference_seconds * info.samplerate:
+        raise RequestError(f"{where}: {info.frames / info.samplerate:.1f} s long; at most "
+                           f"{limits.max_reference_seconds:g} s (a few seconds of the voice is enough)")
+
+
+def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any] | None,
+                  limits: Limits) -> Request:
+    if not texts:
+        raise RequestError("no text: send at least one row")
+    if len(texts) > MAX_ROWS:
+        raise RequestError(f"{len(texts)} texts in one request; at most {MAX_ROWS}")
+    checked = [check_text(t, f"text of row {i}") for i, t in enumerate(texts)]
+    gen = generation(params)
+    refs = [reference_waveform(r, f"reference_audio of row {i}", limits) if isinstance(r, str) and r.strip()
+            else None for i, r in enumerate(references)]
+    return Request(checked, refs, gen)
+
+
+def encode_file(path: str | Path) -> str:
+    """A local audio file as the base64 a request carries (what the CLI sends for --reference)."""
+    try:
+        return base64.b64encode(Path(path).read_bytes()).decode()
+    except OSError as e:
+        raise StepError(f"synthesize.reference {path}: {e.strerror or e}") from e

@@ -1,0 +1,114 @@
+"""The registry-wide `register` lock, on an object only the pipeline's account may write.
+
+The lock is a run in the pipeline-owned experiment (tag `voxpipe.register_lock` = the model's name),
+and its state is in the run's params, which MLflow makes write-once: logging `lock.N` with a value
+different from the one already there fails in every store (a unique key per run). So `lock.N = token`
+is an atomic compare-and-set: whoever logs epoch N first holds the lock, and `free.N` releases it.
+Writing a param takes EDIT on the experiment, which `ownership.check_owned` has just verified no one
+but the pipeline (and admins) holds: a READ user can neither take the lock nor keep it held. (The
+old marker, a registered model `<name>.register-lock`, was something any user may create.)
+
+A lock held unchanged for `lease_s` of waiting belongs to a register that died inside its
+(sub-second) critical section: it is broken (`free.N = broken by ...`) with a warning. Every wait is
+bounded by `timeout_s` and logged; a 403 is an error, never swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from voxpipe.errors import StepError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+log = logging.getLogger(__name__)
+
+LOCK_TAG = "voxpipe.register_lock"
+LEASE_S = 120.0
+_EPOCH = re.compile(r"^lock\.(\d+)$")
+
+
+def lock_run(client: MlflowClient, experiment_id: str, model: str) -> str:
+    """The lock run of `model` in the experiment, created if missing. With two (two first registers at
+    once), the oldest is the lock, so every register agrees once both exist."""
+    found = _lock_runs(client, experiment_id, model)
+    if not found:
+        run = client.create_run(experiment_id, run_name=f"register lock: {model}", tags={LOCK_TAG: model})
+        client.set_terminated(run.info.run_id, "FINISHED")  # not a training run: no "running" in the UI
+        found = _lock_runs(client, experiment_id, model)
+    return found[0]
+
+
+def _lock_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{model}'",
+                              order_by=["attributes.start_time ASC"], max_results=10)
+    return [r.info.run_id for r in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))]
+
+
+def _epoch(params: dict[str, str]) -> int:
+    """The newest epoch taken (-1: never)."""
+    return max((int(m.group(1)) for k in params if (m := _EPOCH.match(k))), default=-1)
+
+
+def _log_once(client: MlflowClient, run_id: str, key: str, value: str, uri: str, what: str) -> bool:
+    """Log a write-once param; False when another value got there first."""
+    from mlflow.exceptions import MlflowException
+
+    from voxpipe.track.ownership import forbidden
+
+    try:
+        client.log_param(run_id, key, value)
+    except MlflowException as e:
+        if e.error_code == "PERMISSION_DENIED":
+            raise forbidden(e, what, uri) from e
+        if e.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+    return client.get_run(run_id).data.params.get(key) == value
+
+
+@contextmanager
+def register_lock(client: MlflowClient, uri: str, experiment_id: str, model: str, timeout_s: float,
+                  lease_s: float = LEASE_S) -> Iterator[None]:
+    run_id = lock_run(client, experiment_id, model)
+    token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+    start = time.monotonic()
+    seen, since = None, start
+    while True:
+        params = client.get_run(run_id).data.params
+        n = _epoch(params)
+        if n < 0 or f"free.{n}" in params:
+            if _log_once(client, run_id, f"lock.{n + 1}", token, uri, f"take the register lock of {model!r}"):
+                held = n + 1
+                break
+            continue
+        now = time.monotonic()
+        if n != seen:
+            seen, since = n, now
+            log.info("register: waiting for the register lock of %r, held by %s (run %s, up to %.0f s)",
+                     model, params[f"lock.{n}"], run_id, timeout_s)
+        elif now - since > lease_s:
+            log.warning("register: breaking the register lock of %r held by %s: unchanged for %.0f s (a "
+                        "register that died while holding it)", model, params[f"lock.{n}"], lease_s)
+            _log_once(client, run_id, f"free.{n}", f"broken by {token}", uri, f"break the lock of {model!r}")
+            continue
+        if now - start > timeout_s:
+            raise StepError(f"register: the register lock of {model!r} (MLflow run {run_id}, param lock.{n}) "
+                            f"is held by {params[f'lock.{n}']} and did not come free in {timeout_s:.0f} s "
+                            "(register.lock_timeout_s); rerun register when that register has finished")
+        time.sleep(0.1 + 0.3 * random.random())
+    try:
+        yield
+    finally:
+        if not _log_once(client, run_id, f"free.{held}", token, uri, f"release the lock of {model!r}"):
+            log.warning("register: the register lock of %r was broken while this register held it (it took "
+                        "over %.0f s)", model, lease_s)
