@@ -22,7 +22,8 @@ def wav(path: Path, freq: float, seconds: float = 1.0, sr: int = 22050) -> Path:
 
 
 def ingest_cli(tmp_path: Path, *args: str) -> int:
-    (tmp_path / "none.yaml").write_text("{}\n")
+    # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
+    (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")
     return cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "out"),
                      "--workers", "1", "--max-bad-fraction", "1", *args])
 

@@ -49,7 +49,8 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def _single(dataset: Path, out: Path) -> Path:
-    ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0))
+    ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0,
+                        score_quality=False))
     return out
 
 
@@ -61,7 +62,8 @@ def single(dataset, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("shards", [2, 3])
 def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path, capsys, shards):
     out = tmp_path / "out"
-    (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n")
+    (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n"
+                                         "  score_quality: false\n")
     # as `dvc repro` runs it: `voxpipe ingest`, the shard count from params.yaml
     assert cli.main(["ingest", "--params", str(tmp_path / "params.yaml"), "--input", str(dataset), "--out",
                      str(out), "--workers", "1"]) == 0
@@ -116,7 +118,8 @@ def test_merge_refuses_missing_foreign_or_stale_shards(dataset, tmp_path):
     dataset = Path(shutil.copytree(dataset, tmp_path / "data"))
 
     def params(**kw) -> IngestParams:
-        return IngestParams(input=[str(dataset)], workers=1, max_bad_fraction=1.0, **kw)
+        return IngestParams(input=[str(dataset)], workers=1, max_bad_fraction=1.0, score_quality=False,
+                            **kw)
 
     first = plan(params(shards=2, out=str(tmp_path / "p1")))
     other = plan(params(shards=3, out=str(tmp_path / "p2")))
@@ -149,10 +152,11 @@ def test_too_many_bad_rows_is_judged_over_all_shards(tmp_path):
     pq.write_table(pa.Table.from_pylist(good, schema=schema), tmp_path / "a.parquet", row_group_size=2)
     pq.write_table(pa.Table.from_pylist(bad, schema=schema), tmp_path / "b.parquet", row_group_size=2)
     # shard 2 is all bad rows; the data set as a whole is within max_bad_fraction=0.5
-    ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2))
+    ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
+                        score_quality=False))
     with pytest.raises(StepError, match="4 of 8 rows quarantined"):
         ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
-                            max_bad_fraction=0.4))
+                            max_bad_fraction=0.4, score_quality=False))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["rows_in"] == 8 and "4 of 8 rows quarantined" in report["error"]
 
@@ -170,6 +174,6 @@ def test_a_manifest_is_cut_in_row_blocks_of_equal_audio_volume(tmp_path):
     assert 0.5 < shards[0]["audio_bytes"] / shards[1]["audio_bytes"] < 2
     single = _single(data, tmp_path / "single")
     ingest(IngestParams(input=[str(data)], out=str(tmp_path / "out"), workers=1, max_bad_fraction=1.0,
-                        shards=2))
+                        shards=2, score_quality=False))
     for name in OUTPUTS:
         assert (tmp_path / "out" / name).read_bytes() == (single / name).read_bytes(), name
