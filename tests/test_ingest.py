@@ -283,7 +283,8 @@ def _cli(tmp_path: Path, *args: str) -> int:
 
 @pytest.fixture
 def no_params_file(tmp_path):
-    (tmp_path / "none.yaml").write_text("{}\n")
+    # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
+    (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")
 
 
 @pytest.mark.usefixtures("no_params_file")
@@ -318,7 +319,8 @@ def test_cli_too_many_bad_rows_fails_but_writes_the_reports(tmp_path):
     f = write_parquet(tmp_path / "d.parquet", rows)
     voxpipe = Path(sys.executable).with_name("voxpipe")
     r = subprocess.run([str(voxpipe), "ingest", "--params", os.devnull, "--input", str(f),
-                        "--out", str(tmp_path / "out"), "--workers", "1"], capture_output=True, text=True)
+                        "--out", str(tmp_path / "out"), "--workers", "1",
+                        "--set", "ingest.score_quality=false"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "3 of 4 rows quarantined" in r.stderr and "max_bad_fraction=0.5" in r.stderr
     raw, bad, report = read_outputs(tmp_path / "out")
@@ -331,7 +333,7 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
     rows = [{"audio": struct(good_bytes(f)), "text": f"tone {f}"} for f in (300, 400, 500)]
     rows.append({"audio": struct(b"junk"), "text": "bad"})
     f = write_parquet(tmp_path / "d.parquet", rows)
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1)
+    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     first = {n: (tmp_path / "out" / n).read_bytes() for n in ("raw.jsonl", "quarantine.jsonl")}
     files = sorted((tmp_path / "out" / "audio").rglob("*.flac"))
@@ -345,7 +347,7 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
 
 def test_a_damaged_audio_file_from_an_earlier_run_is_rewritten(tmp_path):
     f = write_parquet(tmp_path / "d.parquet", [_row(good_bytes(), "tone")])
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1)
+    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     (clip,) = (tmp_path / "out" / "audio").rglob("*.flac")
     original = clip.read_bytes()

@@ -72,7 +72,8 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
         assert (out / name).read_bytes() == (single / name).read_bytes(), name
     raw, bad, report = read_outputs(out)  # rows_in == rows_kept + rows_quarantined
     assert report["rows_in"] == 25 and report["reasons"]["duplicate"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["audio", "quarantine.jsonl", "raw.jsonl", "report.json",
+    assert sorted(p.name for p in out.iterdir()) == ["audio", "data-report.html", "data-report.png",
+                                                     "quarantine.jsonl", "raw.jsonl", "report.json",
                                                      "run.json"]  # the shard folders are gone
     assert all((out / r["audio"]).is_file() for r in raw)
     run = json.loads((out / "run.json").read_text())
@@ -80,7 +81,7 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
 
 
 def test_duplicates_across_shards_are_quarantined_where_a_single_run_puts_them(dataset, single, tmp_path):
-    (tmp_path / "none.yaml").write_text("{}\n")
+    (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")  # tones: not speech
     base = ["--params", str(tmp_path / "none.yaml")]
     assert cli.main(["ingest-plan", *base, "--input", str(dataset), "--shards", "3", "--out",
                      str(tmp_path / "plan")]) == 0
@@ -103,7 +104,7 @@ def test_duplicates_across_shards_are_quarantined_where_a_single_run_puts_them(d
         assert shard_report["shard"]["index"] == index
     # a shard alone cannot know a row repeats one of an earlier shard: the merge finds it
     last_raw = [json.loads(line) for line in (Path(folders[2]) / "raw.jsonl").read_text().splitlines()]
-    assert any(r["text"] == "row 1" for r in last_raw)
+    assert any(r["text_raw"] == "row 1" for r in last_raw)  # (its text is spelled out: "row one")
     # the merge takes the shard folders in any order (KFP's dsl.Collected promises none)
     assert cli.main(["ingest-merge", *base, "--plan", str(plan_file), "--shard-dirs", *reversed(folders),
                      "--out", str(tmp_path / "merged"), "--set", "ingest.max_bad_fraction=1"]) == 0

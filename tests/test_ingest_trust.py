@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_ingest import encode, read_outputs, struct, tone, write_parquet
 from test_ingest_formats import write_table
@@ -134,8 +135,9 @@ def tiny_disk(tmp_path):
 def test_a_full_disk_in_ingest_names_the_folder(tmp_path, tiny_disk, capsys):
     (tmp_path / "none.yaml").write_text("{}\n")
     data = tmp_path / "data"
-    rows = [{"audio": struct(encode(tone(200 + i, seconds=6.0))), "text": f"long {i}", "speaker": "s"}
-            for i in range(16)]  # ~3 MB of FLAC: more than the disk holds
+    noise = np.random.default_rng(0).uniform(-0.3, 0.3, (16, 6 * 16000)).astype(np.float32)
+    rows = [{"audio": struct(encode(x, 16000)), "text": f"long {i}", "speaker": "s"}
+            for i, x in enumerate(noise)]  # ~3 MB of FLAC (noise does not compress): more than the disk holds
     write_parquet(data / "big.parquet", rows)
     out = tiny_disk / "ingest"
     code = cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--input", str(data),
@@ -150,9 +152,8 @@ def test_a_full_disk_in_manifest_names_the_folder(tmp_path, tiny_disk, capsys):
     data = _dataset(tmp_path / "data", files=1)
     ingest(_params(data, out=str(tmp_path / "ingest")))
     raw = tmp_path / "ingest" / "raw.jsonl"
-    big = [json.loads(line) for line in raw.read_text().splitlines()] * 4000  # ~1.5 MB of manifest
-    for i, row in enumerate(big):
-        row["id"] = f"{row['id']}-{i}"
+    rows = [json.loads(line) for line in raw.read_text().splitlines()]
+    big = [dict(row, id=f"{row['id']}-{i}") for i in range(4000) for row in rows]  # ~1.5 MB of manifest
     raw.write_text("".join(json.dumps(r) + "\n" for r in big))
     shutil.rmtree(tiny_disk / "m", ignore_errors=True)
     code = cli.main(["manifest", "--params", str(tmp_path / "none.yaml"), "--input", str(raw),

@@ -8,6 +8,7 @@ with the English one would turn its numbers into English words.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 NORMALIZED_LANGUAGES = ("zh", "en")
@@ -29,4 +30,5 @@ def normalize_for_speech(text: str, language: str) -> str:
         spoken = _normalizer(language).normalize(text)
     except AssertionError:  # wetext's zh grammar tags nothing in a text without Han: nothing to spell out
         return text
-    return " ".join(spoken.split())
+    # wetext's output escapes quotes and backslashes (`\"`): as spoken, they are the characters themselves
+    return " ".join(re.sub(r"\\(.)", r"\1", spoken).split())
