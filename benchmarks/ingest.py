@@ -9,7 +9,15 @@ over the same tree. Every run is done once: on a shared machine, read `cores_use
 (well under the worker count means other load slowed that run). Every sharded output's raw.jsonl
 is checked to equal the 1-shard run's byte for byte.
 
+`--conditioning` measures only what ingest's conditioning costs (issue 24): the sample at 1x and at
+`--scale`x, ingested with every new step on, with all but the quality score on, and with all off
+(`trim_silence`, `normalize_loudness`, `score_quality`, `normalize_text`), one after another in this
+run; it prints the throughput ratios and the peak memory of the largest single process at 1x and at
+the scale, which must stay flat as the input grows. Each copy carries its own faint noise floor
+(-80 dBFS), so that loudness normalization does not make gain-shifted copies duplicates.
+
     .venv/bin/python benchmarks/ingest.py [--copies 8] [--scale 10]
+    flock /tmp/voxpipe-heavy.lock .venv/bin/python benchmarks/ingest.py --conditioning [--scale 10]
 """
 
 import argparse
@@ -66,9 +74,10 @@ def build_dataset(folder: Path, sample: list, copies: int, max_copies: int) -> d
 
     for k in range(copies):
         gain = 1.0 - 0.5 * k / max_copies
+        floor = np.random.default_rng(k).standard_normal(max(len(x) for x, *_ in sample)).astype(np.float32)
         for i, (x, sr, text, speaker) in enumerate(sample):
             buf = io.BytesIO()
-            sf.write(buf, x * gain, sr, format="FLAC", subtype="PCM_16")
+            sf.write(buf, x * gain + 1e-4 * floor[: len(x)], sr, format="FLAC", subtype="PCM_16")
             batch.append({"audio": {"bytes": buf.getvalue(), "path": f"c{k}_{i}.flac"}, "text": text,
                           "speaker": speaker})
             seconds += len(x) / sr
@@ -101,12 +110,13 @@ def _tree_sample(pid: int) -> dict[int, tuple[int, float]]:
 
 def measure(cmd: list[str], cwd: Path = REPO) -> dict:
     """One subprocess: wall seconds, peak VmRSS summed over its process tree, CPU seconds of the tree."""
-    peak_kb, cpu = 0, {}
+    peak_kb, peak_one_kb, cpu = 0, 0, {}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     while proc.poll() is None:
         sample = _tree_sample(proc.pid)
         peak_kb = max(peak_kb, sum(rss for rss, _ in sample.values()))
+        peak_one_kb = max([peak_one_kb, *(rss for rss, _ in sample.values())])
         cpu.update({p: c for p, (_, c) in sample.items()})
         time.sleep(0.02)
     wall = time.perf_counter() - start
@@ -114,6 +124,7 @@ def measure(cmd: list[str], cwd: Path = REPO) -> dict:
         err = proc.stderr.read().decode()[-2000:]
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
     return {"seconds": round(wall, 2), "peak_rss_tree_mb": round(peak_kb / 1024, 1),
+            "peak_rss_process_mb": round(peak_one_kb / 1024, 1),
             "cpu_seconds": round(sum(cpu.values()), 2), "cores_used": round(sum(cpu.values()) / wall, 2)}
 
 
@@ -195,12 +206,55 @@ def vae_encode_gflop_per_audio_second() -> float:
     return round(counter.get_total_flops() / 10 / 1e9, 2)
 
 
+CONDITIONING = ("trim_silence", "normalize_loudness", "score_quality", "normalize_text")
+
+
+def conditioning(scale: int) -> dict:
+    """Ingest of the sample at 1x and `scale`x with the conditioning steps on, on but unscored, and off."""
+    work = Path(tempfile.mkdtemp(prefix="voxpipe-bench-conditioning-"))
+    try:
+        sample = load_sample()
+        data = {n: build_dataset(work / f"x{n}", sample, n, scale) for n in (1, scale)}
+        variants = {"on": (), "on_without_quality": ("score_quality",), "off": CONDITIONING}
+        runs: dict[str, dict] = {}
+        for name, off in variants.items():
+            sets = [a for key in off for a in ("--set", f"ingest.{key}=false")]
+            for n in (1, scale) if name == "on" else (scale,):
+                log(f"ingest x{n}, conditioning {name}")
+                out = work / f"out-{name}-{n}"
+                run = measure(voxpipe("ingest", "--input", str(work / f"x{n}"), "--out", str(out), *sets))
+                report = json.loads((out / "report.json").read_text())
+                assert report["rows_kept"] == report["rows_in"] == data[n]["rows"], report["reasons"]
+                runs[f"{name}_x{n}"] = {"rows_per_s": round(data[n]["rows"] / run["seconds"], 2), **run}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    big = f"x{scale}"
+    rate = {k: v["rows_per_s"] for k, v in runs.items()}
+    return {
+        "dataset": data,
+        "runs": runs,
+        "throughput_on_vs_off": round(rate[f"on_{big}"] / rate[f"off_{big}"], 3),
+        "throughput_on_without_quality_vs_off":
+            round(rate[f"on_without_quality_{big}"] / rate[f"off_{big}"], 3),
+        "cpu_seconds_per_row": {k: round(v["cpu_seconds"] / data[int(k.rsplit("_x", 1)[1])]["rows"], 4)
+                                for k, v in runs.items()},
+        "peak_rss_process_mb": {"x1": runs["on_x1"]["peak_rss_process_mb"],
+                                big: runs[f"on_{big}"]["peak_rss_process_mb"]},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=8, help="sample copies in the 1x data set")
     ap.add_argument("--scale", type=int, default=10, help="size of the large data set, in multiples of 1x")
+    ap.add_argument("--conditioning", action="store_true", help="only the conditioning on/off comparison")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
+    if args.conditioning:
+        figures = conditioning(args.scale)
+        print(json.dumps({"machine": {"cpu_count": os.cpu_count(), "load_average_1min": {
+            "before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}}, **figures}, indent=2))
+        return
     work = Path(tempfile.mkdtemp(prefix="voxpipe-bench-ingest-"))
     try:
         sample = load_sample()

@@ -69,16 +69,20 @@ def ingest_shard(workspace: str, params: dict, plan: Input[Dataset], index: int,
 
 @component
 def ingest_merge(workspace: str, params: dict, plan: Input[Dataset], shards: Input[list[Dataset]],
-                 data: Output[Dataset]):
+                 data: Output[Dataset], report: Output[HTML]):
     """Sharded ingest, 3/3: the shards merged (duplicates across shards, global accounting) into the
-    raw.jsonl + audio/ a single `voxpipe ingest` writes, byte for byte."""
+    raw.jsonl + audio/ a single `voxpipe ingest` writes, byte for byte. The UI shows `report`, the
+    data report (speakers, durations, loudness, quality, quarantine reasons, the extreme rows)."""
     import os
+    import shutil
 
     folder = step_folder(workspace, "ingest", data.uri)
     section = wire("ingest", params, plan=os.path.join(plan.metadata["path"], "plan.json"),
                    shard_dirs=[s.metadata["path"] for s in shards], out=folder)
     run_voxpipe("ingest-merge", workspace, {"ingest": section})
     publish(data, folder, data_version=plan.metadata["data_version"])
+    os.makedirs(os.path.dirname(report.path), exist_ok=True)
+    shutil.copyfile(os.path.join(folder, "data-report.html"), report.path)
 
 
 @component

@@ -409,3 +409,21 @@ def test_encode_job_refuses_partial_pods_and_paths_off_the_workspace():
     params = Params(encode=EncodeParams(manifest=["ok.jsonl", "/etc/elsewhere.jsonl"]))
     with pytest.raises(StepError, match="encode.manifest='/etc/elsewhere.jsonl'"):
         render_job(params, "ml", None, StepJob.encode(params.launch))
+
+
+def test_text_the_tokenizer_only_byte_encodes_is_counted_and_row_fields_travel(encoded_sample, tmp_path):
+    good = _rows(encoded_sample.manifest / "train.jsonl")[0]
+    audio = str((encoded_sample.manifest / good["audio"]).resolve())
+    assert good["language"] == "en" and "text_raw" in good  # from ingest, through the manifest
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"id": "plain", "audio": audio, "text": good["text"], "language": "en", "text_raw": "as written"},
+        {"id": "new-script", "audio": audio, "text": "ʘʬ 🎉", "language": "xx"},
+    )))
+    out = tmp_path / "out"
+    result = encode(Params(model={"base": str(encoded_sample.base_model)},
+                           encode=EncodeParams(manifest=[str(manifest)], out=str(out), device="cpu")))
+    plain, new = _rows(out / "train.jsonl")
+    assert plain["byte_tokens"] == 0 and new["byte_tokens"] >= 3
+    assert (plain["language"], plain["text_raw"], new["language"]) == ("en", "as written", "xx")
+    assert result.report["splits"]["train.jsonl"]["byte_token_rows"] == 1

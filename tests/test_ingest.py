@@ -61,7 +61,8 @@ def struct(data: bytes | None = None, path: str | None = None) -> dict:
 
 
 def run(tmp_path: Path, inputs: list[Path], **kw) -> tuple[list[dict], list[dict], dict]:
-    kw = {"workers": 1, "max_bad_fraction": 1.0, **kw}
+    # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
+    kw = {"workers": 1, "max_bad_fraction": 1.0, "score_quality": False, **kw}
     out = tmp_path / "out"
     ingest(IngestParams(input=[str(i) for i in inputs], out=str(out), **kw))
     return read_outputs(out)
@@ -194,7 +195,7 @@ def test_formats_and_rates_become_16k_mono_flac_with_pitch_intact(tmp_path, fmt,
     seconds = 1.5
     audio = encode(tone(440, seconds, sr), sr, fmt, subtype)
     f = write_parquet(tmp_path / "d.parquet", [_row(audio, "a tone")])
-    raw, bad, _ = run(tmp_path, [f])
+    raw, bad, _ = run(tmp_path, [f], normalize_loudness=False)  # the level as it came, to compare
     assert bad == [] and len(raw) == 1
     out = tmp_path / "out" / raw[0]["audio"]
     info = sf.info(out)
@@ -214,7 +215,7 @@ def test_stereo_is_downmixed_not_just_the_left_channel(tmp_path):
     opposite = encode(np.stack([x, -x], axis=1), 48000, subtype="FLOAT")  # mean of the channels is silence
     f = write_parquet(tmp_path / "d.parquet", [{"audio": struct(same), "text": "same"},
                                                {"audio": struct(opposite), "text": "opposite"}])
-    raw, bad, _ = run(tmp_path, [f])
+    raw, bad, _ = run(tmp_path, [f], normalize_loudness=False)  # the level as it came, to compare
     mono, _ = sf.read(tmp_path / "out" / raw[0]["audio"])
     assert np.abs(mono).max() == pytest.approx(0.5, abs=0.01)
     assert [b["reason"] for b in bad] == ["silent"]
@@ -282,7 +283,8 @@ def _cli(tmp_path: Path, *args: str) -> int:
 
 @pytest.fixture
 def no_params_file(tmp_path):
-    (tmp_path / "none.yaml").write_text("{}\n")
+    # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
+    (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")
 
 
 @pytest.mark.usefixtures("no_params_file")
@@ -317,7 +319,8 @@ def test_cli_too_many_bad_rows_fails_but_writes_the_reports(tmp_path):
     f = write_parquet(tmp_path / "d.parquet", rows)
     voxpipe = Path(sys.executable).with_name("voxpipe")
     r = subprocess.run([str(voxpipe), "ingest", "--params", os.devnull, "--input", str(f),
-                        "--out", str(tmp_path / "out"), "--workers", "1"], capture_output=True, text=True)
+                        "--out", str(tmp_path / "out"), "--workers", "1",
+                        "--set", "ingest.score_quality=false"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "3 of 4 rows quarantined" in r.stderr and "max_bad_fraction=0.5" in r.stderr
     raw, bad, report = read_outputs(tmp_path / "out")
@@ -330,7 +333,7 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
     rows = [{"audio": struct(good_bytes(f)), "text": f"tone {f}"} for f in (300, 400, 500)]
     rows.append({"audio": struct(b"junk"), "text": "bad"})
     f = write_parquet(tmp_path / "d.parquet", rows)
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1)
+    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     first = {n: (tmp_path / "out" / n).read_bytes() for n in ("raw.jsonl", "quarantine.jsonl")}
     files = sorted((tmp_path / "out" / "audio").rglob("*.flac"))
@@ -344,7 +347,7 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
 
 def test_a_damaged_audio_file_from_an_earlier_run_is_rewritten(tmp_path):
     f = write_parquet(tmp_path / "d.parquet", [_row(good_bytes(), "tone")])
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1)
+    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     (clip,) = (tmp_path / "out" / "audio").rglob("*.flac")
     original = clip.read_bytes()

@@ -51,4 +51,9 @@ def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, mon
     assert shards == ["ingest", "ingest-plan", "ingest-shard", "ingest-shard"]  # two shard tasks ran
     assert single.rows_kept == 8
     assert (merged / "report.json").read_bytes() == (tmp_path / "single" / "report.json").read_bytes()
+    # the data report: the merge's page equals a single run's, and the task hands it to the UI as HTML
+    page = (tmp_path / "single" / "data-report.html").read_bytes()
+    assert (merged / "data-report.html").read_bytes() == page
+    shown = [f for f in (tmp_path / "kfp").rglob("report") if f.is_file()]
+    assert [f.read_bytes() for f in shown] == [page]
 

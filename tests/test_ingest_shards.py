@@ -49,7 +49,8 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def _single(dataset: Path, out: Path) -> Path:
-    ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0))
+    ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0,
+                        score_quality=False))
     return out
 
 
@@ -61,7 +62,8 @@ def single(dataset, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("shards", [2, 3])
 def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path, capsys, shards):
     out = tmp_path / "out"
-    (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n")
+    (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n"
+                                         "  score_quality: false\n")
     # as `dvc repro` runs it: `voxpipe ingest`, the shard count from params.yaml
     assert cli.main(["ingest", "--params", str(tmp_path / "params.yaml"), "--input", str(dataset), "--out",
                      str(out), "--workers", "1"]) == 0
@@ -70,7 +72,8 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
         assert (out / name).read_bytes() == (single / name).read_bytes(), name
     raw, bad, report = read_outputs(out)  # rows_in == rows_kept + rows_quarantined
     assert report["rows_in"] == 25 and report["reasons"]["duplicate"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["audio", "quarantine.jsonl", "raw.jsonl", "report.json",
+    assert sorted(p.name for p in out.iterdir()) == ["audio", "data-report.html", "data-report.png",
+                                                     "quarantine.jsonl", "raw.jsonl", "report.json",
                                                      "run.json"]  # the shard folders are gone
     assert all((out / r["audio"]).is_file() for r in raw)
     run = json.loads((out / "run.json").read_text())
@@ -78,7 +81,7 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
 
 
 def test_duplicates_across_shards_are_quarantined_where_a_single_run_puts_them(dataset, single, tmp_path):
-    (tmp_path / "none.yaml").write_text("{}\n")
+    (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")  # tones: not speech
     base = ["--params", str(tmp_path / "none.yaml")]
     assert cli.main(["ingest-plan", *base, "--input", str(dataset), "--shards", "3", "--out",
                      str(tmp_path / "plan")]) == 0
@@ -101,7 +104,7 @@ def test_duplicates_across_shards_are_quarantined_where_a_single_run_puts_them(d
         assert shard_report["shard"]["index"] == index
     # a shard alone cannot know a row repeats one of an earlier shard: the merge finds it
     last_raw = [json.loads(line) for line in (Path(folders[2]) / "raw.jsonl").read_text().splitlines()]
-    assert any(r["text"] == "row 1" for r in last_raw)
+    assert any(r["text_raw"] == "row 1" for r in last_raw)  # (its text is spelled out: "row one")
     # the merge takes the shard folders in any order (KFP's dsl.Collected promises none)
     assert cli.main(["ingest-merge", *base, "--plan", str(plan_file), "--shard-dirs", *reversed(folders),
                      "--out", str(tmp_path / "merged"), "--set", "ingest.max_bad_fraction=1"]) == 0
@@ -116,7 +119,8 @@ def test_merge_refuses_missing_foreign_or_stale_shards(dataset, tmp_path):
     dataset = Path(shutil.copytree(dataset, tmp_path / "data"))
 
     def params(**kw) -> IngestParams:
-        return IngestParams(input=[str(dataset)], workers=1, max_bad_fraction=1.0, **kw)
+        return IngestParams(input=[str(dataset)], workers=1, max_bad_fraction=1.0, score_quality=False,
+                            **kw)
 
     first = plan(params(shards=2, out=str(tmp_path / "p1")))
     other = plan(params(shards=3, out=str(tmp_path / "p2")))
@@ -149,10 +153,11 @@ def test_too_many_bad_rows_is_judged_over_all_shards(tmp_path):
     pq.write_table(pa.Table.from_pylist(good, schema=schema), tmp_path / "a.parquet", row_group_size=2)
     pq.write_table(pa.Table.from_pylist(bad, schema=schema), tmp_path / "b.parquet", row_group_size=2)
     # shard 2 is all bad rows; the data set as a whole is within max_bad_fraction=0.5
-    ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2))
+    ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
+                        score_quality=False))
     with pytest.raises(StepError, match="4 of 8 rows quarantined"):
         ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
-                            max_bad_fraction=0.4))
+                            max_bad_fraction=0.4, score_quality=False))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["rows_in"] == 8 and "4 of 8 rows quarantined" in report["error"]
 
@@ -170,6 +175,6 @@ def test_a_manifest_is_cut_in_row_blocks_of_equal_audio_volume(tmp_path):
     assert 0.5 < shards[0]["audio_bytes"] / shards[1]["audio_bytes"] < 2
     single = _single(data, tmp_path / "single")
     ingest(IngestParams(input=[str(data)], out=str(tmp_path / "out"), workers=1, max_bad_fraction=1.0,
-                        shards=2))
+                        shards=2, score_quality=False))
     for name in OUTPUTS:
         assert (tmp_path / "out" / name).read_bytes() == (single / name).read_bytes(), name

@@ -202,3 +202,18 @@ def test_cli_builds_a_manifest_that_validates(tmp_path):
     done = subprocess.run([voxpipe, "manifest", "--input", str(a), str(a), "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1 and "duplicate id" in done.stderr
+
+
+def test_the_raw_text_and_the_language_travel_with_each_row(tmp_path):
+    raw = write_raw(tmp_path / "ingest", {"alice": 6, "bob": 6})
+    rows = read(raw)
+    for i, row in enumerate(rows):
+        row.update(text_raw=f"clip {i} of $12.50", language="zh" if i % 2 else "en")
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run([raw], tmp_path / "manifest")
+    by_id = {r["id"]: r for r in rows}
+    written = read(tmp_path / "manifest" / "train.jsonl") + read(tmp_path / "manifest" / "val.jsonl")
+    assert len(written) == len(rows)
+    for row in written:
+        source = by_id[row["id"]]
+        assert (row["text_raw"], row["language"]) == (source["text_raw"], source["language"])

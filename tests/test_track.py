@@ -186,9 +186,10 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert [(m.step, m.value) for m in sorted(curve, key=lambda m: m.step)] == [(0, 2.0), (3, 1.9), (6, 1.8)]
     assert len(client.get_metric_history(a["run_id"], "loss")) == 6
     assert run.data.metrics["eval/loss_model"] == 1.90 and run.data.metrics["mfu/mfu"] == 0.01
-    folders = ("eval/samples", "plots", "train", "mfu")
+    folders = ("eval/samples", "plots", "train", "mfu", "data")
     artifacts = {f.path for folder in folders for f in client.list_artifacts(a["run_id"], folder)}
-    expected = {"eval/samples/000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl", "mfu/mfu.md"}
+    expected = {"eval/samples/000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl", "mfu/mfu.md",
+                "data/data-report.html", "data/data-report.png"}  # the page ingest wrote
     assert expected <= artifacts
 
 

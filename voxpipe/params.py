@@ -95,8 +95,50 @@ class IngestParams(Section):
         "quarantined",
         json_schema_extra={"result": False},
     )
-    workers: int = Field(0, ge=0, description="decode processes; 0 = all cores",
-                         json_schema_extra={"result": False})
+    trim_silence: bool = Field(
+        True, description="cut leading and trailing silence to at most max_edge_silence (the original "
+        "duration and the cut are kept in raw.jsonl)"
+    )
+    max_edge_silence: float = Field(
+        0.5, ge=0, description="seconds of silence kept at each end of a clip when trimming (upstream "
+        "advises under 0.5 s: longer trailing silence teaches the model not to stop)"
+    )
+    max_internal_pause: float = Field(
+        1.0, gt=0, description="a silence inside a clip longer than this many seconds flags the row "
+        "(long_pause); it is not cut"
+    )
+    normalize_loudness: bool = Field(
+        True, description="bring every clip to target_lufs (ITU-R BS.1770), held under a -0.26 dBFS peak"
+    )
+    target_lufs: float = Field(-23.0, ge=-70, le=-5, description="integrated loudness every clip is "
+                               "brought to, in LUFS (EBU R128's -23 by default)")
+    max_clipped_fraction: float = Field(
+        0.001, ge=0, le=1, description="a clip with a larger share of samples at full scale is quarantined "
+        "(clipped); 1 = never"
+    )
+    score_quality: bool = Field(
+        True, description="score every kept clip with DNSMOS P.835 (sig, bak, ovrl in raw.jsonl; about "
+        "0.3 s of CPU per clip of up to 9 s)"
+    )
+    min_quality: float = Field(
+        2.0, ge=0, le=5, description="a clip whose DNSMOS quality_score (1-5) is below this is quarantined "
+        "(low_quality); 0 = keep all. Needs score_quality"
+    )
+    quality_score: Literal["bak", "sig", "ovrl"] = Field(
+        "bak", description="the DNSMOS score min_quality bounds: bak (background noise; it separates "
+        "noisy from clean recordings even for synthetic voices, whose sig and ovrl are low however "
+        "clean), sig (the voice), ovrl (overall; natural-speech corpora filter on ovrl >= 3)"
+    )
+    normalize_text: bool = Field(
+        True, description="spell out numbers, dates, money and units in the row's language (zh, en: "
+        "wetext); raw.jsonl keeps the original as text_raw"
+    )
+    language: str = Field(
+        "", pattern=r"^([a-z]{2})?$", description='ISO 639-1 code of every row ("zh", "en"); "" = detected '
+        "per row from the script of its text. Travels with the row to evaluate"
+    )
+    workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
+                         "is refused", json_schema_extra={"result": False})
     shards: int = Field(
         1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one "
         "by one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel",

@@ -28,13 +28,19 @@ def to_mono_resampled(samples: np.ndarray, sr: int, target_sr: int) -> np.ndarra
     return x
 
 
-def decode(source: bytes | str | Path, target_sr: int) -> np.ndarray:
-    """Decode encoded bytes or a file path to float32 mono at `target_sr`."""
+def decode_native(source: bytes | str | Path) -> tuple[np.ndarray, int]:
+    """Decode encoded bytes or a file path to float32 mono at the file's own rate: (samples, rate)."""
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else source
         samples, sr = sf.read(handle, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         raise AudioDecodeError(str(e).strip() or type(e).__name__) from e
+    return to_mono_resampled(samples, sr, sr), sr
+
+
+def decode(source: bytes | str | Path, target_sr: int) -> np.ndarray:
+    """Decode encoded bytes or a file path to float32 mono at `target_sr`."""
+    samples, sr = decode_native(source)
     return to_mono_resampled(samples, sr, target_sr)
 
 

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from voxpipe.data.ingest_row import REASONS, Batch, Kept, Rejected, RowChecks, process_batch
+from voxpipe.data.data_report import write_data_report
+from voxpipe.data.ingest_row import (
+    FLAGS,
+    REASONS,
+    Batch,
+    Kept,
+    Rejected,
+    RowChecks,
+    normalize_text,
+    process_batch,
+)
 from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
 from voxpipe.errors import StepError
@@ -59,6 +69,19 @@ def usable_cores(cpu_max: Path = CPU_MAX) -> int:
     if quota == "max":
         return cores
     return max(1, min(cores, math.ceil(int(quota) / int(period))))
+
+
+def decode_workers(requested: int) -> int:
+    """`ingest.workers`, or all usable cores for 0; more processes than cores only crowd each other
+    (and 100,000 of them take the machine down), so that is refused before anything starts."""
+    cores = usable_cores()
+    if requested > cores:
+        raise StepError(
+            f"ingest.workers={requested} is more than the {cores} cores this process may use (its CPU "
+            f"affinity and cgroup quota): decode processes beyond the cores only slow each other down. "
+            f"Set ingest.workers to {cores} or fewer, or 0 for all of them"
+        )
+    return requested or cores
 
 
 def _ordered_map(fn: Callable[[Batch], Any], jobs: Iterable[Batch], workers: int) -> Iterator[Any]:
@@ -96,6 +119,33 @@ class IngestResult:
     workers: int = 1
     shards: int = 1
     notices: list[str] = field(default_factory=list)
+    conditioning: Counter = field(default_factory=Counter)  # what was done to the kept rows (report.json)
+    languages: Counter = field(default_factory=Counter)
+
+    def count_kept(self, row: dict[str, Any]) -> None:
+        """Account for one kept raw.jsonl row: the single run and the merge count the same lines."""
+        self.rows_kept += 1
+        self.seconds_kept += row["duration"]
+        self.speakers[row["speaker"]] += 1
+        self.languages[row.get("language") or ""] += 1
+        c = self.conditioning
+        if row.get("text_raw") is not None and row["text"] != normalize_text(row["text_raw"]):
+            c["text_normalized"] += 1
+        if row.get("trim") and (row["trim"][0] or row["trim"][1]):
+            c["trimmed"] += 1
+            c["trimmed_seconds"] += row["duration_raw"] - row["duration"]
+        if row.get("gain_db") is not None:
+            c["loudness_normalized"] += 1
+        if row.get("dnsmos") is not None:
+            c["quality_scored"] += 1
+        for flag in row.get("flags") or ():
+            c[flag] += 1
+
+    def conditioning_report(self) -> dict[str, Any]:
+        c = self.conditioning
+        keys = ("text_normalized", "trimmed", "loudness_normalized", "quality_scored", *FLAGS)
+        return {**{k: c[k] for k in keys}, "trimmed_seconds": round(c["trimmed_seconds"], 3),
+                "languages": dict(sorted(self.languages.items()))}
 
     @property
     def hours_kept(self) -> float:
@@ -112,6 +162,7 @@ class IngestResult:
             "reasons": {r: self.reasons[r] for r in REASONS},
             "hours_kept": round(self.hours_kept, 6),
             "speakers": dict(sorted(self.speakers.items())),
+            "conditioning": self.conditioning_report(),
             "inputs": inputs,
             "notices": self.notices,
             **extra,
@@ -194,13 +245,12 @@ def _record(
             outcome = Rejected(outcome.row, "duplicate", duplicate_detail(row_id))
         else:
             seen.add(int(row_id, 16))
-            writer.raw.write(json_line({
-                "id": row_id, "audio": outcome.audio, "text": outcome.text, "speaker": outcome.speaker,
-                "duration": outcome.duration, "source": source,
-            }))
-            result.rows_kept += 1
-            result.seconds_kept += outcome.duration
-            result.speakers[outcome.speaker] += 1
+            info = dict(outcome.info)
+            row = {"id": row_id, "audio": outcome.audio, "text": outcome.text,
+                   "text_raw": info.pop("text_raw"), "language": info.pop("language"),
+                   "speaker": outcome.speaker, "duration": outcome.duration, **info, "source": source}
+            writer.raw.write(json_line(row))
+            result.count_kept(row)
             return
     writer.quarantine.write(json_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
     result.rows_quarantined += 1
@@ -236,14 +286,26 @@ def too_many_bad(result: IngestResult, max_bad_fraction: float, out: Path) -> St
     )
 
 
+def row_checks(p: IngestParams, out: Path) -> RowChecks:
+    return RowChecks(
+        p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()),
+        trim_silence=p.trim_silence, max_edge_silence=p.max_edge_silence,
+        max_internal_pause=p.max_internal_pause, normalize_loudness=p.normalize_loudness,
+        target_lufs=p.target_lufs, max_clipped_fraction=p.max_clipped_fraction,
+        score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
+        quality_score=p.quality_score,
+        normalize_text=p.normalize_text, language=p.language,
+    )
+
+
 def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
                   notices: list[str], whole_run: bool = True, **extra: Any) -> IngestResult:
     """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
     (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
     which sees every row."""
     (out / "audio").mkdir(parents=True, exist_ok=True)
-    checks = RowChecks(p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()))
-    workers = p.workers or usable_cores()
+    checks = row_checks(p, out)
+    workers = decode_workers(p.workers)
     result = IngestResult(out=out, workers=workers, notices=notices)
     writer = _Writer(out)
     seen: set[int] = set()
@@ -283,6 +345,8 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     inputs = [{"file": sources[i].path.as_posix(), "rows": stop - first} for i, first, stop in ranges]
     try:
         result.save(inputs, str(error) if error else None, **extra)
+        if whole_run and (out / "raw.jsonl").is_file():  # a shard's page would show a part: the merge's
+            write_data_report(out)
     except OSError as e:
         error = error or write_failed(e, out, result)
     if error is not None:

@@ -1,7 +1,13 @@
-"""What a decode worker does with one ingest row: judge it, and for a good row write its FLAC.
+"""What a decode worker does with one ingest row: judge it, condition it, and for a good row write
+its FLAC.
+
+A kept row's audio is trimmed of edge silence and brought to the target loudness (`conditioning`),
+scored (`quality`), and its text spelled out for speech (`text_norm`), each switchable by an `ingest`
+key; what was there before (the raw text, the original duration, the level) is kept in the row.
 
 Kept apart from `ingest` so the decode workers import only numpy, soundfile and soxr (not pyarrow
-or pydantic): they start in a fraction of the time.
+or pydantic), plus what the conditioning they are asked for needs: they start in a fraction of the
+time.
 """
 
 from __future__ import annotations
@@ -11,12 +17,19 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-from voxpipe.data.audio import AudioDecodeError, decode, flac16_bytes
+from voxpipe.data.audio import AudioDecodeError, decode_native, flac16_bytes, to_mono_resampled
+from voxpipe.data.conditioning import clipped_fraction, find_trim, normalize_loudness
+from voxpipe.data.language import detect_language
+from voxpipe.data.quality import SAMPLE_RATE as DNSMOS_RATE
+from voxpipe.data.quality import Dnsmos
+from voxpipe.data.text_norm import normalize_for_speech
 
 # Machine-readable quarantine reasons in the order the checks run; a row gets the first that applies.
 # `duplicate` is judged last, by the parent, because it depends on the rows before it.
@@ -33,8 +46,11 @@ REASONS = (
     "too_short",
     "too_long",
     "silent",
+    "clipped",
+    "low_quality",
     "duplicate",
 )
+FLAGS = ("long_pause", "peak_limited")  # kept rows, marked for a look: raw.jsonl `flags`
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,7 @@ class RawRow:
     text: str | None
     speaker: str | None
     problem: str = ""  # why the record could not be read as a row (a malformed manifest line)
+    reason: str = "malformed_row"  # the quarantine reason when there is a problem
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,17 @@ class RowChecks:
     max_seconds: float
     silence_threshold: float
     out_dir: str
+    trim_silence: bool = True
+    max_edge_silence: float = 0.5
+    max_internal_pause: float = 1.0
+    normalize_loudness: bool = True
+    target_lufs: float = -23.0
+    max_clipped_fraction: float = 1.0
+    score_quality: bool = False
+    min_quality: float = 0.0
+    quality_score: str = "bak"
+    normalize_text: bool = True
+    language: str = ""  # "" = detected per row
 
 
 @dataclass(frozen=True)
@@ -76,6 +104,7 @@ class Kept:
     duration: float
     text: str
     speaker: str
+    info: dict[str, Any]  # what conditioning did, in raw.jsonl order: text_raw, language, levels, ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +133,8 @@ def resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str
     return path, ""
 
 
-def _judge_audio(raw: RawRow, batch: Batch) -> tuple[np.ndarray | None, Rejected | None]:
+def _judge_audio(raw: RawRow, batch: Batch) -> tuple[tuple[np.ndarray, int] | None, Rejected | None]:
+    """The decoded mono samples at their own rate, or why the row has none."""
     audio = raw.audio
     if audio is None:
         return None, Rejected(raw.row, "no_audio", "the row has no audio (null bytes and no path)")
@@ -122,7 +152,7 @@ def _judge_audio(raw: RawRow, batch: Batch) -> tuple[np.ndarray | None, Rejected
     else:
         source = audio
     try:
-        return decode(source, batch.checks.sample_rate), None
+        return decode_native(source), None
     except (AudioDecodeError, ValueError, OSError) as e:
         # libsndfile names in-memory input by its object address; drop it so details are reproducible
         detail = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "audio bytes", str(e))
@@ -179,10 +209,56 @@ def _store(x: np.ndarray, checks: RowChecks) -> tuple[str, str]:
     return digest, rel
 
 
+@cache
+def _scorer() -> Dnsmos:
+    """One DNSMOS session per worker process, on one thread: the pool is the parallelism, and the
+    scores must not depend on the machine's core count."""
+    return Dnsmos(threads=1)
+
+
+def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, dict[str, Any]] | Rejected:
+    """Trim, level and score a clip that passed the checks: (the clip, what was done) or why not kept."""
+    sr = checks.sample_rate
+    info: dict[str, Any] = {"duration_raw": round(x.size / sr, 4), "trim": None, "lufs_raw": None,
+                            "gain_db": None, "dnsmos": None, "flags": []}
+    if checks.trim_silence:
+        cut = find_trim(x, sr, checks.max_edge_silence)
+        info["trim"] = [round(cut.start / sr, 4), round((x.size - cut.stop) / sr, 4)]  # seconds cut, each end
+        x = x[cut.start:cut.stop]
+        if x.size / sr < checks.min_seconds:
+            return Rejected(row, "too_short", f"{x.size / sr:.3f} s after trimming silence is shorter than "
+                            f"min_seconds={checks.min_seconds}")
+        if cut.longest_pause > checks.max_internal_pause:
+            info["flags"].append("long_pause")
+    if checks.normalize_loudness:
+        x, level = normalize_loudness(x, sr, checks.target_lufs)
+        info["lufs_raw"], info["gain_db"] = level.lufs_raw, level.gain_db
+        if level.peak_limited:
+            info["flags"].append("peak_limited")
+    if checks.score_quality:
+        scores = _scorer().score(to_mono_resampled(x, sr, DNSMOS_RATE), DNSMOS_RATE)
+        info["dnsmos"] = {k: round(v, 3) for k, v in scores.items()}
+        if info["dnsmos"][checks.quality_score] < checks.min_quality:
+            shown = ", ".join(f"{k} {v:.2f}" for k, v in info["dnsmos"].items())
+            return Rejected(row, "low_quality", f"DNSMOS {checks.quality_score} is below min_quality="
+                            f"{checks.min_quality} ({shown})")
+    return x, info
+
+
+def _spoken_text(text: str, checks: RowChecks) -> tuple[str, str]:
+    """(the text to train on, the row's language)."""
+    language = checks.language or detect_language(text)
+    if checks.normalize_text:
+        text = normalize_for_speech(text, language)
+    return text, language
+
+
 def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
-    """Judge one row; for a good row write its 16 kHz FLAC. Cheap checks run before decoding."""
+    """Judge one row; for a good row condition its audio and text and write its 16 kHz FLAC. Cheap
+    checks run before decoding, the costly quality score last."""
+    checks = batch.checks
     if raw.problem:
-        return Rejected(raw.row, "malformed_row", raw.problem)
+        return Rejected(raw.row, raw.reason, raw.problem)
     text = normalize_text(raw.text) if raw.text is not None else ""
     if not text:
         what = "null" if raw.text is None else "blank"
@@ -190,14 +266,26 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     speaker = raw.speaker.strip() if raw.speaker is not None else ""
     if not speaker:
         return Rejected(raw.row, "missing_speaker", "the speaker is null or blank")
-    x, bad = _judge_audio(raw, batch)
+    decoded, bad = _judge_audio(raw, batch)
     if bad is not None:
         return bad
-    bad = _judge_samples(x, raw.row, batch.checks)
+    native, native_sr = decoded
+    x = to_mono_resampled(native, native_sr, checks.sample_rate)
+    bad = _judge_samples(x, raw.row, checks)
     if bad is not None:
         return bad
-    digest, rel = _store(x, batch.checks)
-    return Kept(raw.row, digest, rel, round(x.size / batch.checks.sample_rate, 4), text, speaker)
+    clipped = clipped_fraction(native)  # at the file's rate: resampling smooths the flat tops away
+    if clipped > checks.max_clipped_fraction:
+        return Rejected(raw.row, "clipped", f"{clipped:.2%} of the samples are at full scale, more than "
+                        f"max_clipped_fraction={checks.max_clipped_fraction}")
+    conditioned = _condition(x, raw.row, checks)
+    if isinstance(conditioned, Rejected):
+        return conditioned
+    x, info = conditioned
+    spoken, language = _spoken_text(text, checks)
+    digest, rel = _store(x, checks)
+    info = {"text_raw": raw.text, "language": language, **info}
+    return Kept(raw.row, digest, rel, round(x.size / checks.sample_rate, 4), spoken, speaker, info)
 
 
 def process_batch(batch: Batch) -> tuple[int, list[Kept | Rejected]]:

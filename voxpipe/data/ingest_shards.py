@@ -12,6 +12,12 @@ is byte-identical to a single `voxpipe ingest` of the same inputs.
 The merge streams: it holds one line at a time plus the kept row ids as a sorted uint64 array
 (8 bytes per kept row), whatever the size of the data set. Shard folders may come in any order
 (KFP's `dsl.Collected` promises none): each shard's report names its plan and index.
+
+Nothing is trusted after it was written. The plan records each input file's size and sha256, and a
+shard refuses an input that changed since. A finished shard writes `outputs.sha256` (sha256sum's
+format: raw.jsonl, quarantine.jsonl, then the clip of each raw.jsonl line in order), and the merge
+checks both jsonl files before reading them and each clip before linking it: an edited transcript or
+a replaced FLAC stops the merge, naming the file.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest import (
     IngestResult,
     columns_of,
@@ -38,10 +45,11 @@ from voxpipe.data.ingest import (
     ingest_ranges,
     json_line,
     too_many_bad,
+    write_failed,
 )
 from voxpipe.data.ingest_row import resolve_audio_path
 from voxpipe.data.parquet_source import row_groups
-from voxpipe.data.sources import SourceFile, iter_rows, open_source, open_sources
+from voxpipe.data.sources import UNSAFE, SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
 from voxpipe.files import atomic_write_text, read_json_object
@@ -50,6 +58,8 @@ from voxpipe.report import read_run
 log = logging.getLogger(__name__)
 PLAN = "plan.json"
 PIECE_ROWS = 64  # manifest rows are weighed and cut in pieces of this many
+OUTPUT_HASHES = "outputs.sha256"  # a finished shard's files and their sha256, as sha256sum writes them
+JSONL_OUTPUTS = ("raw.jsonl", "quarantine.jsonl")
 
 
 @dataclass
@@ -121,12 +131,68 @@ def plan(p: IngestParams) -> PlanResult:
         raise StepError(f"the input files hold no rows: {names}")
     out = Path(p.out)
     atomic_write_text(out / PLAN, json.dumps({
-        "inputs": [{"file": s.path.as_posix(), "root": s.root.as_posix(), "kind": s.kind, "rows": s.num_rows}
-                   for s in sources],
+        "inputs": [{"file": s.path.as_posix(), "root": s.root.as_posix(), "kind": s.kind, "rows": s.num_rows,
+                    **_fingerprint(s)} for s in sources],
         "notices": notices,
         "shards": shards,
     }, indent=1) + "\n")
     return PlanResult(out / PLAN, len(shards), sum(s.num_rows for s in sources))
+
+
+def file_sha256(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fingerprint(src: SourceFile) -> dict[str, Any]:
+    """What a shard checks an input against: its size and sha256 (a link out of the input folder is
+    never opened: None)."""
+    if src.kind == UNSAFE:
+        return {"size": None, "sha256": None}
+    return {"size": src.path.stat().st_size, "sha256": file_sha256(src.path)}
+
+
+def _check_unchanged(src: SourceFile, entry: dict[str, Any], plan_path: str) -> None:
+    if "sha256" not in entry:
+        raise StepError(f"{plan_path} records no input hashes (an older voxpipe wrote it): run "
+                        "`voxpipe ingest-plan` again")
+    if _fingerprint(src) != {"size": entry["size"], "sha256": entry["sha256"]}:
+        raise StepError(
+            f"{src.path} is not the file the plan {plan_path} recorded (its size or sha256 differs): the "
+            "input changed after planning. Run `voxpipe ingest-plan` again"
+        )
+
+
+def write_output_hashes(out: Path) -> None:
+    """out/outputs.sha256 for a finished shard, streamed: one line per raw.jsonl row."""
+    tmp = out / f".{OUTPUT_HASHES}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f, open(out / "raw.jsonl", encoding="utf-8") as raw:
+        for name in JSONL_OUTPUTS:
+            f.write(f"{file_sha256(out / name)}  {name}\n")
+        for line in raw:
+            clip = json.loads(line)["audio"]
+            f.write(f"{file_sha256(out / clip)}  {clip}\n")
+    os.replace(tmp, out / OUTPUT_HASHES)
+
+
+def _shard_hashes(folder: Path) -> Iterator[tuple[str, str]]:
+    """(sha256, clip) for each raw.jsonl line of a shard, after checking its two jsonl files."""
+    path = folder / OUTPUT_HASHES
+    if not path.is_file():
+        raise StepError(f"{folder} has no {OUTPUT_HASHES}: the shard did not finish (or an older voxpipe "
+                        "wrote it). Run that shard again")
+    with open(path, encoding="utf-8") as f:
+        for name in JSONL_OUTPUTS:
+            expected, _, listed = f.readline().rstrip("\n").partition("  ")
+            if listed != name or file_sha256(folder / name) != expected:
+                raise StepError(f"{folder / name} does not match the sha256 its shard recorded in {path}: "
+                                "the shard folder was changed after it finished. Run that shard again")
+        for line in f:
+            digest, _, clip = line.rstrip("\n").partition("  ")
+            yield digest, clip
 
 
 def _read_plan(path: str) -> tuple[dict[str, Any], str]:
@@ -153,9 +219,17 @@ def ingest_shard(p: IngestParams) -> IngestResult:
                 f"{src.path} has {src.num_rows} rows, the plan {p.plan} counted {entry['rows']}: the input "
                 "changed after planning. Run `voxpipe ingest-plan` again."
             )
+        _check_unchanged(src, entry, p.plan)
         sources[i] = src
     shard = {"index": p.shard, "of": len(shards), "plan": digest}
-    return ingest_ranges(p, sources, ranges, Path(p.out), [], whole_run=False, shard=shard)
+    out = Path(p.out)
+    (out / OUTPUT_HASHES).unlink(missing_ok=True)  # present only once this run of the shard finished
+    result = ingest_ranges(p, sources, ranges, out, [], whole_run=False, shard=shard)
+    try:
+        write_output_hashes(out)
+    except OSError as e:
+        raise write_failed(e, out, result) from e
+    return result
 
 
 def _shard_folders(p: IngestParams, digest: str, count: int) -> list[Path]:
@@ -214,15 +288,17 @@ class _Merger:
 
     def add(self, folder: Path) -> None:
         """One shard, in plan order: its lines interleaved by input position, as a single run wrote them."""
+        hashes = _shard_hashes(folder)  # checks raw.jsonl and quarantine.jsonl before they are read
         with open(folder / "raw.jsonl", encoding="utf-8") as f:
             ids = np.fromiter((int(json.loads(line)["id"], 16) for line in f), dtype=np.uint64)
         repeated = np.isin(ids, self.kept)
         self.kept = np.union1d(self.kept, ids[~repeated])
-        raws = ((pos, line, obj, bool(dup)) for (pos, line, obj), dup in
-                zip(_lines(folder / "raw.jsonl", self.positions), repeated, strict=True))
+        raws = ((pos, line, obj, bool(dup), digest) for (pos, line, obj), dup, digest in
+                zip(_lines(folder / "raw.jsonl", self.positions), repeated, _clip_hashes(hashes, ids.size),
+                    strict=True))
         quarantined = _lines(folder / "quarantine.jsonl", self.positions)
-        bads = ((pos, line, obj, False) for pos, line, obj in quarantined)
-        for _, line, obj, dup in heapq.merge(raws, bads, key=lambda t: t[0]):
+        bads = ((pos, line, obj, False, None) for pos, line, obj in quarantined)
+        for _, line, obj, dup, digest in heapq.merge(raws, bads, key=lambda t: t[0]):
             if "id" not in obj:  # the shard's own quarantine line, already in single-run form
                 self._quarantine(line, obj["reason"])
             elif dup:  # an earlier shard kept this row: a single run would have called it a duplicate
@@ -230,23 +306,26 @@ class _Merger:
                 self._quarantine(json_line({"source": obj["source"], "reason": "duplicate", "detail": why}),
                                  "duplicate")
             else:
-                self._keep(folder, line, obj)
+                self._keep(folder, line, obj, digest)
 
     def _quarantine(self, line: str, reason: str) -> None:
         self.bad.write(line)
         self.result.rows_quarantined += 1
         self.result.reasons[reason] += 1
 
-    def _keep(self, folder: Path, line: str, obj: dict[str, Any]) -> None:
+    def _keep(self, folder: Path, line: str, obj: dict[str, Any], digest: tuple[str, str]) -> None:
         self.raw.write(line)
+        source = os.path.join(folder, obj["audio"])
         try:
-            self._link(os.path.join(folder, obj["audio"]), os.path.join(self.out, obj["audio"]))
+            if digest[1] != obj["audio"] or file_sha256(source) != digest[0]:
+                raise StepError(f"{source} does not match the sha256 its shard recorded in "
+                                f"{folder / OUTPUT_HASHES}: the shard folder was changed after it finished. "
+                                "Run that shard again")
+            self._link(source, os.path.join(self.out, obj["audio"]))
         except OSError as e:
             raise StepError(f"{folder}: cannot take its clip {obj['audio']} ({e}); the shard folder was "
                             "changed after it finished: run that shard again") from e
-        self.result.rows_kept += 1
-        self.result.seconds_kept += obj["duration"]
-        self.result.speakers[obj["speaker"]] += 1
+        self.result.count_kept(obj)
 
     def _link(self, source: str, target: str) -> None:
         """Put the shard's clip at its content-addressed place in the output: a hard link (a new name
@@ -275,6 +354,20 @@ class _Merger:
                 os.replace(tmp, final)
             else:
                 tmp.unlink(missing_ok=True)
+
+
+def _clip_hashes(hashes: Iterator[tuple[str, str]], rows: int) -> Iterator[tuple[str, str]]:
+    """The recorded (sha256, clip) of each of `rows` raw.jsonl lines; a count that differs is a change."""
+    count = 0
+    for pair in hashes:
+        count += 1
+        if count > rows:
+            break
+        yield pair
+    if count != rows:
+        more = 'more' if count > rows else count
+        raise StepError(f"{OUTPUT_HASHES} lists {more} clips for {rows} raw.jsonl "
+                        "rows: the shard folder was changed after it finished. Run that shard again")
 
 
 def _merge(p: IngestParams, start: float) -> IngestResult:
@@ -306,7 +399,11 @@ def _merge(p: IngestParams, start: float) -> IngestResult:
     result.wall_seconds = time.perf_counter() - start
     error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]
-    result.save(inputs, str(error) if error else None, run={"shards": shard_runs})
+    try:
+        result.save(inputs, str(error) if error else None, run={"shards": shard_runs})
+        write_data_report(out)
+    except OSError as e:
+        raise write_failed(e, out, result) from e
     if error is not None:
         raise error
     return result

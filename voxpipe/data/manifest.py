@@ -35,6 +35,9 @@ from voxpipe.files import atomic_write_text
 from voxpipe.report import write_report
 
 REQUIRED_FIELDS = ("id", "audio", "text", "speaker", "duration")
+# raw.jsonl fields the rows carry on to encode and evaluate: the transcript as written, and the row's
+# language (evaluate picks the recogniser and CER/WER by it)
+CARRIED_FIELDS = ("text_raw", "language")
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Clip:
     raw_id: str | int  # id and speaker as written in raw.jsonl, kept in the output
     raw_speaker: str | int | None
     ref: Clip | None = None
+    carried: dict[str, Any] = field(default_factory=dict)  # CARRIED_FIELDS the raw row has
 
 
 @dataclass
@@ -107,6 +111,7 @@ def _parse_clip(row: dict[str, Any] | None, bad: str, where: str, base: Path) ->
         origin=where,
         raw_id=rid,
         raw_speaker=speaker,
+        carried={k: row[k] for k in CARRIED_FIELDS if k in row},
     )
 
 
@@ -196,6 +201,7 @@ def _row(c: Clip, out_dir: str) -> dict[str, Any]:
         "speaker": c.raw_speaker,
         "audio": os.path.relpath(c.audio, out_dir),
         "text": c.text,
+        **c.carried,
         "duration": c.duration,
     }
     if c.ref is not None:
@@ -240,8 +246,15 @@ def build_manifest(p: ManifestParams) -> ManifestResult:
     assign_refs(train, val, p)
     out = Path(p.out)
     out_dir = os.path.abspath(out)
-    atomic_write_text(out / "train.jsonl", _jsonl(train, out_dir))
-    atomic_write_text(out / "val.jsonl", _jsonl(val, out_dir))
     report = _report(list(p.input), train, val)
-    write_report(out, report, run={"seconds": round(time.perf_counter() - start, 3)})
+    try:
+        atomic_write_text(out / "train.jsonl", _jsonl(train, out_dir))
+        atomic_write_text(out / "val.jsonl", _jsonl(val, out_dir))
+        write_report(out, report, run={"seconds": round(time.perf_counter() - start, 3)})
+    except OSError as e:  # a full or read-only disk: each file is written whole or not at all
+        raise StepError(
+            f"writing the manifest into {out} failed ({e.strerror or e}). Each file there is either the new "
+            "one, whole, or left as it was; no temp file is left. Free space (or make the folder writable) "
+            "and rerun `voxpipe manifest`"
+        ) from e
     return ManifestResult(out=out, report=report)

@@ -3,6 +3,9 @@
 An input is a parquet file, a CSV / TSV / JSONL manifest of audio paths, an LJSpeech folder
 (`metadata.csv` + `wavs/`), or a folder searched recursively for all of these, in sorted order. A row
 range (file, start, stop) is the unit both a whole run and one shard of a sharded run read.
+
+A file or folder found in an input folder that is a link leading out of it is never opened: it
+becomes one quarantined row (`unsafe_path`), so the run says what it did not read, and why.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "json
 class SourceFile:
     path: Path
     root: Path  # the dataset folder: audio paths must resolve inside it
-    kind: str  # parquet | csv | tsv | jsonl | ljspeech
+    kind: str  # parquet | csv | tsv | jsonl | ljspeech | unsafe (a link out of the input folder)
     num_rows: int
     audio_kind: str  # parquet: struct (HF {bytes, path}), bytes or path; manifests: path
     columns: Columns  # the columns read; speaker "" = none: every row is speaker "default"
@@ -36,16 +39,35 @@ def _kind(path: Path) -> str | None:
     return "ljspeech" if is_ljspeech(path) else SUFFIXES.get(path.suffix.lower())
 
 
-def _walk(folder: Path) -> Iterator[Path]:
+UNSAFE = "unsafe"
+
+
+def _outside(path: Path, real_root: str) -> bool:
+    return os.path.commonpath([os.path.realpath(path), real_root]) != real_root
+
+
+def _walk(folder: Path, real_root: str) -> Iterator[Path]:
     """Files under `folder`, skipping hidden folders (.git, .dvc) and the output folders of voxpipe
-    steps (they hold a report.json): an ingest's own raw.jsonl is not an input."""
+    steps (they hold a report.json): an ingest's own raw.jsonl is not an input. A link that leads
+    outside `real_root` is yielded as itself, not followed."""
     for name in os.listdir(folder):
         path = folder / name
-        if path.is_dir():
+        if path.is_symlink() and _outside(path, real_root):
+            if not name.startswith("."):
+                yield path
+        elif path.is_dir():
             if not name.startswith(".") and not (path / "report.json").is_file():
-                yield from _walk(path)
+                yield from _walk(path, real_root)
         elif path.is_file():
             yield path
+
+
+def _found_kind(path: Path, real_root: str) -> str | None:
+    """The kind of a file found in an input folder; UNSAFE for a link out of it that would be an input
+    (a folder, or a file named like one): any other file there (a clip) is not an input anyway."""
+    if path.is_symlink() and _outside(path, real_root):
+        return UNSAFE if path.is_dir() or _kind(path) else None
+    return _kind(path)
 
 
 def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
@@ -54,7 +76,8 @@ def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found += [(f, path, k) for f in sorted(_walk(path)) if (k := _kind(f))]
+            real = os.path.realpath(path)
+            found += [(f, path, k) for f in sorted(_walk(path, real)) if (k := _found_kind(f, real))]
         elif path.is_file():
             kind = _kind(path)
             if kind is None:
@@ -75,6 +98,8 @@ def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
 
 def open_source(path: Path, root: Path, kind: str, cols: Columns, notices: list[str]) -> SourceFile:
     """Check one input's columns; a file without a speaker column becomes one speaker, with a notice."""
+    if kind == UNSAFE:  # one row, quarantined: the link is not opened
+        return SourceFile(path, root, kind, 1, "path", cols)
     if kind == "parquet":
         rows, audio_kind, used = open_parquet(path, cols)
     else:
@@ -98,6 +123,11 @@ def open_sources(inputs: list[str], cols: Columns, notices: list[str]) -> list[S
 
 def iter_rows(src: SourceFile, start: int, stop: int, batch_rows: int) -> Iterator[list[RawRow]]:
     """Rows [start, stop) of one input, in file order, in batches of at most `batch_rows`."""
+    if src.kind == UNSAFE:
+        target = os.path.realpath(src.path)
+        why = (f"input {src.path} is a link to {target}, outside the input folder {src.root}; it was not "
+               "read. Copy the file into the folder (or name it as an input itself) to ingest it")
+        return iter([[RawRow(0, None, None, None, why, "unsafe_path")]] if start < 1 <= stop else [])
     if src.kind == "parquet":
         return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows)
     return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows)

@@ -4,8 +4,9 @@ Most voice data is not parquet: it is a folder of WAVs with `metadata.csv` (LJSp
 normalized_text` lines, audio in `wavs/<id>.wav`), or a table with a path, a text and maybe a speaker
 column. Each record becomes the same `RawRow` a parquet row does (audio = a path relative to the
 manifest's folder), so quarantine, accounting and content addressing are the ones parquet gets. A
-record that cannot be read as a row (wrong field count, bad JSON) is quarantined as `malformed_row`
-with its line number; only an unreadable file stops the run.
+record that cannot be read as a row (wrong field count, bad JSON, a CSV field longer than Python's
+csv limit of 131,072 characters) is quarantined as `malformed_row` with its line number; only an
+unreadable file stops the run.
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ def _records(path: Path, kind: str) -> Iterator[Record]:
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f, delimiter=DELIMITERS[kind])
             header = next(reader, [])
-            for fields in reader:
+            while True:
+                try:
+                    fields = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as e:  # a field over the limit: the reader resumes at the next line
+                    yield reader.line_num, None, f"line {reader.line_num}: {e}; no transcript is that long"
+                    continue
                 if not fields:
                     continue
                 if len(fields) != len(header):

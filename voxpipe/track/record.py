@@ -44,7 +44,7 @@ TRAIN_TOTALS = (
 )
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 BATCH = 1000  # MLflow's limit on metrics per log_batch (params/tags: 100)
-TEXT_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".yaml")
+TEXT_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".yaml", ".html")
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
 
 
@@ -214,7 +214,9 @@ def log_pipeline_run(
         if art.data is not None:
             with active_run(run_id):
                 _log_dataset(art.data)
-            log_file(client, run_id, art.data.folder / "report.json", "data", secrets)
+            for name in ("report.json", "data-report.html", "data-report.png"):  # the page ingest wrote
+                if (art.data.folder / name).is_file():
+                    log_file(client, run_id, art.data.folder / name, "data", secrets)
 
     def train() -> None:
         log_metrics(client, run_id, unheld(client, run_id, step_metrics(art)))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+
 def plan_batches(lengths: list[int], max_samples: int) -> list[list[int]]:
     """Greedy consecutive groups whose padded size (count × longest) stays within max_samples.
 

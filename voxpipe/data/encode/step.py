@@ -202,19 +202,31 @@ def encoded_row(row: Row, out: Path, enc: Encoder, index: ShardIndex, hashes: Ha
     return data
 
 
+def byte_piece_ids(enc: Encoder) -> frozenset[int]:
+    """Ids of the tokenizer's byte-fallback pieces (`<0x00>`..`<0xFF>`)."""
+    found = (enc.tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256))
+    return frozenset(i for i in found if i is not None)
+
+
 def _write_split(path: Path, rows: list[Row], out: Path, enc: Encoder, index: ShardIndex, hashes: Hashes,
                  problems: dict[str, str], quarantine: Quarantine) -> dict[str, int]:
-    """out/<manifest name> with every row whose clips were encoded; the others are quarantined."""
-    lines, totals = [], Counter(rows=0, ref_rows=0, audio_frames=0, lm_tokens=0)
+    """out/<manifest name> with every row whose clips were encoded; the others are quarantined.
+
+    Each row counts its `byte_tokens`: characters the base model's tokenizer has no token for, spelled
+    as byte-fallback pieces the model has barely seen (a new script, emoji). The check lives here, not
+    in ingest, because the tokenizer is the base checkpoint's, and only encode has it."""
+    lines, totals = [], Counter(rows=0, ref_rows=0, audio_frames=0, lm_tokens=0, byte_token_rows=0)
+    pieces = byte_piece_ids(enc)
     for row in rows:
         bad = _row_problem(row, hashes, problems)
         if bad:
             quarantine.add(row.file, row.line, *bad)
             continue
         data = encoded_row(row, out, enc, index, hashes)
+        data["byte_tokens"] = sum(i in pieces for i in enc.tokenizer.encode(row.data["text"]))
         lines.append(json.dumps(data, ensure_ascii=False) + "\n")
         totals.update(rows=1, ref_rows=int(row.ref is not None), audio_frames=data["audio_frames"],
-                      lm_tokens=data["lm_tokens"])
+                      lm_tokens=data["lm_tokens"], byte_token_rows=int(data["byte_tokens"] > 0))
     atomic_write_text(path, "".join(lines))
     return dict(totals)
 
