@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from voxpipe.report import atomic_write_text
+from voxpipe.files import atomic_write_text
 
 PAGE = "data-report.html"
 FIGURE = "data-report.png"
