@@ -31,7 +31,8 @@ SAMPLE_RATE = 16000
 # faster for WER 0.82 instead of 0.78, and on the noise of a model that does not stop yet 3x
 # faster: there the default spends ~0.7 s per audio second searching.
 MAX_HMM_PER_FRAME = 3000
-WHISPER_MAX_NEW_TOKENS = 200
+WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
+WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
 
 
 class Recogniser(Protocol):
@@ -90,6 +91,7 @@ class Whisper:
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self._net = WhisperForConditionalGeneration.from_pretrained(path).to(device).eval()
         self._device, self._torch = device, torch
+        self._max_new = min(WHISPER_MAX_NEW_TOKENS, self._net.config.max_target_positions - WHISPER_PROMPT)
         self._languages = {k.strip("<|>") for k in (getattr(self._net.generation_config, "lang_to_id", None)
                                                     or {})}
 
@@ -101,7 +103,7 @@ class Whisper:
                                   return_tensors="pt").input_features.to(self._device)
         with self._torch.no_grad():
             ids = self._net.generate(features, language=language, task="transcribe",
-                                     max_new_tokens=WHISPER_MAX_NEW_TOKENS)
+                                     max_new_tokens=self._max_new)
         return self._tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
 
 
