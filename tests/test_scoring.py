@@ -52,7 +52,8 @@ def test_the_figure_is_the_mean_of_per_utterance_rates_and_an_empty_reference_ha
 
 
 def test_a_language_without_a_configured_recogniser_gets_null_with_the_reason():
-    heard, rate = intelligibility(np.zeros(16000, dtype=np.float32), "你好世界", "zh", Recognisers([], None, None))
+    silence = np.zeros(16000, dtype=np.float32)
+    heard, rate = intelligibility(silence, "你好世界", "zh", Recognisers([], None, None))
     assert rate is None and heard["cer"] is None and heard["metric"] == "cer" and heard["asr"] is None
     assert "evaluate.asr is empty" in heard["asr_reason"]
     recognisers = Recognisers(["pocketsphinx"], None, None)
@@ -68,8 +69,13 @@ SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|zh|>", "<|tra
 def tiny_whisper(folder) -> None:
     """A random-init Whisper with a word-level tokenizer: the files a real whisper folder has."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (GenerationConfig, PreTrainedTokenizerFast, WhisperConfig, WhisperFeatureExtractor,
-                              WhisperForConditionalGeneration)
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
 
     vocab = {w: i for i, w in enumerate(["hello", "world", "你", "好", *SPECIALS])}
     words = Tokenizer(models.WordLevel(vocab, unk_token="hello"))
@@ -84,8 +90,8 @@ def tiny_whisper(folder) -> None:
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config)
     model.generation_config = GenerationConfig(
-        decoder_start_token_id=config.decoder_start_token_id, eos_token_id=eos, pad_token_id=eos, max_length=16,
-        is_multilingual=True, no_timestamps_token_id=vocab["<|notimestamps|>"],
+        decoder_start_token_id=config.decoder_start_token_id, eos_token_id=eos, pad_token_id=eos,
+        max_length=16, is_multilingual=True, no_timestamps_token_id=vocab["<|notimestamps|>"],
         lang_to_id={"<|en|>": vocab["<|en|>"], "<|zh|>": vocab["<|zh|>"]},
         task_to_id={"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
     )
@@ -120,9 +126,9 @@ def test_wavlm_from_a_folder_embeds_a_clip_and_not_silence(tmp_path):
     from transformers import Wav2Vec2FeatureExtractor, WavLMConfig, WavLMForXVector
 
     config = WavLMConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                         conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_conv_pos_embeddings=16,
-                         num_conv_pos_embedding_groups=2, tdnn_dim=(16, 16), tdnn_kernel=(3, 1),
-                         tdnn_dilation=(1, 1), xvector_output_dim=8)
+                         conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2),
+                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, tdnn_dim=(16, 16),
+                         tdnn_kernel=(3, 1), tdnn_dilation=(1, 1), xvector_output_dim=8)
     torch.manual_seed(0)
     WavLMForXVector(config).save_pretrained(tmp_path / "wavlm")
     Wav2Vec2FeatureExtractor(return_attention_mask=True).save_pretrained(tmp_path / "wavlm")
