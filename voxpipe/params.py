@@ -480,8 +480,9 @@ class SynthesizeParams(Section):
     voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
 
     model: str = Field(
-        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS or "
-        "models:/NAME/VERSION, from tracking.uri) or a checkpoint folder (upstream layout)"
+        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS, "
+        "models:/NAME/VERSION, or @ALIAS / a version number of register.model_name, from tracking.uri) or a "
+        "checkpoint folder (upstream layout)"
     )
     text: str = Field("", description="what to say")
     reference: str | None = Field(
