@@ -269,3 +269,18 @@ def test_missing_val_split_is_a_clear_error(encoded_sample, tmp_path, capsys):
                "--data", str(empty), "--out", str(tmp_path / "eval"), "--device", "cpu"])
     assert rc == 1
     assert "no encoded val rows" in capsys.readouterr().err
+
+
+def test_a_random_init_baseline_that_stops_at_once_fails_on_stopping_as_premature(base, encoded_sample):
+    """The random-init tiny base predicts a stop within a few patches on texts that take seconds: with the
+    automatic limit nothing runs away, and every clip counts as a premature stop, not as a success."""
+    from voxpipe.evaluate.generation import plan_speakers, synthesize
+
+    val = EncodedDataset(encoded_sample.encoded, "val")
+    plans = plan_speakers(val, EncodedDataset(encoded_sample.encoded, "train"), 1)
+    clips = [g for plan in plans for g in synthesize(base, plan, max_len=0, cfg_value=2.0,
+                                                     inference_timesteps=2, seed=0)]
+    assert all(g.utterance.expected_seconds > 1.0 for g in clips)  # speaking rate x characters
+    assert all(not g.hit_limit and g.audio_seconds < 0.5 * g.utterance.expected_seconds for g in clips)
+    assert [g.stop(0.5) for g in clips] == ["premature"] * len(clips)
+    assert all(g.utterance.language == "en" for g in clips)  # detected from the script: no row names one
