@@ -6,6 +6,7 @@ training (tiny model, one process), the real evaluate (few, short generations) a
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from voxpipe.files import step_folders
 from voxpipe.lineage import dvc_md5
 from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.track.register import register
+from voxpipe.train.identity import IDENTITY_FILE
 from voxpipe.train.loop import train
 
 pytestmark = pytest.mark.slow  # trains with periodic exports, then evaluates and registers them
@@ -57,10 +59,24 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
                         model=str(trained / "exports"), data=str(encoded_sample.encoded), out=str(out),
                         device="cpu", seeds=[0, 1], texts_per_speaker=1, max_len=4, inference_timesteps=2,
                         asr=False))
-    result = evaluate(params)
+    # an export an earlier run left behind (another lr): never scored as this run's
+    stale = trained / "exports" / "step-40"
+    shutil.copytree(trained / "exports" / "step-4", stale)
+    identity = json.loads((stale / IDENTITY_FILE).read_text())
+    identity["params"]["train.lr"] = 1e-5
+    (stale / IDENTITY_FILE).write_text(json.dumps({**identity, "run": "0123456789abcdef", "step": 40}))
+    try:
+        result = evaluate(params)
+    finally:
+        shutil.rmtree(stale)
     report = json.loads((out / "eval.json").read_text())
     table = report["exports"]
     assert [row["step"] for row in table] == [4, 5]
+    (skipped,) = report["exports_of_run"]["skipped"]
+    assert skipped["step"] == 40 and "another run" in skipped["why"]
+    assert "train.lr 1e-05 vs 0.002" in skipped["why"]
+    assert report["exports_of_run"]["identity_from"].endswith("trainer.json")
+    assert json.loads((out / "report.json").read_text())["exports_skipped"] == 1
     columns = {"loss", "loss_std", "speaker_similarity", "stop_failure_rate", "promoted", "failed"}
     assert all(columns <= set(row) for row in table)
     chosen = report["chosen"]
@@ -69,7 +85,7 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     row = next(r for r in table if r["step"] == chosen["step"])
     assert report["loss_model"] == pytest.approx(row["loss"])  # the flat figures are the chosen export's
     assert [c["name"] for c in report["promotion"]["criteria"]] == [
-        "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split"]
+        "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split", "quality"]
     assert report["improved"] == int(report["promotion"]["promoted"]) == int(row["promoted"])
     sims = report["scores"]["model"]["similarity"]
     assert sorted(sims) == ["spk_f", "spk_m"]

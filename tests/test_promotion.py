@@ -15,9 +15,11 @@ from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, decide, m
 TOLERANCE = 0.05
 
 
-def scores(loss=1.0, std=0.01, sims=None, stop=0.0, split=()) -> Scores:
+def scores(loss=1.0, std=0.01, sims=None, stop=0.0, split=(), mos=3.0, premature=None) -> Scores:
     sims = sims or {"spk_f": [0.80, 0.82, 0.78, 0.80], "spk_m": [0.70, 0.72, 0.68, 0.70]}
-    return Scores(loss, std, {k: mean_ci(v) for k, v in sims.items()}, stop, list(split))
+    premature = stop if premature is None else premature
+    return Scores(loss, std, {k: mean_ci(v) for k, v in sims.items()}, stop, list(split),
+                  premature_stop_rate=premature, runaway_stop_rate=stop - premature, mos_ovrl=mos)
 
 
 BASE = scores(loss=1.0)
@@ -27,11 +29,15 @@ def by_name(verdict: Verdict) -> dict[str, bool]:
     return {c.name: c.passed for c in verdict.criteria}
 
 
+def criterion(verdict: Verdict, name: str):
+    return next(c for c in verdict.criteria if c.name == name)
+
+
 def test_a_candidate_better_in_loss_and_voice_is_promoted_with_every_criterion_recorded():
     v = decide(scores(loss=0.9), BASE, None, TOLERANCE)
     assert v.promoted and v.against == "baseline"
     assert by_name(v) == {"loss": True, "similarity[spk_f]": True, "similarity[spk_m]": True,
-                          "stop_failures": True, "voice_split": True}
+                          "stop_failures": True, "voice_split": True, "quality": True}
     loss = v.criteria[0]
     assert (loss.candidate, loss.reference) == (0.9, 1.0) and loss.limit == pytest.approx(0.99)
     assert "improvement +0.10000" in loss.detail and "seed spread 0.01000" in loss.detail
@@ -52,7 +58,7 @@ def test_better_loss_and_worse_voice_is_not_promoted():
     v = decide(drifted, BASE, None, TOLERANCE)
     assert not v.promoted
     assert by_name(v) == {"loss": True, "similarity[spk_f]": True, "similarity[spk_m]": False,
-                          "stop_failures": True, "voice_split": True}
+                          "stop_failures": True, "voice_split": True, "quality": True}
     (failed,) = v.failed()
     assert failed.limit == pytest.approx(0.70 - TOLERANCE) and failed.candidate == pytest.approx(0.60)
     assert "95% CI" in failed.detail and "similarity[spk_m] FAIL" in v.sentence()
@@ -72,9 +78,32 @@ def test_more_stop_failures_is_not_promoted():
     assert decide(scores(loss=0.5, stop=0.125), scores(stop=0.125), None, TOLERANCE).promoted  # equal is fine
 
 
+def test_premature_stops_count_as_stop_failures_beside_runaway_ones():
+    """A model that stops at once (the random-init baseline) fails on stopping: a fine-tune that stops
+    prematurely more often than its baseline is refused, and the detail says which way it failed."""
+    v = decide(scores(loss=0.5, stop=0.5, premature=0.5), scores(stop=0.25, premature=0.0), None, TOLERANCE)
+    stop = criterion(v, "stop_failures")
+    assert not stop.passed and not v.promoted
+    assert "premature 50%, runaway 0%" in stop.detail and "premature 0%, runaway 25%" in stop.detail
+
+
+def test_a_quality_drop_beyond_the_tolerance_is_not_promoted():
+    assert decide(scores(loss=0.5, mos=2.95), scores(mos=3.0), None, TOLERANCE, mos_tolerance=0.1).promoted
+    v = decide(scores(loss=0.5, mos=2.8), scores(mos=3.0), None, TOLERANCE, mos_tolerance=0.1)
+    quality = criterion(v, "quality")
+    assert not v.promoted and not quality.passed and quality.limit == pytest.approx(2.9)
+    assert "DNSMOS ovrl 2.80 vs baseline 3.00" in quality.detail
+    # no figure: no pass
+    assert not decide(scores(loss=0.5, mos=None), scores(mos=3.0), None, TOLERANCE).promoted
+    # an eval.json from before the figure existed: the baseline has none, nothing to compare with
+    old = Scores.from_dict({k: v for k, v in scores().as_dict().items() if k != "mos_ovrl"})
+    assert old.mos_ovrl is None
+    assert criterion(decide(scores(loss=0.5), old, None, TOLERANCE), "quality").passed
+
+
 def test_a_new_voice_split_is_not_promoted_but_one_the_baseline_had_is_no_worse():
     v = decide(scores(loss=0.5, split=["spk_m/noref"]), BASE, None, TOLERANCE)
-    assert by_name(v)["voice_split"] is False and "new: spk_m/noref" in v.criteria[-1].detail
+    assert by_name(v)["voice_split"] is False and "new: spk_m/noref" in criterion(v, "voice_split").detail
     same = decide(scores(loss=0.5, split=["spk_m/noref"]), scores(split=["spk_m/noref"]), None, TOLERANCE)
     assert same.promoted
 

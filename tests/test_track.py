@@ -261,6 +261,32 @@ def test_synthesize_with_a_reference_clip(registered, server, pipeline, tmp_path
     assert "synthesize.reference" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
 
 
+def test_synthesize_takes_an_alias_or_a_version_and_without_a_champion_says_which_exist(
+        registered, server, tmp_path, capsys):
+    """`--model @candidate` and `--model N` name versions of register.model_name; with no @champion the
+    error lists the versions and their aliases and the flags that choose one (not MLflow's bare message)."""
+    a, b = registered
+    common = ["--text", "hi", "--max-len", "4", "--inference-timesteps", "2", "--device", "cpu",
+              "--tracking-uri", server, "--set", f"register.model_name={NAME}"]
+    assert main(["synthesize", "--model", "@candidate", "--out", str(tmp_path / "c.wav"), *common]) == 0
+    assert f"models:/{NAME}@candidate" in capsys.readouterr().out
+    assert main(["synthesize", "--model", str(b["version"]), "--out", str(tmp_path / "v.wav"), *common]) == 0
+    assert (tmp_path / "c.wav").read_bytes() == (tmp_path / "v.wav").read_bytes()  # @candidate is b
+    client = MlflowClient(server)
+    client.delete_registered_model_alias(NAME, "champion")
+    try:
+        assert main(["synthesize", "--model", f"models:/{NAME}@champion", "--out", str(tmp_path / "x.wav"),
+                     *common]) == 1
+        err = capsys.readouterr().err
+        assert f"'{NAME}' has no @champion" in err and "promotion rule" in err
+        assert f"{b['version']} (@candidate)" in err and "--model @candidate" in err and "--model N" in err
+        assert "Traceback" not in err and not (tmp_path / "x.wav").exists()
+        assert main(["synthesize", "--model", "99", "--out", str(tmp_path / "x.wav"), *common]) == 1
+        assert f"'{NAME}' has no version 99" in capsys.readouterr().err
+    finally:
+        client.set_registered_model_alias(NAME, "champion", a["version"])
+
+
 def test_worse_run_is_candidate_not_champion(registered, server):
     a, b = registered
     client = MlflowClient(server)
@@ -311,7 +337,8 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
 
     drifted = run_register(rule_run(root, tmp_path, "drifted", 1.50, similarity=0.45), **settings)
     verdicts = {c["name"]: c["passed"] for c in drifted["decision"]["criteria"]}
-    assert verdicts == {"loss": True, "similarity[spk]": False, "stop_failures": True, "voice_split": True}
+    assert verdicts == {"loss": True, "similarity[spk]": False, "stop_failures": True, "voice_split": True,
+                        "quality": True}
     assert not drifted["decision"]["promoted"] and drifted["aliases"] == ["candidate"]
     assert drifted["decision"]["compared_to"] == f"champion v{first['version']}"
     tags = MlflowClient(server).get_model_version(name, drifted["version"]).tags

@@ -389,6 +389,14 @@ class TrainParams(Section):
 class EvaluateParams(Section):
     """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
 
+    @field_validator("asr", mode="before")
+    @classmethod
+    def _asr_switch(cls, value: Any) -> Any:
+        """`evaluate.asr=true|false` (the switch it used to be): the bundled recogniser, or none."""
+        if isinstance(value, bool) or value in ("true", "false"):
+            return ["pocketsphinx"] if value in (True, "true") else []
+        return [value] if isinstance(value, str) else value
+
     model: str = Field(
         "work/train/exports", description="the fine-tune: a folder of step-N exports (train.export_every; "
         "each is scored and the promotion rule picks one) or one checkpoint folder (upstream layout)",
@@ -422,7 +430,33 @@ class EvaluateParams(Section):
     cfg_value: float = Field(2.0, gt=0, description="classifier-free guidance scale")
     inference_timesteps: int = Field(10, gt=0, description="Euler steps per patch")
     generation_seed: int = Field(0, description="seed of the generated samples")
-    asr: bool = Field(True, description="WER/CER with pocketsphinx's English model (README: its limits)")
+    min_duration_ratio: float = Field(
+        0.5, gt=0, lt=1, description="a generated clip shorter than this fraction of its expected length "
+        "(the speaker's speaking rate, seconds per character, times the text's characters) stopped "
+        "prematurely: a stop failure, as is reaching max_len"
+    )
+    asr: list[Literal["pocketsphinx", "whisper", "paraformer-zh"]] = Field(
+        default_factory=lambda: ["pocketsphinx"], description="recognisers for WER/CER, each language takes "
+        "the first that covers it: pocketsphinx (bundled, English), whisper (whisper_model), paraformer-zh "
+        "(paraformer_model, Chinese); a language none covers gets null. true = [pocketsphinx], false = []"
+    )
+    whisper_model: str | None = Field(
+        None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
+        "whisper"
+    )
+    paraformer_model: str | None = Field(
+        None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for asr "
+        "paraformer-zh"
+    )
+    speaker: Literal["resemblyzer", "wavlm"] = Field(
+        "resemblyzer", description="speaker-similarity encoder: resemblyzer (bundled GE2E) or wavlm "
+        "(WavLMForXVector from wavlm_model)"
+    )
+    wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
+    mos_tolerance: float = Field(
+        0.1, ge=0, description="promotion rule: the DNSMOS overall MOS (1-5) may fall at most this far below "
+        "the baseline's"
+    )
     require_improvement: bool = Field(
         False, description="fail unless the promotion rule passes against the baseline (loss better by more "
         "than the seed spread, voice kept: docs/evaluation.md)",
@@ -577,8 +611,9 @@ class SynthesizeParams(Section):
     voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
 
     model: str = Field(
-        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS or "
-        "models:/NAME/VERSION, from tracking.uri) or a checkpoint folder (upstream layout)"
+        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS, "
+        "models:/NAME/VERSION, or @ALIAS / a version number of register.model_name, from tracking.uri) or a "
+        "checkpoint folder (upstream layout)"
     )
     text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
                       "model takes the same)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,3 +62,41 @@ class StepProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class Progress:
+    """Progress of one long stage that is not a training loop (evaluate's loss, generation, scoring): a
+    bar on a terminal, else a log line at most every `every_s` seconds and one when the stage ends."""
+
+    def __init__(
+        self, total: int, desc: str, logger: logging.Logger, unit: str = "it", every_s: float = 30.0
+    ) -> None:
+        self.total, self.desc, self.unit, self.logger, self.every_s = total, desc, unit, logger, every_s
+        self.bar = bar(total=total, desc=desc, unit=unit)
+        self.done = 0
+        self.start = self.last_line = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if not self.bar.disable:
+            self.bar.update(n)
+        elif time.monotonic() - self.last_line >= self.every_s and self.done < self.total:
+            self._line()
+
+    def _line(self) -> None:
+        self.last_line = time.monotonic()
+        elapsed = self.last_line - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        self.logger.info("%s: %d/%d %s, %.0f s elapsed, eta %s", self.desc, self.done, self.total, self.unit,
+                         elapsed, "n/a" if eta is None else f"{eta:.0f} s")
+
+    def close(self) -> None:
+        if self.bar.disable:
+            self._line()
+        self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

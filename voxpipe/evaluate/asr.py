@@ -1,16 +1,26 @@
-"""Intelligibility: word and character error rates from an offline English ASR (PocketSphinx).
+"""Intelligibility: which recogniser hears each clip, per language (`evaluate.asr`, first that fits).
 
-PocketSphinx 5.1.1 ships its US-English acoustic model, dictionary and language model inside the
-wheel, so it runs offline. It is a small, old-style recogniser: on clean human read speech it
-gets a fair share of words right, on synthetic or accented voices far fewer. Its WER is therefore
-reported next to `wer_real`, its WER on the real recordings of the same texts: only the gap
-between the two says something about the generated audio. English text only.
+- `pocketsphinx`: bundled (its US-English model ships inside the wheel), English only. A small,
+  old-style recogniser: on synthetic or accented voices it misses many words, so its rate is always
+  reported next to its rate on the real recordings of the same texts (`*_real`).
+- `whisper`: transformers `WhisperForConditionalGeneration` from a local folder
+  (`evaluate.whisper_model`, e.g. a download of openai/whisper-large-v3, what Seed-TTS-eval uses for
+  English); the language is forced per row; any language its generation config lists.
+- `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`evaluate.paraformer_model`:
+  `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
+  what Seed-TTS-eval uses for Chinese); Chinese only. Hypotheses go to simplified Chinese (zhconv), as
+  Seed-TTS-eval does.
+
+No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and sherpa-onnx models all
+download at run time), so the last two need a folder the user provides. A language no configured
+backend covers gets no rate (null, with the reason), never a number.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -21,19 +31,34 @@ SAMPLE_RATE = 16000
 # faster for WER 0.82 instead of 0.78, and on the noise of a model that does not stop yet 3x
 # faster: there the default spends ~0.7 s per audio second searching.
 MAX_HMM_PER_FRAME = 3000
+WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
+WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
 
 
-class Transcriber:
+class Recogniser(Protocol):
+    backend: str
+    model: str  # what names the weights in eval.json
+
+    def covers(self, language: str) -> bool: ...
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str: ...
+
+
+class PocketSphinx:
+    backend, model = "pocketsphinx", "pocketsphinx 5.1.1 en-us (bundled)"
+
     def __init__(self) -> None:
         try:
             from pocketsphinx import Decoder
         except ImportError as e:
-            raise StepError(f"WER needs pocketsphinx ({e}): `pip install -e '.[eval]'` (or set evaluate.asr "
-                            "to false)") from e
+            raise StepError(f"evaluate.asr pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
+                            "(or leave it out of evaluate.asr)") from e
         self._decoder = Decoder(samprate=SAMPLE_RATE, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
 
-    def transcribe(self, wav: np.ndarray) -> str:
-        """Text of a 16 kHz mono float clip ("" when nothing was recognised)."""
+    def covers(self, language: str) -> bool:
+        return language == "en"
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str:
         pcm = (np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
         self._decoder.start_utt()
         self._decoder.process_raw(pcm, full_utt=True)
@@ -42,47 +67,104 @@ class Transcriber:
         return hyp.hypstr if hyp is not None else ""
 
 
-def words(text: str) -> list[str]:
-    """Lower case, punctuation dropped (apostrophes inside words kept), split on whitespace."""
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).replace(" '", " ").split()
+def _folder(key: str, value: str | None, needs: tuple[str, ...]) -> Path:
+    if not value:
+        raise StepError(f"evaluate.{key} is not set: name the local folder of the model (nothing downloads "
+                        "at run time), or leave the backend out of evaluate.asr / evaluate.speaker")
+    folder = Path(value)
+    missing = [n for n in needs if not (folder / n).is_file()]
+    if missing:
+        raise StepError(f"evaluate.{key} {folder}: not a model folder (no {', '.join(missing)})")
+    return folder
 
 
-def edit_distance(ref: list[str] | str, hyp: list[str] | str) -> int:
-    """Levenshtein distance (substitutions, insertions, deletions all cost 1)."""
-    previous = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        current = [i]
-        for j, h in enumerate(hyp, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
-        previous = current
-    return previous[-1]
+class Whisper:
+    backend = "whisper"
+
+    def __init__(self, folder: str | None, device: str = "cpu") -> None:
+        import torch
+        from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+        path = _folder("whisper_model", folder, ("config.json", "preprocessor_config.json"))
+        self.model = str(path)
+        self._features = WhisperFeatureExtractor.from_pretrained(path)
+        self._tokenizer = AutoTokenizer.from_pretrained(path)
+        self._net = WhisperForConditionalGeneration.from_pretrained(path).to(device).eval()
+        self._device, self._torch = device, torch
+        self._max_new = min(WHISPER_MAX_NEW_TOKENS, self._net.config.max_target_positions - WHISPER_PROMPT)
+        self._languages = {k.strip("<|>") for k in (getattr(self._net.generation_config, "lang_to_id", None)
+                                                    or {})}
+
+    def covers(self, language: str) -> bool:
+        return language in self._languages
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str:
+        features = self._features(np.asarray(wav, dtype=np.float32), sampling_rate=SAMPLE_RATE,
+                                  return_tensors="pt").input_features.to(self._device)
+        with self._torch.no_grad():
+            ids = self._net.generate(features, language=language, task="transcribe",
+                                     max_new_tokens=self._max_new)
+        return self._tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
+
+
+class ParaformerZh:
+    backend = "paraformer-zh"
+
+    def __init__(self, folder: str | None, threads: int = 1) -> None:
+        path = Path(folder) if folder else None
+        weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
+                       "model.onnx")
+        path = _folder("paraformer_model", folder, (weights, "tokens.txt"))
+        try:
+            import sherpa_onnx
+            import zhconv
+        except ImportError as e:
+            raise StepError(f"evaluate.asr paraformer-zh needs sherpa-onnx and zhconv ({e}): "
+                            "`pip install -e '.[eval]'`") from e
+        self.model = str(path / weights)
+        self._to_simplified = zhconv.convert
+        self._recognizer = sherpa_onnx.OfflineRecognizer.from_paraformer(
+            paraformer=str(path / weights), tokens=str(path / "tokens.txt"), num_threads=threads,
+            sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search",
+        )
+
+    def covers(self, language: str) -> bool:
+        return language == "zh"
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str:
+        stream = self._recognizer.create_stream()
+        stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
+        self._recognizer.decode_stream(stream)
+        return self._to_simplified(stream.result.text, "zh-cn")
+
+
+BACKENDS = ("pocketsphinx", "whisper", "paraformer-zh")
 
 
 @dataclass(frozen=True)
-class Errors:
-    word_edits: int
-    words: int
-    char_edits: int
-    chars: int
+class Choice:
+    """The recogniser of one language, or why there is none."""
 
-    @property
-    def wer(self) -> float:
-        return self.word_edits / max(self.words, 1)
-
-    @property
-    def cer(self) -> float:
-        return self.char_edits / max(self.chars, 1)
+    recogniser: Recogniser | None
+    reason: str | None
 
 
-def errors(reference: str, hypothesis: str) -> Errors:
-    ref, hyp = words(reference), words(hypothesis)
-    ref_chars, hyp_chars = " ".join(ref), " ".join(hyp)
-    return Errors(edit_distance(ref, hyp), len(ref), edit_distance(ref_chars, hyp_chars), len(ref_chars))
+class Recognisers:
+    """The configured backends, loaded once; `for_language` picks the first that covers a language."""
 
+    def __init__(self, names: list[str], whisper_model: str | None, paraformer_model: str | None,
+                 device: str = "cpu") -> None:
+        loaders = {"pocketsphinx": PocketSphinx, "whisper": lambda: Whisper(whisper_model, device),
+                   "paraformer-zh": lambda: ParaformerZh(paraformer_model)}
+        self.names = list(names)
+        self.loaded: list[Recogniser] = [loaders[n]() for n in names]
 
-def corpus_rates(items: list[Errors]) -> dict[str, float | None]:
-    """WER and CER over a set: total edits / total reference length (not a mean of per-clip rates)."""
-    if not items:
-        return {"wer": None, "cer": None}
-    total = Errors(*(sum(getattr(e, f.name) for e in items) for f in fields(Errors)))
-    return {"wer": total.wer, "cer": total.cer}
+    def for_language(self, language: str) -> Choice:
+        for r in self.loaded:
+            if r.covers(language):
+                return Choice(r, None)
+        if not self.loaded:
+            return Choice(None, "evaluate.asr is empty: no recogniser configured")
+        return Choice(None, f"no configured recogniser covers language {language!r} (evaluate.asr: "
+                            f"{', '.join(self.names)}; pocketsphinx is English only: add whisper with "
+                            "evaluate.whisper_model, or paraformer-zh for Chinese)")

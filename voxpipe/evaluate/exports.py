@@ -6,6 +6,7 @@ them); `evaluate.model` may name that folder, and then every export is scored (f
 voice metrics against the same baseline) and the promotion rule picks one: among the exports that
 pass it the lowest loss; when none passes, the lowest loss among those that keep the voice; else
 the lowest loss. `eval.json` records the whole table and the choice; `exports.png` plots it.
+Only the exports of the run in the folder are scored (`own_exports`); the others are listed, with why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, Verdict
 from voxpipe.files import step_folders
+from voxpipe.train.identity import folder_run, read_identity
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,64 @@ def find_candidates(path: Path) -> list[Candidate]:
             "evaluate.model at the train step's export/ or, with train.export_every, its exports/"
         )
     return sorted(found, key=lambda c: c.step or 0)
+
+
+@dataclass(frozen=True)
+class RunExports:
+    """The exports `evaluate` scores: those of the run in its `--model` folder, and the others, with why."""
+
+    candidates: list[Candidate]
+    skipped: list[dict[str, Any]]  # {"path", "step", "run", "why"}
+    run: str | None  # the run's identity hash (None: nothing records one)
+    source: str  # where the run's identity was read, or why there is none
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "identity_from": self.source, "skipped": self.skipped,
+                "scored": [str(c.path) for c in self.candidates]}
+
+
+def own_exports(path: Path) -> RunExports:
+    """`find_candidates`, less the exports that another run wrote (voxpipe/train/identity.py).
+
+    A folder of step-N exports belongs to the run in its parent folder (its newest checkpoint, else its
+    report.json); without one, to the run of its newest export. One checkpoint folder is scored as named."""
+    candidates = find_candidates(path)
+    if candidates[0].step is None:
+        found = read_identity(path)
+        return RunExports(candidates, [], found and found["run"], "the checkpoint named by evaluate.model")
+    identity, source = folder_run(path.parent)
+    if identity is None:
+        newest = read_identity(candidates[-1].path)
+        identity, source = newest, f"the newest export ({candidates[-1].path.name}): no run folder around it"
+    if identity is None:
+        return RunExports(candidates, [], None, "nothing records a run identity (exports written before "
+                                                "voxpipe recorded one): all are scored")
+    kept, skipped = [], []
+    for c in candidates:
+        mine = read_identity(c.path)
+        if mine is not None and mine["run"] == identity["run"]:
+            kept.append(c)
+            continue
+        why = ("it records no run identity (not written by this run's train)" if mine is None else
+               f"written by another run ({mine['run']}, not {identity['run']}): "
+               + _differences(mine, identity))
+        skipped.append({"path": str(c.path), "step": c.step, "run": mine and mine["run"], "why": why})
+    if not kept:
+        raise StepError(
+            f"{path}: none of its {len(candidates)} exports was written by the run whose identity {source} "
+            f"records ({identity['run']}); the first: {skipped[0]['why']}. Rerun train (its exports replace "
+            "these), or point evaluate.model at one checkpoint folder to score it as it is"
+        )
+    return RunExports(kept, skipped, identity["run"], source)
+
+
+def _differences(mine: dict[str, Any], run: dict[str, Any]) -> str:
+    keys = sorted(k for k in mine["params"].keys() | run["params"].keys()
+                  if mine["params"].get(k) != run["params"].get(k))
+    parts = [f"{k} {mine['params'].get(k)!r} vs {run['params'].get(k)!r}" for k in keys[:5]]
+    if mine.get("data_version") != run.get("data_version"):
+        parts.append(f"data version {mine.get('data_version')} vs {run.get('data_version')}")
+    return "; ".join(parts) or "same params and data, another run"
 
 
 @dataclass(frozen=True)

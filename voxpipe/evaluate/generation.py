@@ -3,7 +3,9 @@
 Per speaker (speakers of the val set, sorted): its val rows sorted by id give the texts (train rows
 fill in when val has fewer than `texts_per_speaker`, marked `source: train`); one fixed real clip
 of the speaker, preferably a train clip not among the texts, is the reference for all of them, so
-differences between utterances come from the model, not from changing references. Every text is
+differences between utterances come from the model, not from changing references. Each text's expected
+length is the speaker's speaking rate (seconds per character, over all its rows) times its characters:
+a clip far shorter stopped prematurely, one that reaches the limit ran away. Every text is
 generated once with that reference ("cloning") and once without ("the voice the model learned"),
 in one batch per condition whose seed is the same for every checkpoint: a paired comparison.
 """
@@ -19,6 +21,8 @@ import numpy as np
 import torch
 
 from voxpipe.data.dataset import EncodedDataset
+from voxpipe.data.language import detect_language
+from voxpipe.evaluate.scoring import text_units
 from voxpipe.model.voxcpm2 import VoxCPM2
 
 REAL_CLIPS_PER_SPEAKER = 8  # real recordings that define a voice's centre embedding and pitch
@@ -35,6 +39,9 @@ class Utterance:
     real_audio: Path  # the real recording of this text
     real_seconds: float
     with_reference: bool
+    language: str  # the row's `language` (ingest), else detected from the script of its text
+    expected_seconds: float | None  # the speaker's speaking rate times the text's characters
+
 
     @property
     def name(self) -> str:
@@ -48,6 +55,7 @@ class SpeakerPlan:
     reference_id: str
     reference: torch.Tensor  # the reference clip's VAE latents [D, frames]
     real_clips: list[Path]
+    seconds_per_unit: float | None  # speaking rate over all the speaker's rows (scoring.text_units)
 
 
 Row = tuple[str, EncodedDataset, int]  # (source split, its dataset, row index)
@@ -67,6 +75,12 @@ def _speaker_rows(pools: list[tuple[str, EncodedDataset]], speaker: str) -> list
     return out
 
 
+def speaking_rate(rows: list[tuple[str, float]]) -> float | None:
+    """Seconds per text unit over (text, seconds) rows: total duration / total characters."""
+    units = sum(text_units(text) for text, _ in rows)
+    return sum(seconds for _, seconds in rows) / units if units else None
+
+
 def plan_speakers(
     val: EncodedDataset, train: EncodedDataset | None, texts_per_speaker: int
 ) -> list[SpeakerPlan]:
@@ -76,16 +90,19 @@ def plan_speakers(
     index = 0
     for speaker in sorted({r["speaker"] for r in val.rows}):
         rows = _speaker_rows(pools, speaker)
+        rate = speaking_rate([(d.rows[i]["text"], float(d.rows[i]["duration"])) for _, d, i in rows])
         chosen, rest = rows[:texts_per_speaker], rows[texts_per_speaker:]
         _, ref_data, ref_i = ([r for r in rest if r[0] == "train"] or rest or chosen)[0]
         utterances = []
         for row in chosen:
             source, data, i = row
             meta = data.rows[i]
+            language = meta.get("language") or detect_language(meta["text"])
+            expected = rate * text_units(meta["text"]) if rate is not None else None
             for with_reference in (True, False):
                 utterances.append(Utterance(
                     index, speaker, meta["id"], source, meta["text"], _audio_path(row),
-                    float(meta["duration"]), with_reference,
+                    float(meta["duration"]), with_reference, language, expected,
                 ))
                 index += 1
         plans.append(SpeakerPlan(
@@ -94,6 +111,7 @@ def plan_speakers(
             reference_id=ref_data.rows[ref_i]["id"],
             reference=ref_data[ref_i].latents.T.contiguous(),
             real_clips=[_audio_path(r) for r in rows[:REAL_CLIPS_PER_SPEAKER]],
+            seconds_per_unit=rate,
         ))
     return plans
 
@@ -105,12 +123,22 @@ class Generated:
     sample_rate: int
     max_len: int  # patches allowed
     patches: int  # patches generated
-    hit_limit: bool  # no stop predicted within max_len: a stop failure
+    hit_limit: bool  # no stop predicted within max_len: a stop failure (runaway)
     seconds: float  # wall time of generation and decoding
 
     @property
     def audio_seconds(self) -> float:
         return self.audio.size / self.sample_rate
+
+    def stop(self, min_duration_ratio: float) -> str:
+        """"runaway" (hit the limit), "premature" (shorter than min_duration_ratio of the expected length),
+        else "ok"."""
+        if self.hit_limit:
+            return "runaway"
+        expected = self.utterance.expected_seconds
+        if expected is not None and self.audio_seconds < min_duration_ratio * expected:
+            return "premature"
+        return "ok"
 
 
 def patch_limit(model: VoxCPM2, utterance: Utterance, max_len: int) -> int:

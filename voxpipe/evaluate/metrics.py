@@ -1,4 +1,5 @@
-"""Per-clip measurements: who it sounds like (speaker embedding), its pitch, and what an ASR hears.
+"""Per-clip measurements: who it sounds like (speaker embedding), its pitch, what an ASR hears in the row's
+language, how clean it sounds (DNSMOS) and whether it stopped where it should.
 
 Real voices first: each speaker's real recordings give the centre of its voice (mean speaker
 embedding) and its typical pitch; every generated clip is then compared with the centre of the
@@ -15,11 +16,13 @@ from typing import Any
 import numpy as np
 
 from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
+from voxpipe.data.quality import Dnsmos
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Errors, Transcriber, errors
+from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.generation import Generated, SpeakerPlan
 from voxpipe.evaluate.pitch import median_f0
-from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
+from voxpipe.evaluate.scoring import Rate, metric_of, utterance_rate
+from voxpipe.evaluate.speaker import SpeakerEncoder, WavLMEncoder, cosine, unit_mean
 
 SAMPLE_RATE = 16000
 
@@ -50,7 +53,7 @@ def load_16k(path: Path) -> np.ndarray:
                         "encoded rows point at") from e
 
 
-def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder) -> Voice:
+def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder | WavLMEncoder) -> Voice:
     wavs = [load_16k(p) for p in plan.real_clips]
     embeddings = [e for e in (encoder.embed(w, SAMPLE_RATE) for w in wavs) if e is not None]
     if not embeddings:
@@ -67,47 +70,67 @@ def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder) -> Voice:
 class ClipMeasures:
     record: dict[str, Any]  # what eval.json lists for the clip
     embedding: np.ndarray | None  # kept apart: the consistency check needs it, the report does not
-    errors: Errors | None
+    rate: Rate | None
 
 
-def measure(
-    clip: Generated,
-    voices: dict[str, Voice],
-    encoder: SpeakerEncoder,
-    transcriber: Transcriber | None,
-) -> ClipMeasures:
+@dataclass(frozen=True)
+class Scorers:
+    """What measures a clip, loaded once for every checkpoint."""
+
+    encoder: SpeakerEncoder | WavLMEncoder
+    recognisers: Recognisers
+    dnsmos: Dnsmos
+    min_duration_ratio: float
+
+
+def intelligibility(wav: np.ndarray, text: str, language: str, recognisers: Recognisers
+                    ) -> tuple[dict[str, Any], Rate | None]:
+    """The clip's transcript and CER (zh) / WER (others), or null with the reason; names the backend."""
+    choice = recognisers.for_language(language)
+    metric = metric_of(language)
+    if choice.recogniser is None:
+        return {"asr": None, "asr_model": None, "transcript": None, "metric": metric, metric: None,
+                "asr_reason": choice.reason}, None
+    transcript = choice.recogniser.transcribe(wav, language)
+    rate = utterance_rate(text, transcript, language)
+    return {"asr": choice.recogniser.backend, "asr_model": choice.recogniser.model, "transcript": transcript,
+            "metric": metric, metric: rate.rate if rate else None,
+            "asr_reason": None if rate else "the reference has no text left to score"}, rate
+
+
+def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> ClipMeasures:
     u = clip.utterance
     wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
-    embedding = encoder.embed(wav, SAMPLE_RATE)
+    embedding = scorers.encoder.embed(wav, SAMPLE_RATE)
     similarity = nearest = nearest_similarity = None
     if embedding is not None:
         scores = {name: cosine(embedding, v.centre) for name, v in voices.items()}
         similarity = scores[u.speaker]
         nearest = max(scores, key=scores.__getitem__)
         nearest_similarity = scores[nearest]
-    errs = transcript = None
-    if transcriber is not None:
-        transcript = transcriber.transcribe(wav)
-        errs = errors(u.text, transcript)
+    heard, rate = intelligibility(wav, u.text, u.language, scorers.recognisers)
+    mos = scorers.dnsmos.score(wav, SAMPLE_RATE) if wav.size else None
     record = {
         "name": u.name,
         "speaker": u.speaker,
         "with_reference": u.with_reference,
         "text": u.text,
+        "language": u.language,
         "text_source": u.source,
         "row_id": u.row_id,
         "audio_seconds": clip.audio_seconds,
         "real_seconds": u.real_seconds,
+        "expected_seconds": u.expected_seconds,
         "patches": clip.patches,
         "max_len": clip.max_len,
         "hit_limit": clip.hit_limit,
+        "stop": clip.stop(scorers.min_duration_ratio),
         "rtf": clip.seconds / max(clip.audio_seconds, 1e-9),
         "similarity": similarity,
         "nearest_speaker": nearest,
         "nearest_similarity": nearest_similarity,
         "f0_median_hz": median_f0(wav),
-        "transcript": transcript,
-        "wer": errs.wer if errs else None,
-        "cer": errs.cer if errs else None,
+        **heard,
+        "mos": mos,
     }
-    return ClipMeasures(record, embedding, errs)
+    return ClipMeasures(record, embedding, rate)

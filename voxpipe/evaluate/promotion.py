@@ -7,9 +7,13 @@ another speaker, and the reverse. A candidate is promoted only when every criter
    is no champion) by more than the seed spread (the larger std over seeds of the two);
 2. similarity, per target speaker: its mean speaker similarity is not below the baseline's by more
    than `tolerance` (GE2E cosine; 95 % confidence intervals recorded beside the means);
-3. stop failures: its rate of generations that never predicted a stop is not higher;
+3. stop failures: its rate of stop failures is not higher, counting both ways a clip can stop wrong:
+   a runaway one (no stop predicted within the limit) and a premature one (shorter than
+   `evaluate.min_duration_ratio` of the length the speaker's speaking rate gives its text), so a
+   model that says nothing at all fails here too;
 4. voice split: no (speaker, with/without reference) group splits into two voices that did not
-   already split for the baseline.
+   already split for the baseline;
+5. quality: its mean DNSMOS overall MOS is not below the baseline's by more than `mos_tolerance`.
 
 The voice criteria always compare with the baseline measured in the same `evaluate` run (same
 texts, references and seeds: a paired comparison), so a chain of promotions cannot drift away
@@ -25,7 +29,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from voxpipe.params import EvaluateParams
+
 CONFIDENCE = 0.95
+DEFAULT_MOS_TOLERANCE = EvaluateParams.model_fields["mos_tolerance"].default
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
@@ -49,15 +56,20 @@ class Scores:
     loss: float  # fixed-seed total loss, mean over seeds
     loss_std: float  # std over seeds
     similarity: dict[str, dict[str, Any]]  # speaker -> mean_ci of its utterances' similarity
-    stop_failure_rate: float | None
+    stop_failure_rate: float | None  # premature + runaway
     split_groups: list[str]  # "speaker/ref" | "speaker/noref" groups flagged as two voices
+    premature_stop_rate: float | None = None
+    runaway_stop_rate: float | None = None
+    mos_ovrl: float | None = None  # mean DNSMOS overall MOS of the generated clips
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scores:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        """From eval.json's `scores` (an older eval.json lacks the keys with defaults)."""
+        fields = cls.__dataclass_fields__
+        return cls(**{k: d[k] for k in fields if k in d})
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,7 @@ class LossReference:
 
 @dataclass(frozen=True)
 class Criterion:
-    name: str  # "loss", "similarity[spk_f]", "stop_failures", "voice_split"
+    name: str  # "loss", "similarity[spk_f]", "stop_failures", "voice_split", "quality"
     candidate: Any
     reference: Any
     limit: Any  # the bound the candidate had to meet
@@ -145,8 +157,25 @@ def similarity_criteria(candidate: Scores, baseline: Scores, tolerance: float) -
 def stop_criterion(candidate: Scores, baseline: Scores) -> Criterion:
     mine, base = candidate.stop_failure_rate, baseline.stop_failure_rate
     passed = base is None or (mine is not None and mine <= base)
+
+    def split(s: Scores) -> str:
+        return f"premature {_fmt(s.premature_stop_rate, '.0%')}, runaway {_fmt(s.runaway_stop_rate, '.0%')}"
+
     return Criterion("stop_failures", mine, base, base, passed,
-                     f"rate {_fmt(mine, '.0%')} vs baseline {_fmt(base, '.0%')}, must not be higher")
+                     f"rate {_fmt(mine, '.0%')} ({split(candidate)}) vs baseline {_fmt(base, '.0%')} "
+                     f"({split(baseline)}), must not be higher")
+
+
+def mos_criterion(candidate: Scores, baseline: Scores, tolerance: float) -> Criterion:
+    mine, base = candidate.mos_ovrl, baseline.mos_ovrl
+    if base is None:
+        return Criterion("quality", mine, base, None, True,
+                         "the baseline has no DNSMOS figure to compare with")
+    limit = base - tolerance
+    passed = mine is not None and mine >= limit
+    return Criterion("quality", mine, base, limit, passed,
+                     f"DNSMOS ovrl {_fmt(mine, '.2f')} vs baseline {base:.2f}, must be >= {limit:.2f} "
+                     f"(tolerance {tolerance:g})")
 
 
 def split_criterion(candidate: Scores, baseline: Scores) -> Criterion:
@@ -157,16 +186,20 @@ def split_criterion(candidate: Scores, baseline: Scores) -> Criterion:
                      not new, detail)
 
 
-def voice_criteria(candidate: Scores, baseline: Scores, tolerance: float) -> list[Criterion]:
-    """Criteria 2-4: the candidate against the baseline of the same evaluation."""
+def voice_criteria(
+    candidate: Scores, baseline: Scores, tolerance: float, mos_tolerance: float
+) -> list[Criterion]:
+    """Criteria 2-5: the candidate against the baseline of the same evaluation."""
     return [*similarity_criteria(candidate, baseline, tolerance), stop_criterion(candidate, baseline),
-            split_criterion(candidate, baseline)]
+            split_criterion(candidate, baseline), mos_criterion(candidate, baseline, mos_tolerance)]
 
 
-def decide(candidate: Scores, baseline: Scores, reference: LossReference | None, tolerance: float) -> Verdict:
+def decide(candidate: Scores, baseline: Scores, reference: LossReference | None, tolerance: float,
+           mos_tolerance: float = DEFAULT_MOS_TOLERANCE) -> Verdict:
     """The whole rule; `reference` None = the baseline's loss is the one to beat."""
     reference = reference or LossReference("baseline", baseline.loss, baseline.loss_std)
-    criteria = [loss_criterion(candidate, reference), *voice_criteria(candidate, baseline, tolerance)]
+    criteria = [loss_criterion(candidate, reference),
+                *voice_criteria(candidate, baseline, tolerance, mos_tolerance)]
     return Verdict(all(c.passed for c in criteria), reference.label, criteria)
 
 

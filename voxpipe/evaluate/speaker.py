@@ -1,6 +1,10 @@
-"""Speaker embeddings from Resemblyzer's pretrained GE2E speaker-verification encoder.
+"""Speaker embeddings (`evaluate.speaker`): Resemblyzer's GE2E encoder (bundled, the default), or WavLM.
 
-Why this encoder: its weights ship inside the PyPI wheel (`resemblyzer/pretrained.pt`, 17 MB), so
+`wavlm`: transformers `WavLMForXVector` from a local folder (`evaluate.wavlm_model`, e.g. a download of
+microsoft/wavlm-base-plus-sv), for figures closer to Seed-TTS-eval's SIM (which uses WavLM-large with an
+ECAPA-TDNN head, a checkpoint outside transformers). Its x-vector of the 16 kHz clip is the embedding.
+
+Why Resemblyzer by default: its weights ship inside the PyPI wheel (`resemblyzer/pretrained.pt`, 17 MB), so
 it runs offline and identically on a laptop, in CI and on a cluster. The usual stronger choices
 (SpeechBrain ECAPA-TDNN, pyannote, WeSpeaker) fetch their weights from a model hub at run time.
 On the shipped sample (two espeak voices) same-voice clips score 0.83-0.97 against their voice's
@@ -17,6 +21,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,6 +46,10 @@ def _one_thread() -> Iterator[None]:
 
 
 class SpeakerEncoder:
+    """Resemblyzer's GE2E encoder."""
+
+    backend, model = "resemblyzer", "resemblyzer 0.1.4 GE2E (bundled)"
+
     def __init__(self) -> None:
         try:
             with warnings.catch_warnings():
@@ -74,6 +83,39 @@ class SpeakerEncoder:
         with _one_thread(), np.errstate(invalid="ignore", divide="ignore"):
             embedding = self._encoder.embed_utterance(trimmed.astype(np.float32))
         return embedding if np.all(np.isfinite(embedding)) else None
+
+
+class WavLMEncoder:
+    """transformers WavLMForXVector from a local folder (config.json, preprocessor_config.json, weights)."""
+
+    backend = "wavlm"
+
+    def __init__(self, folder: str | None) -> None:
+        from transformers import AutoFeatureExtractor, WavLMForXVector
+
+        if not folder or not (Path(folder) / "config.json").is_file():
+            raise StepError(f"evaluate.speaker wavlm: evaluate.wavlm_model {folder!r} is not a model folder "
+                            "(no config.json); name the local folder of a WavLMForXVector model (nothing "
+                            "downloads at run time)")
+        self.model = str(folder)
+        self._features = AutoFeatureExtractor.from_pretrained(folder)
+        self._net = WavLMForXVector.from_pretrained(folder).eval()
+
+    def embed(self, wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
+        wav = np.asarray(wav, dtype=np.float32)
+        if sample_rate != SAMPLE_RATE:
+            wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
+        if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+            return None
+        inputs = self._features(wav, sampling_rate=SAMPLE_RATE, return_tensors="pt")
+        with torch.no_grad():
+            embedding = self._net(**inputs).embeddings[0].numpy()
+        norm = float(np.linalg.norm(embedding))
+        return embedding / norm if np.isfinite(norm) and norm > 0 else None
+
+
+def speaker_encoder(name: str, wavlm_model: str | None) -> SpeakerEncoder | WavLMEncoder:
+    return WavLMEncoder(wavlm_model) if name == "wavlm" else SpeakerEncoder()
 
 
 def unit_mean(embeddings: Sequence[np.ndarray]) -> np.ndarray:

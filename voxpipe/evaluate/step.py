@@ -3,11 +3,12 @@
 1. Fixed-seed loss (voxpipe/train/fixed_seed_loss.py) of the fine-tuned model and the baseline on the
    whole val set, for each seed; mean and spread over seeds tell a real improvement from noise.
 2. Generation (generation.py): a fixed list of val texts per speaker, each with the speaker's
-   reference clip and without one; speaker similarity, pitch and ASR errors per clip (metrics.py),
-   voice consistency per speaker (consistency.py), stop failures and real-time factor.
+   reference clip and without one; speaker similarity, pitch, CER/WER in the row's language
+   (scoring.py, asr.py) and DNSMOS per clip (metrics.py), voice consistency per speaker
+   (consistency.py), stop failures both ways (premature, runaway) and real-time factor.
 3. The promotion rule (promotion.py) on those figures; `--require-improvement` fails the step when
-   it says no. `evaluate.model` may be a folder of step-N exports: each is scored and the rule
-   picks one (exports.py).
+   it says no. `evaluate.model` may be a folder of step-N exports: each export of the run in it is
+   scored and the rule picks one; exports of another run are skipped and listed (exports.py).
 
 Checkpoints are loaded one after the other (never two in memory). Outputs in `out/`: eval.json
 (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz), eval.png, exports.png,
@@ -17,6 +18,7 @@ report.json.
 from __future__ import annotations
 
 import gc
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,22 +29,32 @@ import soundfile as sf
 import torch
 
 from voxpipe.data.dataset import EncodedDataset
+from voxpipe.data.quality import Dnsmos
 from voxpipe.device import resolve_device_type
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Errors, Transcriber, corpus_rates, errors
+from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.consistency import consistency
-from voxpipe.evaluate.exports import Scored, choose, find_candidates, plot_exports
+from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
-from voxpipe.evaluate.metrics import ClipMeasures, Voice, load_16k, measure, real_voice
+from voxpipe.evaluate.metrics import (
+    ClipMeasures,
+    Scorers,
+    Voice,
+    intelligibility,
+    load_16k,
+    measure,
+    real_voice,
+)
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
-from voxpipe.evaluate.speaker import SpeakerEncoder
+from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
+from voxpipe.evaluate.speaker import speaker_encoder
 from voxpipe.lineage import dvc_md5
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
 from voxpipe.model.npu import KernelsChoice
 from voxpipe.params import EvaluateParams, Params
-from voxpipe.progress import bar as progress_bar
+from voxpipe.progress import Progress
 from voxpipe.report import write_json, write_report
 from voxpipe.train.fixed_seed_loss import (
     FixedSeedLoss,
@@ -52,6 +64,8 @@ from voxpipe.train.fixed_seed_loss import (
     val_digest,
     val_loss_batches,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,9 +85,12 @@ class EvaluateResult:
             f"(delta {num('loss_delta', '+.4f')}, seed spread {num('loss_seed_spread', '.4f')}); "
             f"speaker similarity {num('speaker_similarity_mean')} (baseline "
             f"{num('speaker_similarity_baseline')}); voice split flag {f['voice_split_flag']}; "
-            f"stop failures {num('stop_failure_rate', '.0%')}; rtf {num('rtf', '.2f')}; "
-            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}); {self.verdict} "
-            f"-> {self.out / 'eval.json'}"
+            f"stop failures {num('stop_failure_rate', '.0%')} "
+            f"(premature {num('premature_stop_rate', '.0%')}, "
+            f"runaway {num('runaway_stop_rate', '.0%')}); rtf {num('rtf', '.2f')}; "
+            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}), cer {num('cer', '.2f')} "
+            f"(real {num('cer_real', '.2f')}); DNSMOS {num('mos_ovrl', '.2f')} (baseline "
+            f"{num('mos_ovrl_baseline', '.2f')}); {self.verdict} -> {self.out / 'eval.json'}"
         )
 
 
@@ -115,26 +132,30 @@ class CheckpointRun:
 
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
-    plans: list[SpeakerPlan], voices: dict[str, Voice], encoder: SpeakerEncoder,
-    transcriber: Transcriber | None, samples: Path, kernels: KernelsChoice,
+    plans: list[SpeakerPlan], voices: dict[str, Voice], scorers: Scorers, samples: Path,
+    kernels: KernelsChoice,
 ) -> CheckpointRun:
     start = time.perf_counter()
     model = from_pretrained(path, device=device, kernels=kernels)
-    seeds = progress_bar(p.seeds, desc=f"{tag} loss")
-    losses = [fixed_seed_loss(model, batches, device, seed) for seed in seeds]
+    losses = []
+    with Progress(len(p.seeds), f"{tag} loss", log, unit="seed") as bar:
+        for seed in p.seeds:
+            losses.append(fixed_seed_loss(model, batches, device, seed))
+            bar.update()
     generated = []
-    bar = progress_bar(total=sum(len(plan.utterances) for plan in plans), desc=f"{tag} generate", unit="utt")
-    for plan in plans:
-        generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
-                                inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
-        bar.update(len(plan.utterances))
-    bar.close()
+    with Progress(sum(len(plan.utterances) for plan in plans), f"{tag} generate", log, unit="utt") as bar:
+        for plan in plans:
+            generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
+                                    inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+            bar.update(len(plan.utterances))
     del model
     gc.collect()
     clips = []
-    for g in progress_bar(generated, desc=f"{tag} measure", unit="utt"):
-        sf.write(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate, subtype="PCM_16")
-        clips.append(measure(g, voices, encoder, transcriber))
+    with Progress(len(generated), f"{tag} score", log, unit="utt") as bar:
+        for g in generated:
+            sf.write(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate, subtype="PCM_16")
+            clips.append(measure(g, voices, scorers))
+            bar.update()
     return CheckpointRun(
         losses, clips, sum(g.seconds for g in generated), sum(g.audio_seconds for g in generated),
         time.perf_counter() - start,
@@ -154,11 +175,47 @@ def _groups(tag: str, clips: list[ClipMeasures]) -> list[dict[str, Any]]:
     return out
 
 
+def _stop_rate(records: list[dict[str, Any]], *kinds: str) -> float | None:
+    return _mean([r["stop"] in kinds for r in records])
+
+
+def _mos(records: list[dict[str, Any]], key: str) -> float | None:
+    return _mean([r["mos"][key] for r in records if r["mos"] is not None])
+
+
+def intelligibility_by_language(records: list[dict[str, Any]], rates: list[Rate | None]) -> dict[str, Any]:
+    """Per language: its metric (cer for zh, wer otherwise), the mean of per-utterance rates, the backend and
+    model that heard it, or null with the reason."""
+    out: dict[str, Any] = {}
+    for language in sorted({r["language"] for r in records}):
+        mine = [(r, rate) for r, rate in zip(records, rates, strict=True) if r["language"] == language]
+        value = mean_rate([rate for _, rate in mine])
+        heard = sorted({(r["asr"], r["asr_model"]) for r, _ in mine if r["asr"]})
+        reasons = sorted({r["asr_reason"] for r, _ in mine if r["asr_reason"]})
+        out[language] = {
+            "metric": mine[0][0]["metric"], "rate": value, "clips": len(mine),
+            "scored": sum(rate is not None for _, rate in mine),
+            "asr": heard[0][0] if heard else None, "asr_model": heard[0][1] if heard else None,
+            "reason": None if value is not None else (reasons[0] if reasons else "no clip to score"),
+        }
+    return out
+
+
+def _rates(by_language: dict[str, Any]) -> dict[str, float | None]:
+    """The flat wer (every non-Chinese language) and cer (Chinese): the mean over their languages' clips."""
+    flat: dict[str, float | None] = {}
+    for metric, pick in (("wer", lambda lang: lang not in CHARACTER_LANGUAGES),
+                         ("cer", lambda lang: lang in CHARACTER_LANGUAGES)):
+        parts = [(v["rate"], v["scored"]) for lang, v in by_language.items()
+                 if pick(lang) and v["rate"] is not None]
+        flat[metric] = sum(r * n for r, n in parts) / sum(n for _, n in parts) if parts else None
+    return flat
+
+
 def _checkpoint_figures(run: CheckpointRun, groups: list[dict[str, Any]]) -> dict[str, Any]:
     records = [c.record for c in run.clips]
     with_ref = [r["similarity"] for r in records if r["with_reference"]]
     without = [r["similarity"] for r in records if not r["with_reference"]]
-    asr = [c.errors for c in run.clips if c.errors is not None]
     return {
         "speaker_similarity": _mean(with_ref),
         "speaker_similarity_noref": _mean(without),
@@ -166,9 +223,14 @@ def _checkpoint_figures(run: CheckpointRun, groups: list[dict[str, Any]]) -> dic
         "f0_spread": _mean([g["f0_spread_semitones"] for g in groups]),
         "voice_split_flag": int(any(g["voice_split"] for g in groups)),
         "voice_split_groups": sum(g["voice_split"] for g in groups),
-        "stop_failure_rate": _mean([r["hit_limit"] for r in records]),
+        "stop_failure_rate": _stop_rate(records, "premature", "runaway"),
+        "premature_stop_rate": _stop_rate(records, "premature"),
+        "runaway_stop_rate": _stop_rate(records, "runaway"),
         "rtf": run.generation_seconds / max(run.audio_seconds, 1e-9),
-        **corpus_rates(asr),
+        **_rates(intelligibility_by_language(records, [c.rate for c in run.clips])),
+        "mos_ovrl": _mos(records, "ovrl"),
+        "mos_sig": _mos(records, "sig"),
+        "mos_bak": _mos(records, "bak"),
     }
 
 
@@ -198,21 +260,20 @@ def _flat(
     return flat
 
 
-def _real_asr(plans: list[SpeakerPlan], transcriber: Transcriber) -> list[tuple[dict[str, Any], Errors]]:
+def _real_asr(plans: list[SpeakerPlan], recognisers: Recognisers) -> list[tuple[dict[str, Any], Rate | None]]:
     """The ASR on the real recordings of the generated texts: its floor on this data."""
     out = []
-    texts = {(u.row_id, u.text, u.real_audio) for plan in plans for u in plan.utterances}
-    for row_id, text, audio in sorted(texts):
-        transcript = transcriber.transcribe(load_16k(audio))
-        errs = errors(text, transcript)
-        record = {"row_id": row_id, "text": text, "transcript": transcript, "wer": errs.wer, "cer": errs.cer}
-        out.append((record, errs))
+    texts = {(u.row_id, u.text, u.language, u.real_audio) for plan in plans for u in plan.utterances}
+    for row_id, text, language, audio in sorted(texts):
+        heard, rate = intelligibility(load_16k(audio), text, language, recognisers)
+        out.append(({"row_id": row_id, "text": text, "language": language, **heard}, rate))
     return out
 
 
 def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
     """The promotion rule's view of one checkpoint: loss over seeds, similarity per speaker with its CI."""
     totals = [loss.total for loss in run.losses]
+    records = [c.record for c in run.clips]
     by_speaker: dict[str, list[float]] = {}
     for c in run.clips:
         by_speaker.setdefault(c.record["speaker"], [])
@@ -222,9 +283,12 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
         loss=statistics.fmean(totals),
         loss_std=statistics.stdev(totals) if len(totals) > 1 else 0.0,
         similarity={speaker: mean_ci(values) for speaker, values in sorted(by_speaker.items())},
-        stop_failure_rate=_mean([c.record["hit_limit"] for c in run.clips]),
+        stop_failure_rate=_stop_rate(records, "premature", "runaway"),
         split_groups=[f"{g['speaker']}/{'ref' if g['with_reference'] else 'noref'}"
                       for g in groups if g["voice_split"]],
+        premature_stop_rate=_stop_rate(records, "premature"),
+        runaway_stop_rate=_stop_rate(records, "runaway"),
+        mos_ovrl=_mos(records, "ovrl"),
     )
 
 
@@ -237,7 +301,10 @@ def evaluate(params: Params) -> EvaluateResult:
     val = _open_split(data_dir, "val")
     if val is None or not len(val):
         raise StepError(f"{data_dir}: no encoded val rows (val.jsonl); `voxpipe encode` a val manifest first")
-    candidates = find_candidates(Path(p.model))
+    exports = own_exports(Path(p.model))
+    candidates = exports.candidates
+    for skipped in exports.skipped:
+        log.warning("not scoring %s: %s", skipped["path"], skipped["why"])
     configs = {c.path: _read_config(c.path) for c in candidates}
     configs[base_path] = _read_config(base_path)
     for path, config in configs.items():
@@ -250,10 +317,14 @@ def evaluate(params: Params) -> EvaluateResult:
     batches = val_loss_batches(val, config.patch_size, max(params.train.max_tokens, max(lengths)),
                                config.max_length)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
-    encoder = SpeakerEncoder()
-    transcriber = Transcriber() if p.asr else None
-    voices = {plan.speaker: real_voice(plan, encoder) for plan in progress_bar(plans, desc="real voices")}
-    real_asr = _real_asr(plans, transcriber) if transcriber is not None else []
+    scorers = Scorers(speaker_encoder(p.speaker, p.wavlm_model),
+                      Recognisers(p.asr, p.whisper_model, p.paraformer_model), Dnsmos(), p.min_duration_ratio)
+    voices = {}
+    with Progress(len(plans), "real voices", log, unit="speaker") as bar:
+        for plan in plans:
+            voices[plan.speaker] = real_voice(plan, scorers.encoder)
+            bar.update()
+    real_asr = _real_asr(plans, scorers.recognisers)
 
     samples = out / "samples"
     samples.mkdir(parents=True, exist_ok=True)
@@ -261,7 +332,7 @@ def evaluate(params: Params) -> EvaluateResult:
         stale.unlink()
 
     def run(tag: str, path: Path) -> CheckpointRun:
-        return _run_checkpoint(tag, path, p, device, batches, plans, voices, encoder, transcriber, samples,
+        return _run_checkpoint(tag, path, p, device, batches, plans, voices, scorers, samples,
                                params.model.kernels)
 
     base_run = run("baseline", base_path)
@@ -272,7 +343,8 @@ def evaluate(params: Params) -> EvaluateResult:
         runs[c.tag] = run(c.tag, c.path)
         groups[c.tag] = _groups("model", runs[c.tag].clips)
         scores = _scores(runs[c.tag], groups[c.tag])
-        scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance)))
+        scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance,
+                                               p.mos_tolerance)))
     best, why = choose(scored)
     chosen = best.candidate
     table = [s.row() for s in scored]
@@ -288,18 +360,30 @@ def evaluate(params: Params) -> EvaluateResult:
     consistency_groups = {"model": groups[chosen.tag], "baseline": base_groups}
     per_tag = {"model": _checkpoint_figures(model_run, consistency_groups["model"]),
                "baseline": _checkpoint_figures(base_run, base_groups)}
-    real_rates = corpus_rates([errs for _, errs in real_asr])
-    figures = _flat(summary, verdict.promoted, per_tag, real_rates)
+    by_language = {tag: intelligibility_by_language([c.record for c in r.clips], [c.rate for c in r.clips])
+                   for tag, r in (("model", model_run), ("baseline", base_run))}
+    real_by_language = intelligibility_by_language([r for r, _ in real_asr], [rate for _, rate in real_asr])
+    figures = _flat(summary, verdict.promoted, per_tag, _rates(real_by_language))
     figures["chosen_step"] = chosen.step
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
     write_json(out / "eval.json", {
         **figures,
         "verdict": sentence,
-        "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance},
+        "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance,
+                      "mos_tolerance": p.mos_tolerance},
         "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
         "val_digest": val_digest(batches, p.seeds),
         "chosen": {"path": str(chosen.path), "step": chosen.step, "md5": dvc_md5(chosen.path), "why": why},
         "exports": table,
+        "exports_of_run": exports.as_dict(),
+        "languages": sorted({u.language for plan in plans for u in plan.utterances}),
+        "intelligibility": {**by_language, "real": real_by_language},
+        "backends": {
+            "speaker_similarity": {"backend": scorers.encoder.backend, "model": scorers.encoder.model},
+            "asr": [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded],
+            "quality": {"backend": "dnsmos", "model": "DNSMOS P.835 sig_bak_ovr.onnx (speechmos 0.0.1.1)"},
+            "speaking_rate": {plan.speaker: plan.seconds_per_unit for plan in plans},
+        },
         "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
         "voices": {
             plan.speaker: {**voices[plan.speaker].as_dict(), "reference_id": plan.reference_id}
@@ -324,6 +408,7 @@ def evaluate(params: Params) -> EvaluateResult:
         "speakers": len(plans),
         "utterances_per_checkpoint": sum(len(plan.utterances) for plan in plans),
         "checkpoints_scored": len(candidates),
+        "exports_skipped": len(exports.skipped),
         "improved": verdict.promoted,
     }, run={
         "seconds": round(time.perf_counter() - start, 3),

@@ -1,6 +1,7 @@
 """`voxpipe synthesize`: say a text with a registered model (or a checkpoint folder) into a WAV file.
 
     voxpipe synthesize --model models:/voxpipe-voxcpm2@champion --text "Hi." --reference me.wav --out hi.wav
+    voxpipe synthesize --model @candidate ...   (or a version number, or a checkpoint folder: models.py)
 
 A `models:/` URI is loaded through MLflow exactly as a serving endpoint loads it (the pyfunc model
 and its `predict`, with the reference as the `reference_audio` column), so what this writes is what
@@ -21,10 +22,9 @@ import soundfile as sf
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
+from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
 from voxpipe.track.tracking import resolve_tracking_uri, session
-
-REGISTRY_SCHEMES = ("models:/", "runs:/")
 
 
 @dataclass
@@ -45,13 +45,14 @@ def _generation(p: SynthesizeParams) -> dict[str, int | float]:
     return {k: getattr(p, k) for k in GENERATION_KEYS}
 
 
-def _from_registry(params: Params, reference: str) -> tuple[np.ndarray, int, bool]:
+def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray, int, bool]:
     import mlflow
     import pandas as pd
 
     p, tracking = params.synthesize, params.tracking
-    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))):
-        model = mlflow.pyfunc.load_model(p.model, model_config={
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
+        check_registered(client, uri)
+        model = mlflow.pyfunc.load_model(uri, model_config={
             "device": p.device, "max_reference_seconds": p.max_reference_seconds})
     frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
     out = model.predict(frame, params=_generation(p))
@@ -65,8 +66,8 @@ def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, 
 
     folder = Path(p.model)
     if not (folder / "config.json").is_file():
-        raise StepError(f"synthesize.model {p.model!r}: neither a models:/ URI nor a checkpoint folder "
-                        "(no config.json)")
+        raise StepError(f"synthesize.model {p.model!r}: neither a registered model (models:/NAME@ALIAS, "
+                        "@candidate, a version number) nor a checkpoint folder (no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
     speech = speak(model, [p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
     return speech.audio[0].numpy().astype(np.float32), speech.sample_rate, bool(speech.hit_length_limit[0])
@@ -85,11 +86,12 @@ def synthesize(params: Params) -> SynthesizeResult:
         parse_request([p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
-    if p.model.startswith(REGISTRY_SCHEMES):
-        audio, rate, hit = _from_registry(params, reference)
+    uri = model_uri(p.model, params.section("register").model_name)
+    if uri is not None:
+        audio, rate, hit = _from_registry(params, uri, reference)
     else:
         audio, rate, hit = _from_folder(p, reference)
     out = Path(p.out)
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
-    source = p.model + (f" in the voice of {p.reference}" if p.reference else "")
+    source = (uri or p.model) + (f" in the voice of {p.reference}" if p.reference else "")
     return SynthesizeResult(out, audio.size / rate, rate, hit, source)

@@ -140,11 +140,11 @@ def pick_checkpoint(root: Path, rt: Runtime) -> Path | None:
 
 
 def set_aside_all(root: Path, reason: str) -> Path | None:
-    """A fresh start moves the old checkpoints aside so they are never mixed with new ones."""
+    """A fresh start moves the old checkpoints (and exports) aside so they are never mixed with new ones."""
     if not root.is_dir() or not any(root.iterdir()):
         return None
     kept = set_aside(root, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
-    log.warning("starting fresh (%s): the previous checkpoints were moved to %s", reason, kept)
+    log.warning("starting fresh (%s): the previous %s were moved to %s", reason, root.name, kept)
     return kept
 
 

@@ -37,9 +37,10 @@ from voxpipe.train.checkpoint import load_checkpoint, pick_checkpoint, save_chec
 from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.export import export_checkpoint
-from voxpipe.train.exports import due, export_step
+from voxpipe.train.exports import EXPORTS, due, export_step
 from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
+from voxpipe.train.identity import foreign_exports, run_identity, write_identity
 from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
 from voxpipe.train.resume import result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
@@ -141,6 +142,8 @@ class Trainer:
         self.live = live
         self.p, self.tracking, self.rt, self.stop = p, params.tracking, rt, stop
         self.result_params = result_params(params)  # saved with each checkpoint, checked on resume
+        # recorded beside every export: evaluate scores only this run's (voxpipe/train/identity.py)
+        self.identity = run_identity(self.result_params, Path(p.data)) if rt.is_main else {}
         self.out = Path(p.out)
         self.base = Path(params.model.base)
         self.ckpt_root = self.out / "checkpoints"
@@ -176,6 +179,8 @@ class Trainer:
             return
         path = pick_checkpoint(self.ckpt_root, self.rt)
         if path is None:
+            if self.rt.is_main and foreign_exports(self.out / EXPORTS, self.identity):
+                set_aside_all(self.out / EXPORTS, "exports of another run, no checkpoint of it")
             return
         saved = json.loads((path / "trainer.json").read_text())  # verified by pick_checkpoint
         problem = why_not_resume(saved, self.result_params, self.p.max_steps, path)
@@ -198,11 +203,13 @@ class Trainer:
         self.rt.barrier()  # every rank has finished reading them
         if self.rt.is_main:
             set_aside_all(self.ckpt_root, reason)
+            set_aside_all(self.out / EXPORTS, reason)  # another run's exports are never scored as this one's
         self.rt.barrier()
 
     def _save(self) -> None:
         trainer = {"counters": self.counters.to_dict(), "val_curve": self.val_curve,
-                   "params": self.result_params, "schedule_steps": self.schedule.total_steps}
+                   "params": self.result_params, "schedule_steps": self.schedule.total_steps,
+                   "identity": self.identity}
         save_checkpoint(
             self.ckpt_root, self.step, self.model, self.optimizer, trainer, self.data.state_dict(),
             self.rt, self.p.keep_checkpoints,
@@ -299,6 +306,8 @@ class Trainer:
             self.model, self.config, self.base, folder, self.rt, lora_params=self.p.lora,
             dtype=torch.float32 if self.p.export_dtype == "float32" else torch.bfloat16, step=self.step,
         )
+        if self.rt.is_main:
+            write_identity(folder, self.identity, self.step)
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -366,6 +375,7 @@ class Trainer:
             "resumed_from": self.resumed_from,
             "mlflow_run_id": run_id,  # train.track: the live MLflow run that `register` completes
             "params": self.p.model_dump(),
+            "identity": self.identity,
         }
         if self.rt.is_main:
             write_report(self.out, report)

@@ -1,0 +1,142 @@
+"""Scores in the row's language: the Seed-TTS-eval text rules on fixed strings (results worked out by hand
+from its definitions), the choice of recogniser per language, and the Whisper / WavLM / Paraformer wiring.
+
+The Whisper and WavLM models here are tiny and random-init, built from configs and `save_pretrained` to a
+folder, then loaded through the same path a user's real folder takes: this checks the wiring, not the
+accuracy. No Chinese ASR weights exist on PyPI, so paraformer-zh is checked up to its folder checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from voxpipe.errors import StepError
+from voxpipe.evaluate.asr import ParaformerZh, Recognisers
+from voxpipe.evaluate.metrics import intelligibility
+from voxpipe.evaluate.scoring import mean_rate, scoring_text, text_units, utterance_rate
+from voxpipe.evaluate.speaker import WavLMEncoder, cosine
+
+
+def test_english_is_lowercased_words_with_ascii_punctuation_deleted_and_apostrophes_kept():
+    assert scoring_text("Hello, World -- it's me!", "en") == "hello world it's me"
+    # deleted, not replaced by a space (Seed-TTS-eval's str.replace): a hyphenated word becomes one word
+    assert scoring_text("A well-known fact.", "en") == "a wellknown fact"
+    # the curly apostrophe is in zhon's punctuation (only the ASCII one is kept)
+    assert scoring_text("It’s “quoted”", "en") == "its quoted"
+    # ref: hello world it's me (4 words); hyp: hello word its me -> 2 substitutions -> 2/4
+    rate = utterance_rate("Hello, world -- it's me!", "hello word its me", "en")
+    assert (rate.metric, rate.rate, rate.substitutions, rate.units) == ("wer", 0.5, 2, 4)
+    assert utterance_rate("Same words.", "SAME WORDS", "en").rate == 0.0
+
+
+def test_chinese_is_cer_over_characters_with_hanzi_punctuation_deleted():
+    assert scoring_text("你好，世界！", "zh") == "你 好 世 界"
+    assert scoring_text("他说：“好的”。 OK", "zh") == "他 说 好 的 O K"
+    # ref 今天天气很好 (6 chars); hyp 今天天汽很好 -> 1 substitution -> 1/6
+    rate = utterance_rate("今天天气很好。", "今天天汽很好", "zh")
+    assert (rate.metric, rate.substitutions, rate.units) == ("cer", 1, 6)
+    assert rate.rate == pytest.approx(1 / 6)
+    # ref 你好世界 (4); hyp 你好世界啊 -> 1 insertion -> 1/4; spaces in the hypothesis do not count
+    rate = utterance_rate("你好，世界！", "你好 世界 啊", "zh")
+    assert (rate.insertions, rate.rate) == (1, 0.25)
+    assert utterance_rate("你好", "", "zh").rate == 1.0  # nothing heard: every character deleted
+
+
+def test_the_figure_is_the_mean_of_per_utterance_rates_and_an_empty_reference_has_none():
+    rates = [utterance_rate("a b c d", "a b c x", "en"), utterance_rate("one", "one", "en")]
+    assert mean_rate(rates) == pytest.approx((0.25 + 0.0) / 2)  # total edits / words would be 1/5
+    assert utterance_rate("…！", "anything", "zh") is None and mean_rate([None]) is None
+    assert text_units("Hi, you!") == 5 and text_units("你好，世界。") == 4
+
+
+def test_a_language_without_a_configured_recogniser_gets_null_with_the_reason():
+    silence = np.zeros(16000, dtype=np.float32)
+    heard, rate = intelligibility(silence, "你好世界", "zh", Recognisers([], None, None))
+    assert rate is None and heard["cer"] is None and heard["metric"] == "cer" and heard["asr"] is None
+    assert "evaluate.asr is empty" in heard["asr_reason"]
+    recognisers = Recognisers(["pocketsphinx"], None, None)
+    heard, rate = intelligibility(np.zeros(16000, dtype=np.float32), "你好世界", "zh", recognisers)
+    assert rate is None and "no configured recogniser covers language 'zh'" in heard["asr_reason"]
+    assert recognisers.for_language("en").recogniser.backend == "pocketsphinx"
+
+
+SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|zh|>", "<|translate|>", "<|transcribe|>",
+            "<|notimestamps|>"]
+
+
+def tiny_whisper(folder) -> None:
+    """A random-init Whisper with a word-level tokenizer: the files a real whisper folder has."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
+
+    vocab = {w: i for i, w in enumerate(["hello", "world", "你", "好", *SPECIALS])}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="hello"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, additional_special_tokens=SPECIALS,
+                            eos_token="<|endoftext|>", pad_token="<|endoftext|>").save_pretrained(folder)
+    eos = vocab["<|endoftext|>"]
+    config = WhisperConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                           decoder_ffn_dim=32, max_target_positions=32, pad_token_id=eos, eos_token_id=eos,
+                           bos_token_id=eos, decoder_start_token_id=vocab["<|startoftranscript|>"])
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id, eos_token_id=eos, pad_token_id=eos,
+        max_length=16, is_multilingual=True, no_timestamps_token_id=vocab["<|notimestamps|>"],
+        lang_to_id={"<|en|>": vocab["<|en|>"], "<|zh|>": vocab["<|zh|>"]},
+        task_to_id={"transcribe": vocab["<|transcribe|>"], "translate": vocab["<|translate|>"]},
+    )
+    model.save_pretrained(folder)
+    WhisperFeatureExtractor(feature_size=config.num_mel_bins).save_pretrained(folder)
+
+
+def test_whisper_from_a_folder_hears_the_languages_its_generation_config_lists(tmp_path):
+    tiny_whisper(tmp_path / "whisper")
+    recognisers = Recognisers(["pocketsphinx", "whisper"], str(tmp_path / "whisper"), None)
+    assert recognisers.for_language("en").recogniser.backend == "pocketsphinx"  # the first that covers it
+    whisper = recognisers.for_language("zh").recogniser
+    assert whisper.backend == "whisper" and whisper.model == str(tmp_path / "whisper")
+    wav = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    heard, _ = intelligibility(wav, "你好", "zh", recognisers)
+    assert heard["asr"] == "whisper" and isinstance(heard["transcript"], str) and heard["metric"] == "cer"
+    assert heard["cer"] is not None and heard["cer"] >= 0
+    assert recognisers.for_language("ko").recogniser is None  # not in its lang_to_id
+    with pytest.raises(StepError, match="evaluate.whisper_model is not set"):
+        Recognisers(["whisper"], None, None)
+
+
+def test_paraformer_needs_its_folder_and_says_which_files(tmp_path):
+    with pytest.raises(StepError, match="evaluate.paraformer_model is not set"):
+        ParaformerZh(None)
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(StepError, match=r"not a model folder \(no tokens.txt\)"):
+        ParaformerZh(str(tmp_path))
+
+
+def test_wavlm_from_a_folder_embeds_a_clip_and_not_silence(tmp_path):
+    from transformers import Wav2Vec2FeatureExtractor, WavLMConfig, WavLMForXVector
+
+    config = WavLMConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2),
+                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, tdnn_dim=(16, 16),
+                         tdnn_kernel=(3, 1), tdnn_dilation=(1, 1), xvector_output_dim=8)
+    torch.manual_seed(0)
+    WavLMForXVector(config).save_pretrained(tmp_path / "wavlm")
+    Wav2Vec2FeatureExtractor(return_attention_mask=True).save_pretrained(tmp_path / "wavlm")
+    encoder = WavLMEncoder(str(tmp_path / "wavlm"))
+    assert encoder.backend == "wavlm" and encoder.model == str(tmp_path / "wavlm")
+    wav = np.random.default_rng(1).standard_normal(16000).astype(np.float32) * 0.1
+    e = encoder.embed(wav, 16000)
+    assert e.shape == (8,) and cosine(e, encoder.embed(wav, 16000)) == pytest.approx(1.0)
+    assert encoder.embed(np.zeros(16000, dtype=np.float32), 16000) is None
+    with pytest.raises(StepError, match="evaluate.wavlm_model"):
+        WavLMEncoder(str(tmp_path / "nothing"))

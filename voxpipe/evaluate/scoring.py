@@ -1,0 +1,77 @@
+"""Error rates the way Seed-TTS-eval computes them, the protocol VoxCPM2 publishes its results on.
+
+Per utterance, on both the reference text and the ASR transcript: every character of
+`zhon.hanzi.punctuation` and of ASCII punctuation is deleted (not replaced by a space), except the ASCII
+apostrophe; Chinese is then split into characters and scored as CER, every other language lowercased
+and scored as WER over whitespace-separated words. `jiwer` counts the edits (its default transform
+folds repeated spaces). A set's rate is the mean of its per-utterance rates, not total edits over
+total length. A reference with nothing left to score has no rate (None), never 0.
+
+The speaking rate (seconds per text unit, for the expected length of a clip) counts the same scoring
+text's characters, spaces left out, in every language: in English a character count follows duration
+more closely than a word count, as word lengths vary.
+"""
+
+from __future__ import annotations
+
+import statistics
+import string
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from zhon.hanzi import punctuation as HANZI_PUNCTUATION
+
+CHARACTER_LANGUAGES = frozenset({"zh"})  # scored as CER; every other language as WER
+PUNCTUATION = frozenset(HANZI_PUNCTUATION + string.punctuation) - {"'"}
+
+
+def strip_punctuation(text: str) -> str:
+    return "".join(ch for ch in text if ch not in PUNCTUATION)
+
+
+def scoring_text(text: str, language: str) -> str:
+    """What is compared: punctuation gone; zh one token per character, others lowercased words."""
+    text = strip_punctuation(text)
+    if language in CHARACTER_LANGUAGES:
+        return " ".join(ch for ch in text if not ch.isspace())
+    return " ".join(text.lower().split())
+
+
+def metric_of(language: str) -> str:
+    return "cer" if language in CHARACTER_LANGUAGES else "wer"
+
+
+def text_units(text: str) -> int:
+    """Characters of the scoring text without spaces: the unit of a speaker's speaking rate."""
+    return sum(not ch.isspace() for ch in strip_punctuation(text))
+
+
+@dataclass(frozen=True)
+class Rate:
+    metric: str  # "cer" | "wer"
+    rate: float  # (substitutions + deletions + insertions) / reference units
+    substitutions: int
+    deletions: int
+    insertions: int
+    units: int  # reference characters (cer) or words (wer)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def utterance_rate(reference: str, hypothesis: str, language: str) -> Rate | None:
+    """One utterance's CER (zh) or WER (others); None when the reference has nothing to score."""
+    import jiwer
+
+    ref, hyp = scoring_text(reference, language), scoring_text(hypothesis, language)
+    if not ref:
+        return None
+    out = jiwer.process_words(ref, hyp)
+    return Rate(metric_of(language), float(out.wer), out.substitutions, out.deletions, out.insertions,
+                len(ref.split()))
+
+
+def mean_rate(rates: list[Rate | None]) -> float | None:
+    """The mean of per-utterance rates (Seed-TTS-eval's figure); None without any."""
+    kept = [r.rate for r in rates if r is not None]
+    return statistics.fmean(kept) if kept else None
