@@ -15,6 +15,7 @@ import torch
 
 from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
+from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.tokenizer import VoxTokenizer
@@ -57,6 +58,7 @@ def load_encoder(model_dir: str | Path) -> Encoder:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise StepError(f"{model_dir}: not a VoxCPM2 checkpoint (no config.json); run `voxpipe init-model`")
+    verify_checksums(model_dir)
     config = VoxCPM2Config.from_file(config_path)
     needed = parameter_bytes(lambda: AudioVAE(config.audio_vae_config))
     ensure_fits(needed, torch.device("cpu"), "the AudioVAE", config_path)

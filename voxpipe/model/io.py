@@ -22,6 +22,7 @@ from voxpipe.model.audiovae import (
     load_audiovae_state_dict,
     load_audiovae_weights,
 )
+from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
@@ -70,6 +71,7 @@ def from_pretrained(
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise StepError(f"{directory}: not a VoxCPM2 checkpoint (no config.json)")
+    verify_checksums(directory)  # a folder that ships SHA256SUMS (the demo base) is the one that was made
     config = VoxCPM2Config.from_file(config_path)
     with torch.device("meta"):
         model = VoxCPM2(config)

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from voxpipe.errors import StepError
+from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import read_model_state
 from voxpipe.model.memory import ensure_fits
@@ -58,6 +59,7 @@ def load_base_weights(model: nn.Module, base_dir: Path, rt: Runtime) -> None:
     error: str | None = None
     if rt.is_main:
         try:
+            verify_checksums(base_dir)  # a base that ships SHA256SUMS (the demo's) is the one that was made
             state = read_model_state(base_dir)
             error = _check_keys(model, state, base_dir / "model.safetensors")
         except StepError as e:
