@@ -3,7 +3,8 @@
 The plan runs voxpipe's own model, built and sharded exactly as train builds it
 (`prepare_model` + `shard_model`), through a steady-state optimizer step (AdamW's moments already
 there) of the longest micro-batch that `train.max_tokens` allows, on fake tensors
-(`FakeTensorMode`: shapes and dtypes, no memory) in a fake process group of the planned world size. torch's `FSDPMemTracker` counts every tensor alive
+(`FakeTensorMode`: shapes and dtypes, no memory) in a fake process group of the planned world
+size. torch's `FSDPMemTracker` counts every tensor alive
 on rank 0 by category; the peak is the plan. The optimizer is AdamW with `foreach=False`, which
 holds what the accelerators' fused AdamW holds (two moments, no list-wide temporaries); the CPU's
 foreach AdamW would add ~10x params of temporaries that no accelerator run has.
@@ -22,6 +23,7 @@ whole model instead (the slow test checks both agree).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -41,6 +43,7 @@ from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes
 from voxpipe.model.voxcpm2 import host_rows
 from voxpipe.params import LoraParams, Params
+from voxpipe.report import atomic_write_text
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
 
@@ -279,15 +282,45 @@ def _variant(setup: Setup, counts: tuple[int, ...]) -> Setup:
 
 
 _CACHE: dict[str, dict[str, int]] = {}
+_PACKAGE = Path(__file__).resolve().parents[1]
+_CODE = ("model/*.py", "train/fsdp.py", "train/lora.py", "train/plan.py")
+
+
+def _code_fingerprint() -> str:
+    """What a plan depends on besides its setup: the model and sharding code, and torch."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for pattern in _CODE:
+        for path in sorted(_PACKAGE.glob(pattern)):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Plans already made, one small JSON each (VOXPIPE_PLAN_CACHE, else ~/.cache/voxpipe/plans);
+    keyed by the setup and the code fingerprint, so a change to the model or sharding code replans."""
+    return Path(os.environ.get("VOXPIPE_PLAN_CACHE", Path.home() / ".cache" / "voxpipe" / "plans"))
 
 
 def _fake_peak_of(setup: Setup) -> dict[str, int]:
-    """One fake-tensor plan, memoised per process (the bisection revisits shapes)."""
+    """One fake-tensor plan, memoised in the process and on disk (the same shapes recur)."""
     key = json.dumps([setup.config.to_dict(), setup.world_size, setup.lora.model_dump(),
-                      setup.activation_checkpointing, setup.dtype, setup.micro_batch()], sort_keys=True)
-    if key not in _CACHE:
-        with fake_world(setup.world_size) as rt:
-            _CACHE[key] = tracked_peak(setup, rt, fake=True)
+                      setup.activation_checkpointing, setup.dtype, setup.micro_batch(), _code_fingerprint()],
+                     sort_keys=True)
+    if key in _CACHE:
+        return _CACHE[key]
+    path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        _CACHE[key] = {k: int(v) for k, v in json.loads(path.read_text()).items()}
+        return _CACHE[key]
+    except (OSError, ValueError, AttributeError):
+        pass
+    with fake_world(setup.world_size) as rt:
+        _CACHE[key] = tracked_peak(setup, rt, fake=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(_CACHE[key]))
+    except OSError:
+        pass  # a read-only home: plan again next time
     return _CACHE[key]
 
 
