@@ -124,11 +124,14 @@ def main() -> None:
     base, encoded, trained = work / "base", work / "encoded", work / "train"
     none = ["--params", str(work / "none.yaml")]  # schema defaults only; no params.yaml is read
 
-    init = run("init-model", ["init-model", *none, "--preset", "voxcpm2", "--out", str(base), "--dtype",
-                              "bfloat16"], work)
+    # with --work, a rerun reuses a finished init and encode (each writes report.json last)
+    init = ({"seconds": None, "peak_rss_gib": None, "reused": True} if (base / "report.json").is_file() else
+            run("init-model", ["init-model", *none, "--preset", "voxcpm2", "--out", str(base), "--dtype",
+                               "bfloat16"], work))
     manifest = long_clips(work)
-    enc = run("encode", ["encode", *none, "--manifest", str(manifest), "--model-base", str(base), "--out",
-                         str(encoded), "--device", "cpu"], work)
+    enc = ({"seconds": None, "peak_rss_gib": None, "reused": True} if (encoded / "report.json").is_file() else
+           run("encode", ["encode", *none, "--manifest", str(manifest), "--model-base", str(base), "--out",
+                          str(encoded), "--device", "cpu"], work))
     train_sets = {"train.data": encoded, "train.out": trained, "train.device": "cpu",
                   "train.dtype": "bfloat16", "train.lora.enabled": "true",
                   "train.activation_checkpointing": "true", "train.max_steps": 2, "train.max_tokens": 900,
