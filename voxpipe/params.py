@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from voxpipe.device import DEVICE_MEMORY_GIB
+from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from voxpipe.device import DEVICE_MEMORY_GIB
+from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
 from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes
