@@ -122,7 +122,8 @@ def main() -> None:
     work = Path(args.work or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
     base, encoded, trained = work / "base", work / "encoded", work / "train"
-    none = ["--params", str(work / "none.yaml")]  # schema defaults only; no params.yaml is read
+    (work / "empty.yaml").write_text("")
+    none = ["--params", str(work / "empty.yaml")]  # schema defaults only; no params.yaml is read
 
     # with --work, a rerun reuses a finished init and encode (each writes report.json last)
     init = ({"seconds": None, "peak_rss_gib": None, "reused": True} if (base / "report.json").is_file() else

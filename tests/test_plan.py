@@ -90,7 +90,8 @@ def test_lora_keeps_the_frozen_base_in_the_compute_dtype():
 
 
 def test_cli_prints_one_json_object_with_the_planned_figures(capsys, tmp_path):
-    code = main(["plan", "--params", str(tmp_path / "none.yaml"), "--set", "model.base=" + str(tmp_path),
+    (tmp_path / "empty.yaml").write_text("")  # the schema's defaults
+    code = main(["plan", "--params", str(tmp_path / "empty.yaml"), "--set", "model.base=" + str(tmp_path),
                  "--set", "plan.device=rtx-4090", "--set", "train.max_tokens=256", "--set", "local.nproc=1",
                  "--json"])
     assert code == 0
