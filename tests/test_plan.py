@@ -142,6 +142,6 @@ def test_train_checks_the_plan_only_on_an_accelerator(monkeypatch, tmp_path):
     assert P.plan_verdict(params, torch.device("cpu"), 1, "float32") is None
     monkeypatch.setattr(P, "free_device_memory", lambda device: 64 * GIB)
     assert P.plan_verdict(params, torch.device("cuda", 0), 1, "bfloat16") is None
-    monkeypatch.setattr(P, "free_device_memory", lambda device: GIB // 64)
+    monkeypatch.setattr(P, "free_device_memory", lambda device: int(0.03 * GIB))  # tiny's peak: ~0.04
     message = P.plan_verdict(params, torch.device("cuda", 0), 1, "bfloat16")
-    assert message and "0.02 GiB free" in message and "largest train.max_tokens that fits is" in message
+    assert message and "0.03 GiB free" in message and "largest train.max_tokens that fits is" in message
