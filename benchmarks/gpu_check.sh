@@ -4,6 +4,9 @@
 # conventions), peak memory, micro-batch 1..8 full vs LoRA and the largest that fits. One JSON on
 # stdout (progress on stderr); under a time limit (LIMIT_S, default 540 s) the parts measured so
 # far are in $OUT/accel_step.json (or ./accel_step.json) even when the limit stops the run.
+# Then `voxpipe plan` against the measured peak (benchmarks/plan_check.py: the plan vs
+# torch.cuda.max_memory_allocated of the same step, LoRA and full, at B=1, L=830) under its own
+# limit (PLAN_LIMIT_S, default 300 s): its JSON in $OUT/plan_check.json (and on stderr).
 #
 #   benchmarks/gpu_check.sh                 # the H200 / NPU check
 #   benchmarks/gpu_check.sh --preset tiny --device cpu --steps 2 --warmup 1 --table-max 2 --search-max 2
@@ -20,4 +23,14 @@ if [ "$status" -ne 0 ]; then
   echo "[gpu_check] accel_step.py exited $status (124: the time limit); the parts measured so far:" >&2
   cat "$out" 2>/dev/null || true
 fi
-exit "$status"
+# plan vs measured, for the same --preset / --device as above
+plan_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in --preset|--device) plan_args+=("$1" "$2"); shift 2 ;; *) shift ;; esac
+done
+plan_out=${OUT:-.}/plan_check.json
+plan_status=0
+timeout "${PLAN_LIMIT_S:-300}" "$py" benchmarks/plan_check.py "${plan_args[@]}" > "$plan_out" || plan_status=$?
+echo "[gpu_check] plan vs measured (exit $plan_status): $(cat "$plan_out" 2>/dev/null)" >&2
+[ "$status" -ne 0 ] && exit "$status"
+exit "$plan_status"

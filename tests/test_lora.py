@@ -319,3 +319,60 @@ def test_fsdp2_sharded_adapters_match_unsharded():
         assert sorted(n for n, p in model.named_parameters() if p.grad is not None) == sorted(names)
     finally:
         dist.destroy_process_group()
+
+
+def _bf16_step(base_dir, frozen_in_compute_dtype: bool, rt) -> tuple[dict, dict[str, torch.Tensor]]:
+    """One forward/backward of the sharded LoRA model in bf16: (losses, full adapter gradients)."""
+    from voxpipe.train import fsdp
+
+    cfg = preset("tiny")
+    params = LoraParams(enabled=True, r=4, alpha=8, target_proj=True)
+    if frozen_in_compute_dtype:
+        model = fsdp.prepare_model(cfg, torch.bfloat16, params)
+    else:  # the former path: fp32 masters of the frozen base, cast to bf16 by FSDP2 for compute
+        with torch.device("meta"):
+            model = VoxCPM2(cfg)
+        apply_lora(model, params)
+    fsdp.shard_model(model, rt, torch.bfloat16, activation_checkpointing=True)
+    model.to_empty(device="cpu")
+    fsdp.load_base_weights(model, base_dir, rt)
+    reset_lora_parameters(model, seed=3)
+    with torch.no_grad():  # B starts at zero; give it values so the gradients reach A too
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.copy_(torch.full_like(p, 0.01))
+    frozen = {p.dtype for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == ({torch.bfloat16} if frozen_in_compute_dtype else {torch.float32})
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+    out = model(*(make_batch(cfg)[k] for k in ORDER), generator=torch.Generator().manual_seed(0))
+    (out["loss/diff"] + out["loss/stop"]).backward()
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: float(v.detach()) for k, v in out.items()}, grads
+
+
+@pytest.mark.parametrize("checkpoint_dtype", [torch.float32, torch.bfloat16])
+def test_frozen_base_in_bf16_trains_exactly_like_fp32_masters(tmp_path, checkpoint_dtype):
+    """Keeping LoRA's frozen base in bf16 halves its memory and changes nothing the step computes:
+    FSDP2 cast the fp32 masters to bf16 for every forward anyway, and round-to-nearest of the same
+    checkpoint value gives the same bf16 value whether done at load or at each all-gather. So the
+    losses and the adapters' gradients are bit-identical (the tolerance is zero)."""
+    from safetensors.torch import save_file
+
+    from voxpipe.train.device import Runtime
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    torch.manual_seed(0)
+    state = {k: v.to(checkpoint_dtype).contiguous() for k, v in VoxCPM2(preset("tiny")).state_dict().items()}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rt = Runtime(torch.device("cpu"), 0, 1, init_device_mesh("cpu", (1,)))
+        new_loss, new_grads = _bf16_step(tmp_path, True, rt)
+        old_loss, old_grads = _bf16_step(tmp_path, False, rt)
+    finally:
+        dist.destroy_process_group()
+    assert new_loss == old_loss
+    assert new_grads.keys() == old_grads.keys() and new_grads
+    for name, grad in new_grads.items():
+        assert torch.equal(grad, old_grads[name]), name

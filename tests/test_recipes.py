@@ -3,6 +3,9 @@ memory and step-time figures with their source, and reaches DVC (params.yaml), K
 
 from __future__ import annotations
 
+import json
+import re
+import textwrap
 from pathlib import Path
 
 import kubernetes_validate
@@ -15,7 +18,8 @@ from voxpipe.launch.volcano import PARAMS_ENV, job_yaml, render_job
 from voxpipe.params import Params, load_params, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ["demo-cpu", "voxcpm2-full-npu16", "voxcpm2-lora-gpu1", "voxcpm2-lora-npu8"]
+RECIPES = ["demo-cpu", "voxcpm2-full-gpu8-24g", "voxcpm2-full-npu16", "voxcpm2-lora-gpu1",
+           "voxcpm2-lora-gpu1-24g", "voxcpm2-lora-npu8"]
 K8S_VERSION = kubernetes_validate.latest_version()
 
 
@@ -106,3 +110,70 @@ def test_recipe_reaches_kfp_as_the_pipeline_defaults(tmp_path):
     assert inputs["base_model"]["defaultValue"] == "models/VoxCPM2"
     assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
     assert "'max_steps': 1000," in out.read_text().split("\n# ", 1)[0] + out.read_text()
+
+
+# -- planned memory figures ---------------------------------------------------------------------------
+def memory_line(name: str, plan: dict) -> str:
+    """A recipe's memory paragraph: `voxpipe plan --recipe NAME --json` in words (MEMORY_RE reads it)."""
+    c = plan["by_category_gib"]
+    text = (f"memory: planned with `voxpipe plan --recipe {name} --json`: peak {plan['peak_gib']:.2f} GiB "
+            f"per device: params {c['params']:.2f}, gradients {c['gradients']:.2f}, optimizer "
+            f"{c['optimizer']:.2f}, activations {c['activations']:.2f}, other {c['other']:.2f} GiB; "
+            f"micro-batch "
+            f"{plan['micro_batch'][0]} x {plan['micro_batch'][1]}, world of {plan['world_size']}")
+    if plan["device"] != "cpu":  # the CPU's figure is this host's free RAM: not a recipe's fact
+        verdict = "fits" if plan["fits"] else "does not fit"
+        text += (f"; {plan['device']} ({plan['device_memory_gib']:g} GiB): {verdict} with "
+                 f"{plan['headroom']:.0%} headroom; largest train.max_tokens that fits: "
+                 f"{plan['largest_max_tokens']}")
+    text += f"; host peak while loading {plan['host_peak_gib']:.2f} GiB (rank 0)."
+    return "\n".join(textwrap.wrap(text, 106, initial_indent="# ", subsequent_indent="#   "))
+
+
+MEMORY_RE = re.compile(
+    r"memory: planned with `voxpipe plan --recipe (?P<name>\S+) --json`: peak (?P<peak>[\d.]+) GiB per "
+    r"device: params (?P<params>-?[\d.]+), gradients (?P<gradients>-?[\d.]+), optimizer "
+    r"(?P<optimizer>-?[\d.]+), activations (?P<activations>-?[\d.]+), other (?P<other>-?[\d.]+) GiB; "
+    r"micro-batch (?P<rows>\d+) x (?P<length>\d+), world of (?P<world>\d+)(; (?P<device>\S+) "
+    r"\((?P<memory>[\d.]+) GiB\): (?P<fits>fits|does not fit) with \d+ ?% headroom; largest "
+    r"train.max_tokens that fits: (?P<largest>\d+|None))?"
+)
+
+
+def stated(name: str) -> re.Match:
+    lines = (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    match = MEMORY_RE.search(header)
+    assert match, f"recipes/{name}.yaml: no planned memory line (tests/test_recipes.py memory_line)"
+    return match
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_memory_is_the_planners_with_its_command(name):
+    match = stated(name)
+    assert match["name"] == name
+    params = load_params(ROOT / "params.yaml", recipe=name)
+    assert match["device"] == (None if params.plan.device == "cpu" else params.plan.device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_memory_figures_are_current(name, capsys):
+    """A fresh plan gives the recipe's stated figures (minutes per real-shape recipe the first time;
+    plans are cached by setup and code fingerprint, so a change to the model or sharding code replans)."""
+    assert main(["plan", "--params", str(ROOT / "params.yaml"), "--recipe", name, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    match = stated(name)
+    figures = {"peak": plan["peak_gib"], **plan["by_category_gib"]}
+    for key in ("peak", "params", "gradients", "optimizer", "activations", "other"):
+        assert float(match[key]) == pytest.approx(figures[key], abs=0.006), (name, key)
+    assert [int(match["rows"]), int(match["length"]), int(match["world"])] == [*plan["micro_batch"],
+                                                                                 plan["world_size"]]
+    if match["device"]:
+        assert (match["fits"] == "fits") == plan["fits"]
+        assert match["largest"] == str(plan["largest_max_tokens"])
+    if name == "voxcpm2-lora-gpu1":  # the frozen base in bf16: 2.29 B x 2 B, not fp32 masters
+        assert plan["by_category_gib"]["params"] <= 5
+    if name == "voxcpm2-full-gpu8-24g":  # FSDP2 over 8 cards; the fused AdamW's two moments
+        c = plan["by_category_gib"]
+        assert plan["fits"] and c["optimizer"] <= 2 * c["params"] + 0.01

@@ -83,6 +83,11 @@ STEPS: tuple[Step, ...] = (
          "metrics.jsonl", "voxpipe.train.loop:train", None,
          ("train", "model.base", "model.kernels", "tracking"),
          wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking",)),
+    Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
+         "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,
+         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora.enabled",
+          "model.base", "model.preset", "local.nproc", "launch.pods", "launch.devices_per_pod"),
+         out_folder=False),
     Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
          "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
     Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "

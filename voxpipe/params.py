@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -202,8 +203,9 @@ class ModelParams(Section):
         "real model: the folder you downloaded (openbmb/VoxCPM2); the demo: init-model's out",
         json_schema_extra={"result": False, "wired": True},
     )
-    preset: Literal["tiny", "small"] = Field(
-        "tiny", description="init-model's size: tiny (tests, the demo) or small (CPU benchmarks)"
+    preset: Literal["tiny", "small", "voxcpm2"] = Field(
+        "tiny", description="init-model's size (and `voxpipe plan`'s model when model.base has no "
+        "config.json): tiny (tests, the demo), small (CPU benchmarks) or voxcpm2 (the real 2.29 B shape)"
     )
     out: str = Field("work/base_model", description="init-model's output folder (a random-init checkpoint)",
                      json_schema_extra={"result": False, "wired": True})
@@ -654,6 +656,30 @@ class TrackingParams(Section):
     )
 
 
+class PlanParams(Section):
+    """`plan`: the per-device memory of a training configuration, planned on fake tensors."""
+
+    device: Literal["cpu", *DEVICE_MEMORY_GIB] = Field(
+        "cpu", description="the accelerator the run is planned for (its memory: voxpipe/device.py's "
+        "table); cpu = this host's free RAM"
+    )
+    device_memory_gib: float = Field(
+        0.0, ge=0, description="memory of one device in GiB; 0 = plan.device's figure from the table"
+    )
+    headroom: float = Field(
+        0.1, ge=0, lt=1, description="fraction of the device memory kept free (allocator fragmentation, "
+        "the CUDA/HCCL context, communication buffers): fits = peak <= (1 - headroom) x device memory"
+    )
+    launcher: Literal["local", "launch"] = Field(
+        "local", description="whose world size the plan uses: local = local.nproc (torchrun on one box, "
+        "`make repro`), launch = launch.pods x launch.devices_per_pod (`voxpipe launch-train`)"
+    )
+    json_: bool = Field(
+        False, alias="json", description="print one JSON object instead of the table",
+        json_schema_extra={"result": False},
+    )
+
+
 class LocalParams(Section):
     """This machine under `dvc repro` / make (not the cluster: that is `launch`)."""
 
@@ -677,6 +703,7 @@ class Params(Section):
     compare: CompareParams = Field(default_factory=CompareParams)
     synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    plan: PlanParams = Field(default_factory=PlanParams)
     local: LocalParams = Field(default_factory=LocalParams)
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)

@@ -3,7 +3,8 @@
 `export/` is always a plain, complete checkpoint (config.json, model.safetensors, audiovae,
 tokenizer files) that our `from_pretrained` and upstream's `VoxCPM2Model.from_local` load; with
 LoRA its weights are the adapters merged into the base, and `export/lora/` holds the adapters
-alone (lora_weights.safetensors + lora_config.json) for upstream's `load_lora_weights`.
+alone (lora_weights.safetensors + lora_config.json) for upstream's `load_lora_weights`; the merge
+folds them into the base checkpoint's own tensors (training keeps the frozen base in bf16).
 Non-finite weights are never exported: a model of NaNs would otherwise be evaluated and registered.
 """
 
@@ -21,7 +22,7 @@ from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.encoder import TOKENIZER_FILES
-from voxpipe.model.io import load_weights_strict, save_pretrained
+from voxpipe.model.io import load_weights_strict, read_model_state, save_pretrained
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams
@@ -42,8 +43,14 @@ def export_checkpoint(
     dtype: torch.dtype,
     step: int,
 ) -> Path | None:
-    """Collective gather; rank 0 writes `out_dir` (returned there, None elsewhere)."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """Collective gather; rank 0 writes `out_dir` (returned there, None elsewhere).
+
+    With LoRA only the adapters are gathered: the frozen base is read from the base checkpoint.
+    """
+    if lora_params.enabled:
+        full = lora.lora_state_dict(model)
+    else:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     verdict = [_nonfinite(full) if rt.is_main else None]  # only rank 0 holds the full state
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
@@ -61,10 +68,13 @@ def export_checkpoint(
     if lora_params.enabled:
         adapters = {k: v for k, v in full.items() if lora.is_adapter(k)}
         lora.save_lora(adapters, lora_params, out_dir / LORA_SUBDIR, base_model=str(base_dir))
-        full = lora.merge_lora_state_dict(full, lora_params)
+        # the frozen base as the checkpoint has it: training kept it in the compute dtype (bf16), so
+        # an fp32 base would otherwise come back rounded; it never changed, so this is the same model
+        base = {k: v.to(dtype) if v.is_floating_point() else v for k, v in read_model_state(base_dir).items()}
+        full = lora.merge_lora_state_dict({**base, **adapters}, lora_params)
     with torch.device("meta"):
         plain = VoxCPM2(config)
-    load_weights_strict(plain, full, "trained weights", torch.float32)
+    load_weights_strict(plain, full, "trained weights", dtype)  # in the saved dtype: no second copy
     vae = AudioVAE(config.audio_vae_config)
     load_audiovae_weights(vae, load_audiovae_state_dict(base_dir), source=str(base_dir))
     save_pretrained(plain, vae, VoxTokenizer.from_dir(base_dir), out_dir, dtype=dtype)

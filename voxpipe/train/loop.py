@@ -42,6 +42,7 @@ from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
 from voxpipe.train.identity import foreign_exports, run_identity, write_identity
 from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
+from voxpipe.train.plan import plan_verdict
 from voxpipe.train.resume import result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
@@ -135,6 +136,18 @@ def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[
     return {"val/diff": loss.diff, "val/stop": loss.stop, "val/loss": loss.total}
 
 
+def _check_plan(params: Params, rt: Runtime, dtype: torch.dtype) -> None:
+    """On an accelerator, the memory plan against the device's free memory before anything is
+    allocated; rank 0 plans, every rank stops with its paragraph (voxpipe.train.plan)."""
+    if rt.device.type == "cpu":
+        return
+    name = str(dtype).removeprefix("torch.")
+    verdict = [plan_verdict(params, rt.device, rt.world_size, name) if rt.is_main else None]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise StepError(verdict[0])
+
+
 class Trainer:
     def __init__(self, params: Params, rt: Runtime, stop: TerminationFlag,
                  live: LiveLogFactory | None = None):
@@ -156,6 +169,7 @@ class Trainer:
         _seed_everything(p.seed, rt.rank)
         self.data = TrainData(Path(p.data), self.config, p, rt)
         check_encoded_by(Path(p.data), self.base, rt)
+        _check_plan(params, rt, self.dtype)
         self.model = build_model(
             self.config, self.base, rt, dtype=self.dtype, lora_params=p.lora,
             activation_checkpointing=p.activation_checkpointing, seed=p.seed,
