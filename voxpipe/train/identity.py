@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from voxpipe.files import atomic_write_text
 from voxpipe.lineage import dvc_md5
-from voxpipe.report import atomic_write_text
 
 IDENTITY_FILE = "voxpipe-run.json"
 

@@ -39,11 +39,11 @@ from torch import nn
 
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write_text
 from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes
 from voxpipe.model.voxcpm2 import host_rows
 from voxpipe.params import LoraParams, Params
-from voxpipe.report import atomic_write_text
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
 
