@@ -117,7 +117,8 @@ def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkey
     with pytest.raises(StepError, match=rf"writing into {out} failed \({os.strerror(code)}") as err:
         ingest(params)
     assert "no temp file is left" in str(err.value)
-    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")], "a temp file was left behind"
+    left = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not left, f"a temp file was left behind: {left}"
     kept = (out / "raw.jsonl").read_text().splitlines()
     assert len(kept) >= 8, "the rows ingested before the failure were not kept"
     report = json.loads((out / "report.json").read_text())

@@ -259,15 +259,17 @@ def test_bad_requests_fail_clearly():
         merge_lora_state_dict(state, LoraParams(enabled=True))
 
 
-def test_lora_defaults_follow_upstreams_recipe_unless_set():
+def test_lora_defaults_follow_upstreams_recipe_unless_set(tmp_path):
     """lr 1e-4 and alpha = r with LoRA on, unless given (in params.yaml, --set or a flag)."""
-    on = load_params(None, ["train.lora.enabled=true", "train.lora.r=8"]).train
+    empty = tmp_path / "params.yaml"  # the schema's defaults, not the demo's params.yaml
+    empty.write_text("{}\n")
+    on = load_params(str(empty), ["train.lora.enabled=true", "train.lora.r=8"]).train
     assert (on.lr, on.lora.alpha, on.lora.r) == (1e-4, 8, 8)
-    off = load_params(None, []).train
+    off = load_params(str(empty), []).train
     assert off.lr == 1e-5 and not off.lora.enabled
-    pinned = load_params(None, ["train.lora.enabled=true", "train.lr=3e-5", "train.lora.alpha=4"]).train
+    pinned = load_params(str(empty), ["train.lora.enabled=true", "train.lr=3e-5", "train.lora.alpha=4"]).train
     assert (pinned.lr, pinned.lora.alpha) == (3e-5, 4)
-    flagged = load_params(None, [], {"train.lora.enabled": True, "train.lr": 2e-4}).train
+    flagged = load_params(str(empty), [], {"train.lora.enabled": True, "train.lr": 2e-4}).train
     assert flagged.lr == 2e-4
     # the resolved values are what the run records (the train report's params)
     assert on.model_dump()["lr"] == 1e-4 and on.model_dump()["lora"]["alpha"] == 8

@@ -101,7 +101,7 @@ def test_the_cli_refuses_what_the_served_model_refuses(tmp_path, capsys):
     assert main([*base, "--text", "hi", "--reference", str(long)]) == 1
     assert "reference_audio of row 0: 40.0 s long; at most 30 s" in capsys.readouterr().err
     assert main([*base, "--text", "hi", "--reference", str(long), "--max-reference-seconds", "60"]) == 1
-    assert "neither a models:/ URI nor a checkpoint folder" in capsys.readouterr().err  # got past the check
+    assert "nor a checkpoint folder (no config.json)" in capsys.readouterr().err  # got past the check
     assert main([*base, "--text", "hi", "--set", "synthesize.cfg_value=.nan"]) == 1
     assert "cfg_value" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
 

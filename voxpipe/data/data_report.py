@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from voxpipe.files import atomic_write_text
+from voxpipe.files import atomic_write, atomic_write_text
 
 PAGE = "data-report.html"
 FIGURE = "data-report.png"
@@ -155,8 +155,6 @@ def write_data_report(out: Path) -> Path:
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     figures = _gather(out)
     png = _plot(figures, report.get("reasons", {}))
-    tmp = out / f".{FIGURE}.tmp"
-    tmp.write_bytes(png)
-    tmp.replace(out / FIGURE)
+    atomic_write(out / FIGURE, lambda tmp: Path(tmp).write_bytes(png), ".tmp")
     atomic_write_text(out / PAGE, _page(report, figures, png))
     return out / PAGE

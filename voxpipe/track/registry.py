@@ -169,7 +169,8 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
             signature=signature(),
             pip_requirements=pinned_requirements(),
             # serve/pyfunc.py: load-time options
-            model_config={"device": "auto", "dtype": "float32", "kernels": "auto"},
+            model_config={"device": "auto", "dtype": "float32", "kernels": "auto",
+                          "max_reference_seconds": SynthesizeParams().max_reference_seconds},
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id
