@@ -102,9 +102,10 @@ def _differences(mine: dict[str, Any], run: dict[str, Any]) -> str:
     keys = sorted(k for k in mine["params"].keys() | run["params"].keys()
                   if mine["params"].get(k) != run["params"].get(k))
     parts = [f"{k} {mine['params'].get(k)!r} vs {run['params'].get(k)!r}" for k in keys[:5]]
-    if mine.get("data_version") != run.get("data_version"):
-        parts.append(f"data version {mine.get('data_version')} vs {run.get('data_version')}")
-    return "; ".join(parts) or "same params and data, another run"
+    for key, what in (("data_version", "data version"), ("base_version", "base model version")):
+        if mine.get(key) != run.get(key):
+            parts.append(f"{what} {mine.get(key)} vs {run.get(key)}")
+    return "; ".join(parts) or "same params, data and base, another run"
 
 
 @dataclass(frozen=True)

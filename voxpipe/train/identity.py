@@ -22,12 +22,20 @@ from voxpipe.lineage import dvc_md5
 IDENTITY_FILE = "voxpipe-run.json"
 
 
+# where the data and the base model lie says nothing about the weights (a fresh clone of the repo
+# that `dvc pull`s them trains the same run): the identity names their content instead
+LOCATIONS = ("train.data", "model.base")
+
+
 def run_identity(result: dict[str, Any], data: Path) -> dict[str, Any]:
-    """{"run": short hash, "params": result params, "data_version": md5 of the training data}."""
-    version = dvc_md5(data) if data.exists() else None
-    canonical = json.dumps({"params": result, "data_version": version}, sort_keys=True, default=str)
-    return {"run": hashlib.sha256(canonical.encode()).hexdigest()[:16], "params": result,
-            "data_version": version}
+    """{"run": short hash, "params": result params (locations left out), "data_version": md5 of the
+    training data, "base_version": md5 of the base checkpoint}."""
+    params = {k: v for k, v in result.items() if k not in LOCATIONS}
+    base = Path(result["model.base"])
+    versions = {"data_version": dvc_md5(data) if data.exists() else None,
+                "base_version": dvc_md5(base) if base.exists() else None}
+    canonical = json.dumps({"params": params, **versions}, sort_keys=True, default=str)
+    return {"run": hashlib.sha256(canonical.encode()).hexdigest()[:16], "params": params, **versions}
 
 
 def write_identity(folder: Path, identity: dict[str, Any], step: int) -> None:
