@@ -23,6 +23,10 @@ def md5_file(path: Path) -> str:
     return file_digest(path, "md5")
 
 
+# the file names .dvcignore hides from DVC: md5s computed here must be the ones DVC computes
+DVC_IGNORED = frozenset({RUN_FACTS, "file_hashes.json", ".voxpipe-key"})
+
+
 def dvc_md5(path: Path) -> str:
     """DVC 3's md5 of a file or a folder (`<md5>.dir`)."""
     if path.is_file():
@@ -31,7 +35,7 @@ def dvc_md5(path: Path) -> str:
         raise FileNotFoundError(f"{path}: no such file or folder")
     entries = [
         {"md5": md5_file(f), "relpath": f.relative_to(path).as_posix()}
-        for f in path.rglob("*") if f.is_file() and f.name != RUN_FACTS
+        for f in path.rglob("*") if f.is_file() and f.name not in DVC_IGNORED
     ]
     entries.sort(key=lambda e: e["relpath"])
     listing = json.dumps(entries, sort_keys=True).encode()
