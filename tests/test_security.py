@@ -104,7 +104,8 @@ def secure_params(files: dict, uri: str | None, work: Path, **launch_env: str) -
         "tracking": {"uri": uri, "work": str(work), "experiment": "secure"},
         "launch": {"secret_env": {"VOICE_VAULT": "voice-vault/value", "WANDB_API_KEY": "wandb/key",
                                   "MLFLOW_TRACKING_USERNAME": "voxpipe-mlflow/username",
-                                  "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password"},
+                                  "MLFLOW_TRACKING_PASSWORD": "voxpipe-mlflow/password",
+                                  "VOXPIPE_CHECKPOINT_KEY": "voxpipe-checkpoint/key"},
                    "env": {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **launch_env}},
     })
 
