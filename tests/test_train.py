@@ -209,6 +209,15 @@ def _poisoned_copy(sample, dst: Path, rows: str) -> Path:
         for key in keys:
             tensors[key][0, 0] = float("nan")
         save_file(tensors, str(dst / shard))
+    # NaN data the encoder really produced, not a damaged file: the index records the new bytes
+    from voxpipe.integrity import file_entry
+
+    index = [json.loads(line) for line in (dst / "index.jsonl").read_text().splitlines()]
+    for record in index:
+        if record["shard"] in by_shard:
+            entry = file_entry(dst / record["shard"])
+            record.update(size=entry["size"], sha256=entry["sha256"])
+    (dst / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
     return dst
 
 
