@@ -32,6 +32,19 @@ SLOW_FIXTURES = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny model's ops are too small to split: one intra-op thread is as fast, and does not stall when
+    other processes share the cores (parallel tests, torchrun workers). A module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):

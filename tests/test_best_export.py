@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.step import evaluate
@@ -21,15 +20,8 @@ from voxpipe.track.register import register
 from voxpipe.train.identity import IDENTITY_FILE
 from voxpipe.train.loop import train
 
-pytestmark = pytest.mark.slow  # trains with periodic exports, then evaluates and registers them
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# trains with periodic exports, then evaluates and registers them
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -30,15 +30,7 @@ from voxpipe.train.loop import validate
 CPU = torch.device("cpu")
 SEEDS = [0, 1, 2]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to split: one intra-op thread is as fast, and does not stall when
-    other processes share the cores (parallel tests, torchrun workers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

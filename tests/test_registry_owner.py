@@ -21,7 +21,7 @@ from voxpipe.errors import StepError
 from voxpipe.params import ModelParams, Params
 from voxpipe.track.register import register
 from voxpipe.track.registry_init import registry_init
-from voxpipe.track.reglock import LOCK_TAG, _log_once, lock_run, register_lock
+from voxpipe.track.reglock import LOCK_TAG, _log_once, lock_runs, register_lock
 from voxpipe.train.init_model import init_model
 
 READER, READER_PASSWORD = "reader", "rdr-Pw5512-not-admin"
@@ -159,7 +159,7 @@ def test_a_held_lock_is_a_bounded_logged_wait(users, as_user, caplog):
     as_user(ADMIN, ADMIN_PASSWORD)
     client = MlflowClient(uri)
     experiment = client.create_experiment("voxpipe-lock-exp")
-    run_id = lock_run(client, experiment, "voxpipe-lock")
+    (run_id,) = lock_runs(client, experiment, "voxpipe-lock")
     assert _log_once(client, run_id, "lock.0", "another register", uri, "take it")
     with caplog.at_level(logging.INFO, logger="voxpipe"), pytest.raises(
             StepError, match=r"held by another register and did not come free in 2 s \(register.lock_timeo"):

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.exports import own_exports
@@ -19,13 +18,7 @@ from voxpipe.params import Params, TrainParams
 from voxpipe.train.identity import IDENTITY_FILE, read_identity
 from voxpipe.train.loop import train
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(encoded_sample, out: Path, **changes) -> None:

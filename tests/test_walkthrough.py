@@ -29,7 +29,7 @@ STAND_INS = [  # what this machine has instead of a GPU, the checkpoint and an h
     "train.dtype=float32", "local.nproc=1", "train.max_steps=4", "train.warmup_steps=1", "train.val_every=2",
     "train.max_tokens=1024", "train.checkpoint_every=0", "train.export_every=2", "train.log_every=2",
     "evaluate.seeds=[0]", "evaluate.texts_per_speaker=1", "evaluate.max_len=8",
-    "evaluate.inference_timesteps=2", "evaluate.asr=false",
+    "evaluate.inference_timesteps=2", "evaluate.asr=false", "model.preset=tiny",
 ]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from voxpipe.params import Params
 from voxpipe.track.ownership import current_account, refuse_foreign, resources
 from voxpipe.track.registry import ensure_registered_model
-from voxpipe.track.reglock import lock_run
+from voxpipe.track.reglock import lock_runs
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
@@ -55,6 +55,6 @@ def registry_init(params: Params) -> RegistryInitResult:
         if me is not None:
             for resource in resources(experiment, tracking.experiment, name):
                 lowered[resource.label] = refuse_foreign(uri, me, resource, lower=True)
-        lock_run(client, experiment, name)  # after the check: the lock lives in the verified experiment
+        lock_runs(client, experiment, name)  # after the check: the lock lives in the verified experiment
     account = me.username if me else None
     return RegistryInitResult(uri, tracking.experiment, experiment, name, account, lowered)

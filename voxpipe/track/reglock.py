@@ -8,6 +8,11 @@ Writing a param takes EDIT on the experiment, which `ownership.check_owned` has 
 but the pipeline (and admins) holds: a READ user can neither take the lock nor keep it held. (The
 old marker, a registered model `<name>.register-lock`, was something any user may create.)
 
+Two first registers at once may each create a lock run. A register therefore takes the lock in every
+lock run it finds, in run-id order (one global order: no two registers wait on each other). Runs are only
+ever added, and each register searches after its own create, so the set one register saw is contained in
+the set any later one sees: two holders always share a run, and only one can hold it.
+
 A lock held unchanged for `lease_s` of waiting belongs to a register that died inside its
 (sub-second) critical section: it is broken (`free.N = broken by ...`) with a warning. Every wait is
 bounded by `timeout_s` and logged; a 403 is an error, never swallowed.
@@ -38,21 +43,20 @@ LEASE_S = 120.0
 _EPOCH = re.compile(r"^lock\.(\d+)$")
 
 
-def lock_run(client: MlflowClient, experiment_id: str, model: str) -> str:
-    """The lock run of `model` in the experiment, created if missing. With two (two first registers at
-    once), the oldest is the lock, so every register agrees once both exist."""
+def lock_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
+    """The lock runs of `model` in the experiment, in run-id order; one is created if there is none."""
     found = _lock_runs(client, experiment_id, model)
     if not found:
         run = client.create_run(experiment_id, run_name=f"register lock: {model}", tags={LOCK_TAG: model})
         client.set_terminated(run.info.run_id, "FINISHED")  # not a training run: no "running" in the UI
         found = _lock_runs(client, experiment_id, model)
-    return found[0]
+    return found
 
 
 def _lock_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{model}'",
-                              order_by=["attributes.start_time ASC"], max_results=10)
-    return [r.info.run_id for r in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))]
+                              max_results=100)
+    return sorted(r.info.run_id for r in runs)
 
 
 def _epoch(params: dict[str, str]) -> int:
@@ -79,17 +83,30 @@ def _log_once(client: MlflowClient, run_id: str, key: str, value: str, uri: str,
 @contextmanager
 def register_lock(client: MlflowClient, uri: str, experiment_id: str, model: str, timeout_s: float,
                   lease_s: float = LEASE_S) -> Iterator[None]:
-    run_id = lock_run(client, experiment_id, model)
     token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
-    start = time.monotonic()
-    seen, since = None, start
+    deadline = time.monotonic() + timeout_s
+    held: list[tuple[str, int]] = []
+    try:
+        for run_id in lock_runs(client, experiment_id, model):
+            held.append((run_id, _take(client, uri, run_id, model, token, deadline, timeout_s, lease_s)))
+        yield
+    finally:
+        for run_id, epoch in reversed(held):
+            if not _log_once(client, run_id, f"free.{epoch}", token, uri, f"release the lock of {model!r}"):
+                log.warning("register: the register lock of %r was broken while this register held it (it "
+                            "took over %.0f s)", model, lease_s)
+
+
+def _take(client: MlflowClient, uri: str, run_id: str, model: str, token: str, deadline: float,
+          timeout_s: float, lease_s: float) -> int:
+    """Take the lock in one lock run: the epoch taken, once the newest epoch is free."""
+    seen, since = None, time.monotonic()
     while True:
         params = client.get_run(run_id).data.params
         n = _epoch(params)
         if n < 0 or f"free.{n}" in params:
             if _log_once(client, run_id, f"lock.{n + 1}", token, uri, f"take the register lock of {model!r}"):
-                held = n + 1
-                break
+                return n + 1
             continue
         now = time.monotonic()
         if n != seen:
@@ -101,14 +118,8 @@ def register_lock(client: MlflowClient, uri: str, experiment_id: str, model: str
                         "register that died while holding it)", model, params[f"lock.{n}"], lease_s)
             _log_once(client, run_id, f"free.{n}", f"broken by {token}", uri, f"break the lock of {model!r}")
             continue
-        if now - start > timeout_s:
+        if now > deadline:
             raise StepError(f"register: the register lock of {model!r} (MLflow run {run_id}, param lock.{n}) "
                             f"is held by {params[f'lock.{n}']} and did not come free in {timeout_s:.0f} s "
                             "(register.lock_timeout_s); rerun register when that register has finished")
         time.sleep(0.1 + 0.3 * random.random())
-    try:
-        yield
-    finally:
-        if not _log_once(client, run_id, f"free.{held}", token, uri, f"release the lock of {model!r}"):
-            log.warning("register: the register lock of %r was broken while this register held it (it took "
-                        "over %.0f s)", model, lease_s)
