@@ -7,6 +7,9 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # dvc.yaml's stages call `voxpipe` and `torchrun`: the venv's, wherever make is run from
 DVC := PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc
 # the figures `make demo` shows (`dvc metrics show`: all of eval.json and mfu.json)
+# pytest workers (pytest-xdist): the 2 cores CI has. test-fast steals work between them; test keeps a
+# module on one worker, so a module's training-run fixture is built once
+PYTEST_WORKERS ?= 2
 HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|speaker_similarity_mean$$|stop_failure_rate$$|^wer$$|^mfu$$|tokens_per_s_per_device$$'
 
 # RECIPE=NAME (demo, repro, compile): recipes/NAME.yaml layered on params.yaml. For DVC it is written into
@@ -35,11 +38,11 @@ lint: $(STAMP)  ## ruff over the code, hadolint over images/
 	$(BIN)/hadolint images/Dockerfile
 
 test: lint  ## ruff + the whole pytest suite
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)  ## the inner loop: ruff + every test not marked slow (no dvc repro, kfp.local, server, torchrun)
 	$(BIN)/ruff check voxpipe components pipelines tests benchmarks data/sample
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are
 	$(APPLY_RECIPE)

@@ -11,12 +11,14 @@ and not the files behind a path, reruns the pipeline when the data changes.
 
 import argparse
 import ast
+import functools
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kfp import compiler, dsl, kubernetes
+from kfp.dsl.graph_component import GraphComponent
 
 from components import steps
 from components.shared import CPU_IMAGE
@@ -76,11 +78,6 @@ def fan_out_ingest(workspace: Any, data_version: Any, ingest: Any) -> tuple[Any,
     return planned, shard, merged
 
 
-@dsl.pipeline(
-    name="voxpipe-finetune",
-    description="Fine-tune VoxCPM2: ingest, manifest, validate, base model, encode, FSDP2 training (a "
-    "Volcano job), evaluate, MFU, MLflow registration.",
-)
 def finetune(
     data_version: str,
     workspace: str = WORKSPACE,
@@ -155,6 +152,18 @@ def finetune(
     return registered.outputs["registered"]
 
 
+@functools.cache
+def finetune_pipeline() -> GraphComponent:
+    """The pipeline, built on first use rather than at import: KFP builds the graph when it decorates,
+    calling `inspect.stack()` for every task, which takes seconds in a process that has torch and mlflow
+    loaded; whoever imports this module for its defaults or `fan_out_ingest` does not need the graph."""
+    return dsl.pipeline(
+        name="voxpipe-finetune",
+        description="Fine-tune VoxCPM2: ingest, manifest, validate, base model, encode, FSDP2 training (a "
+        "Volcano job), evaluate, MFU, MLflow registration.",
+    )(finetune)
+
+
 def _sorted(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _sorted(value[k]) for k in sorted(value)}
@@ -180,7 +189,7 @@ def compile_pipeline(path: str, recipe: str | None = None) -> None:
     into the header comment in protobuf map order, which changes from process to process; sorted here
     so the committed YAML only changes with the pipeline."""
     arguments = recipe_arguments(recipe) if recipe else None
-    compiler.Compiler().compile(finetune, path, pipeline_parameters=arguments)
+    compiler.Compiler().compile(finetune_pipeline(), path, pipeline_parameters=arguments)
     out = Path(path)
     lines = out.read_text().splitlines(keepends=True)
     header = [line for line in lines if line.startswith("#")]

@@ -24,6 +24,12 @@ os.environ["XDG_STATE_HOME"] = os.path.join(
     os.environ.get("PYTEST_XDG_STATE_HOME") or f"/tmp/voxpipe-tests-{os.getuid()}-{os.getpid()}", "state")
 
 
+# pytest-xdist runs one worker per core (`-n 2`): each with one intra-op thread, so that two workers' torch
+# and numpy thread pools do not oversubscribe the cores and spin (set before anything imports torch)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 # fixtures that start a real end-to-end part: a server, a training run, a DVC repo, a KFP local runner
 SLOW_FIXTURES = {
     "server", "auth_server", "s3",  # `mlflow server` (plain, basic-auth), moto's S3 server
@@ -83,7 +89,9 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
 
     work = tmp_path_factory.mktemp("encoded_sample")
     paths = EncodedSample(work / "ingest", work / "manifest", work / "base_model", work / "encoded")
-    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(paths.ingest), workers=1))
+    # no DNSMOS: ~0.4 CPU s a clip, and nothing downstream of ingest reads the score (test_quality does)
+    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(paths.ingest), workers=1,
+                        score_quality=False))
     build_manifest(ManifestParams(input=[str(paths.ingest / "raw.jsonl")], out=str(paths.manifest)))
     init_model(ModelParams(preset="tiny", out=str(paths.base_model)))
     encode(Params(model={"base": str(paths.base_model)}, encode=EncodeParams(

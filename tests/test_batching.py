@@ -79,6 +79,7 @@ def _assert_same_batch(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Te
             assert torch.equal(ours[key], theirs[key].to(ours[key].dtype)), key
 
 
+@pytest.mark.slow  # encodes rows through both AudioVAEs
 def test_collate_of_encoded_rows_equals_upstream_packer(parity):
     dataset, indices, _, theirs = parity
     ours = collate([dataset[i] for i in indices], patch_size=4)

@@ -39,6 +39,7 @@ def test_the_report_lies_beside_report_json_and_says_what_was_ingested(ingested)
     assert "The 10 lowest by DNSMOS overall" in page
 
 
+@pytest.mark.slow
 def test_rerun_gives_the_same_report(ingested, tmp_path):
     src = ingested.parent / "in"
     ingest(IngestParams(input=[str(src)], out=str(tmp_path / "again"), workers=1))

@@ -56,6 +56,7 @@ def _subset_manifest(encoded_sample, n: int, path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_batched_encoding_equals_one_at_a_time(encoded_sample):
     enc = load_encoder(encoded_sample.base_model)
     files = sorted((encoded_sample.ingest / "audio").rglob("*.flac"))[:4]

@@ -65,6 +65,7 @@ def test_non_utf8_bytes_in_a_manifest(encoded_sample, tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_non_utf8_bytes_in_a_training_manifest(encoded_sample, tmp_path):
     bad = tmp_path / "train.jsonl"
     rows = (encoded_sample.manifest / "train.jsonl").read_bytes()
@@ -94,6 +95,7 @@ def test_read_only_output_folder(tmp_path, monkeypatch):
         prepare_output(out)
 
 
+@pytest.mark.slow  # a whole ingest per case
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkeypatch, code):
     """The disk fails on the 13th audio file: a real partial write, then the OSError the kernel gives.
@@ -138,6 +140,7 @@ def base_copy(encoded_sample, tmp_path):
     return base
 
 
+@pytest.mark.slow
 def test_truncated_audiovae(encoded_sample, base_copy, tmp_path):
     vae = base_copy / "audiovae.safetensors"
     vae.write_bytes(vae.read_bytes()[: vae.stat().st_size // 2])
@@ -162,6 +165,7 @@ def test_junk_tokenizer_json_is_named(encoded_sample, base_copy, tmp_path):
             load_encoder(base_copy)
 
 
+@pytest.mark.slow
 def test_a_config_asking_for_82_gb_is_refused_before_allocating(encoded_sample, base_copy, tmp_path):
     """The tiny base with a vocab_size typo that makes its parameters 82 GB (fp32): more than this box has."""
     import torch

@@ -372,6 +372,7 @@ SHORT_WAV = encode(tone(seconds=0.05))
 GOOD_WAVS = [encode(tone(200 + 37 * i, 0.5, 16000), 16000) for i in range(12)]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(kinds=st.lists(st.sampled_from(list(KINDS)), min_size=1, max_size=12))
 def test_accounting_every_row_is_kept_or_quarantined(kinds):
@@ -391,6 +392,7 @@ def test_accounting_every_row_is_kept_or_quarantined(kinds):
 
 # ---- the shipped sample ----------------------------------------------------------------------
 
+@pytest.mark.slow  # the whole sample, twice
 def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(tmp_path):
     pool = IngestParams(input=[str(SAMPLE)], out=str(tmp_path / "pool"), workers=2)
     result = ingest(pool)

@@ -139,6 +139,7 @@ def test_a_long_pause_inside_a_clip_is_flagged_not_cut(tmp_path):
     assert row["duration"] >= 1.5 + (speech(0).size + speech(1).size) / SR - 1.0
 
 
+@pytest.mark.slow
 def test_rerun_and_two_shards_give_the_same_bytes(tmp_path, ingested):
     out = ingested[0]
     src = out.parent / "in"

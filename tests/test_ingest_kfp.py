@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 from kfp import dsl, local
 
-from pipelines import finetune as pipeline
 from tests.test_ingest import SAMPLE
 from voxpipe.data.ingest_step import ingest
 from voxpipe.lineage import dvc_md5
@@ -22,17 +21,18 @@ pytestmark = [
 ]
 
 
-@dsl.pipeline
-def fanned_out_ingest(workspace: str, data_version: str, params: dict) -> dsl.Dataset:
-    """The pipeline's ingest tasks alone."""
-    return pipeline.fan_out_ingest(workspace, data_version, params)[2].outputs["data"]
-
-
 def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, monkeypatch):
+    from pipelines import finetune as pipeline  # here, not at collection: KFP builds graphs when decorating
+
+    @dsl.pipeline
+    def fanned_out_ingest(workspace: str, data_version: str, params: dict) -> dsl.Dataset:
+        """The pipeline's ingest tasks alone."""
+        return pipeline.fan_out_ingest(workspace, data_version, params)[2].outputs["data"]
+
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
     workspace = tmp_path / "workspace"
     data = workspace / "datasets" / "sample"

@@ -162,6 +162,7 @@ def test_too_many_bad_rows_is_judged_over_all_shards(tmp_path):
     assert report["rows_in"] == 8 and "4 of 8 rows quarantined" in report["error"]
 
 
+@pytest.mark.slow
 def test_a_manifest_is_cut_in_row_blocks_of_equal_audio_volume(tmp_path):
     """One LJSpeech metadata.csv of 200 rows whose clips grow longer down the file: the plan cuts it by
     the sizes of the files named, not the row count, and the sharded run still equals a single one."""

@@ -395,6 +395,7 @@ def test_layers_to_shard_covers_every_transformer_block(pair):
     assert outside < sum(p.numel() for p in ours.parameters())
 
 
+@pytest.mark.slow
 def test_init_model_cli_is_deterministic_and_loads_in_both(tmp_path, upstream_model_cls):
     runs = []
     for name in ("a", "b"):

@@ -64,7 +64,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c if c == "tiny-w1-full-fp32" else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES])  # one in the fast loop; a world of 2 or `small`: slow
 def test_plan_is_within_10_percent_of_the_measured_peak(case, tmp_path):
     name, world, use_lora, ac, dtype, tokens = CASES[case]
     setup = P.Setup(preset(name), world, LoraParams(enabled=use_lora), ac, dtype, tokens)
@@ -133,6 +134,7 @@ def test_train_refuses_a_plan_that_does_not_fit_the_free_memory():
     assert "not even" in P.fits_free_memory(_plan(30.0, None), free=20 * GIB, headroom=0.1)
 
 
+@pytest.mark.slow
 def test_train_checks_the_plan_only_on_an_accelerator(monkeypatch, tmp_path):
     """The real plan (tiny, in its own process, as train makes it) against an injected free memory:
     the device query is the only stand-in. On CPU train keeps the host-RAM check."""

@@ -348,6 +348,7 @@ def test_train_imports_nothing_of_the_encode_step():
 
 
 # -- disk full ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_disk_full_while_checkpointing_keeps_the_complete_checkpoints(encoded_sample, tmp_path, monkeypatch):
     """The disk fills while step-4 is written (a real partial file, then the kernel's ENOSPC): one paragraph
     naming the folder, the partial folder gone, step-2 kept; with space again the rerun resumes from it."""
