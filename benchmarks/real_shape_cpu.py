@@ -14,7 +14,10 @@ from the kernel (wait4), so the figures are the steps' own, not this script's:
 5. `synthesize` of about one second (7 patches of 160 ms) with the export.
 
 Also this CPU's bf16 and fp32 matmul rates (voxpipe.mfu.peak), its own peak for an MFU. Not part
-of `make test` (tens of minutes). Needs ~16 GB of RAM; on a shared machine run it alone:
+of `make test` (tens of minutes). Needs ~16 GB of RAM; on a shared machine run it alone. It wants a
+CPU with bf16 matmul units (AVX512-BF16 or AMX: `grep -oE 'avx512_bf16|amx_bf16' /proc/cpuinfo`):
+on the 2-core AMD EPYC development machine, which has neither, the first bf16 training step was
+still in its backward after 46 minutes (peak RSS 9.0 GiB by then), and the run was stopped.
 
     flock /tmp/voxpipe-heavy.lock .venv/bin/python benchmarks/real_shape_cpu.py [--work DIR]
 """
