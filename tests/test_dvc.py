@@ -33,7 +33,7 @@ from small_sample import write_small_sample
 
 from voxpipe import dvcgen, paramspec
 from voxpipe.cli import STEPS
-from voxpipe.lineage import dvc_md5
+from voxpipe.lineage import DVC_IGNORED, dvc_md5
 from voxpipe.params import Params, load_params
 from voxpipe.train.checkpoint import latest_checkpoint
 
@@ -66,6 +66,14 @@ def test_dvc_yaml_is_what_voxpipe_dvc_yaml_generates():
     result; `voxpipe dvc-yaml` rewrites them when this fails."""
     proc = voxpipe_dvc_yaml("--check")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_data_version_leaves_out_the_files_dvcignore_hides():
+    """lineage.dvc_md5 must give DVC's md5, so it leaves out the file names .dvcignore hides; a name added
+    to one and not the other makes every data version differ from dvc.lock's."""
+    lines = [ln.strip() for ln in (ROOT / ".dvcignore").read_text().splitlines()]
+    names = {ln for ln in lines if ln and not ln.startswith("#") and not ln.endswith("/")}
+    assert names == DVC_IGNORED
 
 
 def test_check_names_the_stage_and_the_difference_and_the_rewrite_keeps_comments(tmp_path):
