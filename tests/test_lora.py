@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -210,6 +212,21 @@ def test_merged_export_is_a_plain_checkpoint(trained, tmp_path):
     for seed, expected in zip((5, 6), want, strict=True):
         torch.testing.assert_close(losses(ours, batch, seed), expected, rtol=0, atol=1e-5)
         torch.testing.assert_close(losses(upstream, batch, seed), expected, rtol=0, atol=1e-5)
+
+
+def test_the_merge_folds_each_weight_in_place_and_holds_no_second_model():
+    """The export's host memory is the checkpoint once (voxpipe plan's export figure): each base
+    weight is let go as its folded copy is made."""
+    model = VoxCPM2(preset("tiny"))
+    apply_lora(model, PARAMS)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    adapted = [k.removesuffix(".lora_A") + ".weight" for k in state if k.endswith(".lora_A")]
+    originals = [weakref.ref(state[k]) for k in adapted]
+    merged = merge_lora_state_dict(state, PARAMS)
+    assert merged is state
+    assert adapted and not any(k.endswith((".lora_A", ".lora_B")) for k in merged)
+    gc.collect()
+    assert [k for k, ref in zip(adapted, originals, strict=True) if ref() is not None] == []
 
 
 def test_meta_build_then_reset_is_reproducible():

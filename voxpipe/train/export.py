@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
 from voxpipe.errors import StepError
 from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audiovae_weights
@@ -46,12 +46,11 @@ def export_checkpoint(
     """Collective gather; rank 0 writes `out_dir` (returned there, None elsewhere).
 
     With LoRA only the adapters are gathered: the frozen base is read from the base checkpoint.
+    Rank 0's host holds the exported checkpoint once, in `dtype` (its file size), plus one tensor
+    in flight: what `voxpipe plan` reports as the export's host memory.
     """
-    if lora_params.enabled:
-        full = lora.lora_state_dict(model)
-    else:
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    verdict = [_nonfinite(full) if rt.is_main else None]  # only rank 0 holds the full state
+    gathered = lora.lora_state_dict(model) if lora_params.enabled else gathered_state(model, dtype, rt)
+    verdict = [_nonfinite(gathered) if rt.is_main else None]  # only rank 0 holds the full state
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         bad, total = verdict[0]
@@ -64,14 +63,17 @@ def export_checkpoint(
     if not rt.is_main:
         rt.barrier()
         return None
-    full = {lora.clean_name(k): v for k, v in full.items()}
+    full = gathered
     if lora_params.enabled:
-        adapters = {k: v for k, v in full.items() if lora.is_adapter(k)}
-        lora.save_lora(adapters, lora_params, out_dir / LORA_SUBDIR, base_model=str(base_dir))
+        lora.save_lora(gathered, lora_params, out_dir / LORA_SUBDIR, base_model=str(base_dir))
         # the frozen base as the checkpoint has it: training kept it in the compute dtype (bf16), so
-        # an fp32 base would otherwise come back rounded; it never changed, so this is the same model
-        base = {k: v.to(dtype) if v.is_floating_point() else v for k, v in read_model_state(base_dir).items()}
-        full = lora.merge_lora_state_dict({**base, **adapters}, lora_params)
+        # an fp32 base would otherwise come back rounded; it never changed, so this is the same model.
+        # Cast one tensor at a time and merge in place: one dict, never a second copy of the model.
+        full = read_model_state(base_dir)
+        for key, value in full.items():
+            full[key] = value.to(dtype) if value.is_floating_point() else value
+        full.update(gathered)
+        full = lora.merge_lora_state_dict(full, lora_params)
     with torch.device("meta"):
         plain = VoxCPM2(config)
     load_weights_strict(plain, full, "trained weights", dtype)  # in the saved dtype: no second copy
@@ -84,6 +86,22 @@ def export_checkpoint(
             shutil.copyfile(base_dir / name, out_dir / name)
     rt.barrier()
     return out_dir
+
+
+def gathered_state(model: nn.Module, dtype: torch.dtype, rt: Runtime) -> dict[str, torch.Tensor]:
+    """The full state dict on rank 0's CPU in `dtype` (empty elsewhere; collective).
+
+    One parameter at a time: each sharded tensor is gathered, cast and moved to the host before
+    the next, so rank 0 never holds the fp32 masters whole beside their cast copy.
+    """
+    out = {}
+    for name, value in model.state_dict().items():
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if rt.is_main:
+            full = full.detach().to("cpu", dtype if full.is_floating_point() else full.dtype)
+            out[lora.clean_name(name)] = full.contiguous()
+        del full
+    return out
 
 
 def _nonfinite(state: dict[str, torch.Tensor]) -> tuple[list[str], int] | None:

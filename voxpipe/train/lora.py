@@ -237,19 +237,22 @@ def merge_lora(model: nn.Module) -> int:
 
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor], params: LoraParams) -> dict[str, torch.Tensor]:
-    """A full state dict with adapters -> the plain checkpoint state dict (adapters folded, keys dropped)."""
-    out = {k: v for k, v in state.items() if not is_adapter(k)}
+    """A full state dict with adapters -> the plain checkpoint state dict (adapters folded, keys dropped).
+
+    Consumes `state` and returns it: each base weight is replaced by its folded copy as the merge
+    goes, so a merge of the real model holds one extra tensor at a time, not a second model.
+    """
     prefixes = {
         suffix: {k[: -len(suffix)] for k in state if k.endswith(suffix)} for suffix in _ADAPTER_SUFFIXES
     }
     unpaired = prefixes[".lora_A"] ^ prefixes[".lora_B"]
     if unpaired:
         raise ValueError(f"adapters without their lora_A/lora_B partner: {sorted(unpaired)[:5]}")
+    missing = sorted(p for p in prefixes[".lora_A"] if f"{p}.weight" not in state)
+    if missing:
+        raise ValueError(f"{missing[0]}: adapter without its base weight in the state dict")
     for prefix in sorted(prefixes[".lora_A"]):
         key = f"{prefix}.weight"
-        if key not in state:
-            raise ValueError(f"{prefix}: adapter without its base weight in the state dict")
-        out[key] = _fold(
-            state[key], state[f"{prefix}.lora_A"], state[f"{prefix}.lora_B"], params.alpha / params.r
-        )
-    return out
+        lora_a, lora_b = state.pop(f"{prefix}.lora_A"), state.pop(f"{prefix}.lora_B")
+        state[key] = _fold(state.pop(key), lora_a, lora_b, params.alpha / params.r)
+    return state
