@@ -98,7 +98,8 @@ def test_cli_prints_one_json_object_with_the_planned_figures(capsys, tmp_path):
     assert code == 0
     out = json.loads(capsys.readouterr().out)  # exactly one object: json.loads refuses anything after it
     assert {"world_size", "device", "device_memory_gib", "peak_gib", "by_category_gib", "fits",
-            "largest_max_tokens", "host_peak_gib"} <= out.keys()
+            "largest_max_tokens", "host_peak_gib", "host_by_phase_gib"} <= out.keys()
+    assert set(out["host_by_phase_gib"]) == {"load", "export"}
     assert set(out["by_category_gib"]) == {"params", "gradients", "optimizer", "activations", "other"}
     assert (out["world_size"], out["device"], out["device_memory_gib"]) == (1, "rtx-4090", 24.0)
     assert out["fits"] is True
@@ -120,6 +121,7 @@ def _plan(peak: float, largest: int | None = 1024) -> P.Plan:
     cats = {"params": peak / 2, "gradients": 0.0, "optimizer": 0.0, "activations": peak / 2, "other": 0.0}
     return P.Plan(world_size=1, device="h100-80gb", device_memory_gib=80.0, peak_gib=peak,
                   by_category_gib=cats, fits=True, largest_max_tokens=largest, host_peak_gib=1.0,
+                  host_by_phase_gib={"load": 0.5, "export": 1.0},
                   max_tokens=4096, micro_batch=[1, 4096], headroom=0.1)
 
 

@@ -126,7 +126,9 @@ def memory_line(name: str, plan: dict) -> str:
         text += (f"; {plan['device']} ({plan['device_memory_gib']:g} GiB): {verdict} with "
                  f"{plan['headroom']:.0%} headroom; largest train.max_tokens that fits: "
                  f"{plan['largest_max_tokens']}")
-    text += f"; host peak while loading {plan['host_peak_gib']:.2f} GiB (rank 0)."
+    phases = plan["host_by_phase_gib"]
+    text += (f"; host peak {plan['host_peak_gib']:.2f} GiB on rank 0 (loading {phases['load']:.2f}, "
+             f"exporting {phases['export']:.2f}).")
     return "\n".join(textwrap.wrap(text, 106, initial_indent="# ", subsequent_indent="#   "))
 
 
@@ -136,7 +138,8 @@ MEMORY_RE = re.compile(
     r"(?P<optimizer>-?[\d.]+), activations (?P<activations>-?[\d.]+), other (?P<other>-?[\d.]+) GiB; "
     r"micro-batch (?P<rows>\d+) x (?P<length>\d+), world of (?P<world>\d+)(; (?P<device>\S+) "
     r"\((?P<memory>[\d.]+) GiB\): (?P<fits>fits|does not fit) with \d+ ?% headroom; largest "
-    r"train.max_tokens that fits: (?P<largest>\d+|None))?"
+    r"train.max_tokens that fits: (?P<largest>\d+|None))?; host peak (?P<host>[\d.]+) GiB on rank 0 "
+    r"\(loading (?P<load>[\d.]+), exporting (?P<export>[\d.]+)\)"
 )
 
 
@@ -167,6 +170,9 @@ def test_recipe_memory_figures_are_current(name, capsys):
     figures = {"peak": plan["peak_gib"], **plan["by_category_gib"]}
     for key in ("peak", "params", "gradients", "optimizer", "activations", "other"):
         assert float(match[key]) == pytest.approx(figures[key], abs=0.006), (name, key)
+    host = {"host": plan["host_peak_gib"], **plan["host_by_phase_gib"]}
+    for key in ("host", "load", "export"):
+        assert float(match[key]) == pytest.approx(host[key], abs=0.006), (name, key)
     assert [int(match["rows"]), int(match["length"]), int(match["world"])] == [*plan["micro_batch"],
                                                                                  plan["world_size"]]
     if match["device"]:

@@ -40,9 +40,10 @@ from torch import nn
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text
+from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes
-from voxpipe.model.voxcpm2 import host_rows
+from voxpipe.model.voxcpm2 import VoxCPM2, host_rows
 from voxpipe.params import LoraParams, Params
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
@@ -96,7 +97,8 @@ class Plan:
     by_category_gib: dict[str, float]
     fits: bool
     largest_max_tokens: int | None  # None: not even the shortest micro-batch fits
-    host_peak_gib: float
+    host_peak_gib: float  # rank 0's host memory at its largest: the larger of the two phases below
+    host_by_phase_gib: dict[str, float]  # "load" and "export"; on the CPU each includes the model
     max_tokens: int
     micro_batch: list[int]  # [rows, positions]
     headroom: float
@@ -115,8 +117,9 @@ class Plan:
             f"plan: peak {self.peak_gib:.2f} GiB per device ({cats}) for a micro-batch of {rows} x {length} "
             f"(train.max_tokens {self.max_tokens}), world of {self.world_size}; {self.device} has "
             f"{self.device_memory_gib:.1f} GiB, {usable:.1f} GiB usable with {self.headroom:.0%} headroom: "
-            f"{verdict}. Largest train.max_tokens that fits: {largest}. Host peak while loading: "
-            f"{self.host_peak_gib:.2f} GiB on rank 0"
+            f"{verdict}. Largest train.max_tokens that fits: {largest}. Host peak on rank 0: "
+            f"{self.host_peak_gib:.2f} GiB (loading {self.host_by_phase_gib['load']:.2f}, exporting "
+            f"{self.host_by_phase_gib['export']:.2f})"
         )
 
 
@@ -302,6 +305,32 @@ def host_load_bytes(setup: Setup) -> int:
     return largest * (2 + 4)  # bf16 as read + the parameter's dtype (at most fp32)
 
 
+def host_export_bytes(setup: Setup, export_dtype: str) -> int:
+    """Rank 0's extra host memory while exporting (train/export.py).
+
+    The checkpoint once in `export_dtype` (its file size); the VAE twice in fp32 (built, then its
+    weights read); and the tensor in flight: a gathered fp32 tensor beside its cast, or with LoRA
+    the fold's three fp32 terms (W, B @ A, their sum) of the largest adapted weight.
+    """
+    with torch.device("meta"):
+        plain = VoxCPM2(setup.config)
+        vae = AudioVAE(setup.config.audio_vae_config)
+        trained = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora) if setup.lora.enabled else None
+    size = DTYPES[export_dtype].itemsize
+    state = plain.state_dict()
+    checkpoint = sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+                     for t in state.values())
+    vae_bytes = 2 * sum(t.numel() * t.element_size() for t in vae.state_dict().values())
+    if trained is None:
+        in_flight = max(t.numel() for t in state.values()) * (4 + size)
+    else:
+        shapes = dict(trained.named_parameters())
+        adapted = [shapes[n].shape[1] * shapes[n.removesuffix("_A") + "_B"].shape[0]
+                   for n in shapes if n.endswith(".lora_A")]
+        in_flight = max(adapted) * 3 * 4
+    return checkpoint + vae_bytes + in_flight
+
+
 def largest_max_tokens(setup: Setup, usable: int) -> int | None:
     """The largest train.max_tokens (a multiple of 64) whose planned peak fits `usable` bytes.
 
@@ -357,11 +386,17 @@ def setup_of(params: Params) -> Setup:
                  compute_dtype_name(params), t.max_tokens)
 
 
-def make_plan(setup: Setup, device: str, memory: int, headroom: float) -> Plan:
+def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dtype: str) -> Plan:
     usable = int(memory * (1 - headroom))
     peak = fake_peak(setup)
     total = sum(peak.values())
-    host = host_load_bytes(setup) + (total if device == "cpu" else 0)
+    # on the CPU the model is in host memory: filled while loading (the step's peak is the device
+    # plan); the trained model and its optimizer state stay beside the export
+    on_cpu = device == "cpu"
+    trained = peak["params"] + peak["optimizer"]
+    phases = {"load": host_load_bytes(setup) + on_cpu * peak["params"],
+              "export": host_export_bytes(setup, export_dtype) + on_cpu * trained}
+    host = max(*phases.values(), on_cpu * total)
     return Plan(
         world_size=setup.world_size,
         device=device,
@@ -371,6 +406,7 @@ def make_plan(setup: Setup, device: str, memory: int, headroom: float) -> Plan:
         fits=total <= usable,
         largest_max_tokens=largest_max_tokens(setup, usable),
         host_peak_gib=round(host / GIB, 3),
+        host_by_phase_gib={k: round(v / GIB, 3) for k, v in phases.items()},
         max_tokens=setup.max_tokens,
         micro_batch=list(setup.micro_batch()),
         headroom=headroom,
@@ -391,7 +427,8 @@ def plan(params: Params) -> PlanResult:
     torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
     setup = setup_of(params)
     memory = device_memory_bytes(params)
-    return PlanResult(make_plan(setup, params.plan.device, memory, params.plan.headroom), params.plan.json_)
+    return PlanResult(make_plan(setup, params.plan.device, memory, params.plan.headroom,
+                                params.train.export_dtype), params.plan.json_)
 
 
 def fits_free_memory(plan_: Plan, free: int, headroom: float) -> str | None:
