@@ -1,25 +1,29 @@
 """The real VoxCPM2 shape (2.29 B parameters) end to end on this CPU, once; prints one JSON object.
 
 Every stage runs through voxpipe's own CLI, each in a process of its own whose peak RSS is taken
-from the kernel (wait4), so the figures are the steps' own, not this script's:
+from the kernel (wait4) and whose own memory (RssAnon) is sampled, so the figures are the steps'
+own, not this script's:
 
 1. `init-model --preset voxcpm2` (random init, bf16 like upstream's checkpoint);
 2. `encode` of two clips through the real-shape AudioVAE; each clip is the shipped sample's speech
    joined end to end to ~125 s, so that one row is L ~ 830 LM positions (the accelerator check's
    length: DESIGN section 6);
-3. `train`: two LoRA steps (one row each, micro-batch 1 x ~830) in bf16 with activation
-   checkpointing, FSDP2 world of one, then the export; its peak RSS against `voxpipe plan`'s host
-   figure for the same configuration;
+3. `train`: two LoRA steps (one row each, micro-batch 1 x ~830) with activation checkpointing,
+   FSDP2 world of one, in `--dtype` (bf16 by default), then the export; its peak memory against
+   `voxpipe plan`'s host figure for the same configuration;
 4. a strict load of the export in upstream voxcpm 2.0.3 (every key, no missing, no unexpected);
 5. `synthesize` of about one second (7 patches of 160 ms) with the export.
 
-Also this CPU's bf16 and fp32 matmul rates (voxpipe.mfu.peak), its own peak for an MFU. Not part
-of `make test` (tens of minutes). Needs ~16 GB of RAM; on a shared machine run it alone. It wants a
-CPU with bf16 matmul units (AVX512-BF16 or AMX: `grep -oE 'avx512_bf16|amx_bf16' /proc/cpuinfo`):
-on the 2-core AMD EPYC development machine, which has neither, the first bf16 training step was
-still in its backward after 46 minutes (peak RSS 9.0 GiB by then), and the run was stopped.
+Also this CPU's bf16 and fp32 matmul rates (voxpipe.mfu.peak), its own peak for an MFU, measured
+first. Not part of `make test` (about 25 minutes on 2 cores). Needs ~17 GB of RAM (train's peak
+RSS; 14.4 GiB of it the process's own memory, the rest the checkpoint's mapped file pages); on a
+shared machine run it alone. bf16 wants a CPU with bf16 matmul units (AVX512-BF16 or AMX: `grep
+-oE 'avx512_bf16|amx_bf16' /proc/cpuinfo`). The 2-core AMD EPYC development machine has neither:
+its bf16 matmul runs at 0.28-0.3 GFLOP/s against 109-122 GFLOP/s in fp32, so one bf16 step (24.6
+TFLOP in voxpipe's count) would take about a day there (the first one was still in its backward
+after 46 minutes); run it with `--dtype float32` on such a CPU.
 
-    flock /tmp/voxpipe-heavy.lock .venv/bin/python benchmarks/real_shape_cpu.py [--work DIR]
+    flock /tmp/voxpipe-heavy.lock .venv/bin/python benchmarks/real_shape_cpu.py [--work DIR] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,20 +57,53 @@ def log(msg: str) -> None:
     print(f"[bench real_shape_cpu] {msg}", file=sys.stderr, flush=True)
 
 
+class AnonPeak(threading.Thread):
+    """The largest anonymous RSS (RssAnon: the process's own memory) of a process, sampled every 0.2 s.
+
+    ru_maxrss also counts the file pages it has mapped: the safetensors checkpoint being read adds
+    its size to it while the load runs, though the kernel can drop those pages at any time. A plan
+    is compared with the anonymous figure; both are reported.
+    """
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.status, self.peak, self.done = Path(f"/proc/{pid}/status"), 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            try:
+                lines = self.status.read_text().splitlines()
+            except OSError:  # the process has ended
+                return
+            anon = [int(line.split()[1]) for line in lines if line.startswith("RssAnon:")]
+            self.peak = max(self.peak, *anon, 0)
+
+
 def run(name: str, args: list[str], cwd: Path) -> dict:
-    """One CLI step in its own process: wall seconds and its peak RSS (GiB, from wait4)."""
+    """One CLI step in its own process: wall seconds, its peak RSS (GiB, from wait4) and peak RssAnon."""
     log(f"{name}: voxpipe {' '.join(args)}")
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "voxpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    anon = AnonPeak(proc.pid)
+    anon.start()
     _, status, usage = os.wait4(proc.pid, 0)
+    anon.done.set()
+    anon.join()
     out = proc.stdout.read().decode() if proc.stdout else ""
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"{name} failed (exit {os.waitstatus_to_exitcode(status)}): {out}")
-    log(f"{name}: {seconds:.1f} s, peak RSS {usage.ru_maxrss / 2**20:.2f} GiB")
-    return {"seconds": round(seconds, 1), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2),
-            "stdout": out}
+    result = {"seconds": round(seconds, 1), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2),
+              "peak_rss_anon_gib": round(anon.peak * 1024 / GIB, 2)}
+    log(f"{name}: {result}")
+    return {**result, "stdout": out}
+
+
+def cpu_model() -> str:
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")]
+    return names[0] if names else "unknown"
 
 
 def long_clips(folder: Path, n: int = 2) -> Path:
@@ -120,28 +159,41 @@ print(json.dumps({{"keys": len(files), "missing": len(own.keys() - files.keys())
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="train's compute dtype (float32 on a CPU without bf16 matmul units)")
     args = parser.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="voxpipe-real-shape-") if args.work is None else None
     work = Path(args.work or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    from voxpipe.mfu.peak import measure_cpu_gemm_peak
+
+    load_at_start = round(os.getloadavg()[0], 2)
+    log("measuring this CPU's matmul rates (bf16 takes minutes on a CPU without bf16 units)")
+    gflops = {dtype: round(measure_cpu_gemm_peak(getattr(torch, dtype)) / 1e9, 2)
+              for dtype in ("bfloat16", "float32")}
+    log(f"matmul GFLOP/s: {gflops}")
     base, encoded, trained = work / "base", work / "encoded", work / "train"
     (work / "empty.yaml").write_text("")
     none = ["--params", str(work / "empty.yaml")]  # schema defaults only; no params.yaml is read
 
     # with --work, a rerun reuses a finished init and encode (each writes report.json last)
-    init = ({"seconds": None, "peak_rss_gib": None, "reused": True} if (base / "report.json").is_file() else
+    init = ({"reused": True} if (base / "report.json").is_file() else
             run("init-model", ["init-model", *none, "--preset", "voxcpm2", "--out", str(base), "--dtype",
                                "bfloat16"], work))
     manifest = long_clips(work)
-    enc = ({"seconds": None, "peak_rss_gib": None, "reused": True} if (encoded / "report.json").is_file() else
+    enc = ({"reused": True} if (encoded / "report.json").is_file() else
            run("encode", ["encode", *none, "--manifest", str(manifest), "--model-base", str(base), "--out",
                           str(encoded), "--device", "cpu"], work))
     train_sets = {"train.data": encoded, "train.out": trained, "train.device": "cpu",
-                  "train.dtype": "bfloat16", "train.lora.enabled": "true",
+                  "train.dtype": args.dtype, "train.lora.enabled": "true",
                   "train.activation_checkpointing": "true", "train.max_steps": 2, "train.max_tokens": 900,
                   "train.warmup_steps": 0, "train.export_every": 0, "train.checkpoint_every": 0,
                   "train.log_every": 1, "model.base": base}
     sets = [arg for k, v in train_sets.items() for arg in ("--set", f"{k}={v}")]
+    shutil.rmtree(trained, ignore_errors=True)  # train is what is measured: it always starts fresh
     train = run("train", ["train", *none, *sets], work)
     plan_sets = [*sets, "--set", "plan.device=cpu", "--set", "local.nproc=1",
                  "--set", "plan.device_memory_gib=24"]
@@ -154,23 +206,25 @@ def main() -> None:
                                "--device", "cpu"], work)
     seconds_of_audio = sf.info(str(work / "hello.wav")).duration
 
-    import torch
-
-    from voxpipe.mfu.peak import measure_cpu_gemm_peak
-
     result = {
-        "machine": {"cpu_threads": torch.get_num_threads(), "note": "shared machine, loaded by other work"},
+        "machine": {"cpu": cpu_model(), "cpu_threads": torch.get_num_threads(),
+                    "load_average_1min": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)}},
         "init_model": {k: v for k, v in init.items() if k != "stdout"},
         "encode": {**{k: v for k, v in enc.items() if k != "stdout"}, "clips": 2,
                    "audio_seconds": 2 * CLIP_SECONDS},
         "train": {
+            "dtype": args.dtype,
             "seconds_per_step": [round(s["step_time_s"], 1) for s in steps],
             "shapes": [s["shapes"] for s in steps],
             "model_flops_per_step": [s["flops"] for s in steps],
             "tokens_per_s": [round(s["tokens_per_s"], 2) for s in steps],
+            # voxpipe's convention (docs/accelerators.md), against this CPU's own matmul rate in the dtype
+            "mfu_vs_measured_matmul": [round(s["flops"] / s["step_time_s"] / (gflops[args.dtype] * 1e9), 3)
+                                       for s in steps],
             "loss": [s["loss"] for s in steps],
             "process_seconds": train["seconds"],
             "peak_rss_gib": train["peak_rss_gib"],
+            "peak_rss_anon_gib": train["peak_rss_anon_gib"],
             "planned_host_peak_gib": planned["host_peak_gib"],
             "planned_device_peak_gib": planned["peak_gib"],
             "planned_by_category_gib": planned["by_category_gib"],
@@ -178,8 +232,7 @@ def main() -> None:
         "upstream_strict_load": upstream,
         "synthesize": {**{k: v for k, v in synth.items() if k != "stdout"},
                        "audio_seconds": round(seconds_of_audio, 2)},
-        "cpu_matmul_gflops": {"bfloat16": round(measure_cpu_gemm_peak(torch.bfloat16) / 1e9, 1),
-                              "float32": round(measure_cpu_gemm_peak(torch.float32) / 1e9, 1)},
+        "cpu_matmul_gflops": gflops,
     }
     print(json.dumps(result))
     if tmp is not None:
