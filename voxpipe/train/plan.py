@@ -97,7 +97,7 @@ class Plan:
     by_category_gib: dict[str, float]
     fits: bool
     largest_max_tokens: int | None  # None: not even the shortest micro-batch fits
-    host_peak_gib: float  # rank 0's host memory at its largest: the larger of the two phases below
+    host_peak_gib: float  # rank 0's host memory at its largest: its phases below, and on the CPU the step
     host_by_phase_gib: dict[str, float]  # "load" and "export"; on the CPU each includes the model
     max_tokens: int
     micro_batch: list[int]  # [rows, positions]
