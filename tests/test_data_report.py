@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import json
-import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from small_sample import write_small_sample
-from test_ui import CHECK, chromium, needs_chromium
+from test_ui import CHECK, chromium, needs_chromium, page_check
 
 from voxpipe.data.data_report import EXAMPLES, FIGURE, PAGE
 from voxpipe.data.ingest_step import ingest
@@ -51,8 +49,7 @@ def test_rerun_gives_the_same_report(ingested, tmp_path):
 def test_the_report_renders_in_chromium(ingested, tmp_path):
     checked = tmp_path / "checked.html"
     checked.write_text((ingested / PAGE).read_text(encoding="utf-8").replace("</body>", CHECK))
-    dom = chromium("--dump-dom", checked.as_uri())
-    result = json.loads(html.unescape(re.search(r"data-check=\"([^\"]*)\"", dom)[1]))
+    result, dom = page_check(checked)
     assert result["imgs"] and all(width > 600 for width in result["imgs"])  # the figure decoded
     worst = dom.split('id="worst"')[1].split('id="best"')[0]
     assert worst.count("<tr>") == EXAMPLES + 1  # header + ten rows
