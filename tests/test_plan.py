@@ -59,7 +59,7 @@ def measured(setup: P.Setup, tmp_path) -> dict[str, int]:
 CASES = {
     "tiny-w1-full-fp32": ("tiny", 1, False, False, "float32", 512),
     "tiny-w2-full-bf16-ac": ("tiny", 2, False, True, "bfloat16", 512),
-    "small-w1-lora-bf16-ac": ("small", 1, True, True, "bfloat16", 512),
+    "small-w1-lora-bf16-ac": ("small", 1, True, True, "bfloat16", 256),
     "small-w2-full-fp32": ("small", 2, False, False, "float32", 256),
 }
 
