@@ -15,12 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from small_sample import write_small_sample
 
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams, ManifestParams
-
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "data" / "sample"
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -98,8 +96,9 @@ def test_read_only_output_folder(tmp_path, monkeypatch):
 @pytest.mark.slow  # a whole ingest per case
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkeypatch, code):
-    """The disk fails on the 13th audio file: a real partial write, then the OSError the kernel gives.
-    Rows are recorded per batch of 8 in input order, so the first batch is complete in raw.jsonl."""
+    """The disk fails on the 13th audio file (of 20): a real partial write, then the OSError the kernel
+    gives. Rows are recorded per batch of 8 in input order, so the first batch is complete in raw.jsonl."""
+    source = write_small_sample(tmp_path / "in", per_speaker=10)
     out = tmp_path / "ingest"
     calls = {"n": 0}
     real_write_bytes = Path.write_bytes
@@ -115,7 +114,7 @@ def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkey
     monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
     from voxpipe.data.ingest_step import ingest
 
-    params = IngestParams(input=[str(SAMPLE)], out=str(out), workers=1, max_bad_fraction=1.0)
+    params = IngestParams(input=[str(source)], out=str(out), workers=1, max_bad_fraction=1.0)
     with pytest.raises(StepError, match=rf"writing into {out} failed \({os.strerror(code)}") as err:
         ingest(params)
     assert "no temp file is left" in str(err.value)
