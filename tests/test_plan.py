@@ -76,6 +76,20 @@ def test_plan_is_within_10_percent_of_the_measured_peak(case, tmp_path):
         assert abs(plan[k] - real[k]) <= 0.02 * max(real[k], 1), (k, plan, real)
 
 
+@pytest.mark.slow
+def test_the_rank_peak_tracker_finds_torchs_own_peak(monkeypatch):
+    """rank_peak_tracker overrides a private method of torch's FSDPMemTracker: its peak must stay torch's."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    name, world, use_lora, ac, dtype, tokens = CASES["tiny-w2-full-bf16-ac"]
+    setup = P.Setup(preset(name), world, LoraParams(enabled=use_lora), ac, dtype, tokens)
+    with P.fake_world(world) as rt:
+        ours = P.tracked_peak(setup, rt, fake=True)
+    monkeypatch.setattr(P, "rank_peak_tracker", FSDPMemTracker)
+    with P.fake_world(world) as rt:
+        assert P.tracked_peak(setup, rt, fake=True) == ours
+
+
 SMALL_FULL = P.Setup(preset("small"), 1, LoraParams(enabled=False), True, "float32", 256)
 
 
