@@ -186,6 +186,58 @@ def test_fresh_on_change_starts_fresh_and_move_old_checkpoints_aside(encoded_sam
     assert report(copy)["resumed_from"].endswith("step-2")
 
 
+def _changed_data(sample, tmp_path: Path) -> Path:
+    """The encoded sample less its last training row: new data, as a changed ingest.input gives."""
+    data = tmp_path / "encoded-changed"
+    shutil.copytree(sample.encoded, data)
+    rows = (data / "train.jsonl").read_text().splitlines(keepends=True)
+    (data / "train.jsonl").write_text("".join(rows[:-1]))
+    return data
+
+
+def test_changed_data_is_refused_before_loading_naming_both_ways_out(encoded_sample, copy, tmp_path):
+    before = report(copy)
+    data = _changed_data(encoded_sample, tmp_path)
+    with pytest.raises(StepError, match=r"train\.data: the encoded data .*md5 \w{12} -> \w{12}.*"
+                       r"train\.fresh_on_change=true.*--no-resume") as raised:
+        run(encoded_sample, copy, data=str(data))
+    assert raised.value.every_rank and "sampler" not in str(raised.value)
+    assert report(copy) == before and (copy / "checkpoints" / "step-4" / MANIFEST).is_file()
+
+
+def test_the_same_data_elsewhere_resumes(encoded_sample, copy, tmp_path):
+    moved = tmp_path / "encoded-moved"
+    shutil.copytree(encoded_sample.encoded, moved)
+    run(encoded_sample, copy, data=str(moved), max_steps=STEPS + 1)
+    assert report(copy)["resumed_from"].endswith(f"step-{STEPS}")
+
+
+def test_fresh_on_change_starts_fresh_on_changed_data_in_one_line(encoded_sample, copy, tmp_path, caplog):
+    data = _changed_data(encoded_sample, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="voxpipe.train.checkpoint"):
+        run(encoded_sample, copy, data=str(data), fresh_on_change=True, max_steps=2)
+    assert report(copy)["resumed_from"] is None and report(copy)["steps_run"] == 2
+    fresh = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+    assert fresh and all("train.data: the encoded data" in m and "\n" not in m for m in fresh)
+    aside = [p for p in copy.iterdir() if p.name.startswith("checkpoints.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "step-4" / MANIFEST).is_file()
+
+
+@pytest.mark.slow
+def test_a_refusal_under_torchrun_is_printed_once_without_a_traceback(encoded_sample, copy, tmp_path):
+    data = _changed_data(encoded_sample, tmp_path)
+    cmd = [sys.executable, "-m", "voxpipe.launch.torchrun", "--standalone", "--nproc_per_node=2", "-m",
+           "voxpipe.cli", "train", "--data", str(data), "--model-base", str(encoded_sample.base_model),
+           "--out", str(copy), "--device", "cpu", "--max-steps", str(STEPS), "--max-tokens", "256",
+           "--checkpoint-every", "2", "--val-every", "0", "--lr", "1e-3",
+           "--set", "train.warmup_steps=1", "--set", "train.export_dtype=float32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("voxpipe train: error:") == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+    assert "train.data: the encoded data" in proc.stderr
+
+
 # -- finite numbers -------------------------------------------------------------------------------
 def test_every_float_param_must_be_finite():
     floats = [f"{name}.{key}" for name, section in Params().model_dump(by_alias=True).items()

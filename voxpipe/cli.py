@@ -294,8 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_step(step, args)
     except StepError as e:
-        print(f"voxpipe {step.name}: error: {scrub(str(e))}", file=sys.stderr)
+        if not e.every_rank or os.environ.get("RANK", "0") == "0":  # a collective error: rank 0 says it
+            print(f"voxpipe {step.name}: error: {scrub(str(e))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"voxpipe {step.name}: interrupted; what was done is kept, and the same command resumes",
+              file=sys.stderr)
+        return 130
     summary = getattr(result, "summary", None)
     text = summary() if callable(summary) else ""
     if text:

@@ -135,7 +135,7 @@ def pick_checkpoint(root: Path, rt: Runtime) -> Path | None:
             box[0] = e
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], StepError):
-        raise box[0]
+        raise StepError(str(box[0]), every_rank=True)
     return Path(box[0]) if box[0] else None
 
 

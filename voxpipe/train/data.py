@@ -73,7 +73,7 @@ def check_encoded_by(root: Path, base_dir: Path, rt: Runtime) -> None:
     verdict = [error]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
-        raise StepError(verdict[0])
+        raise StepError(verdict[0], every_rank=True)
 
 
 class TrainData:

@@ -103,7 +103,7 @@ def load_base_weights(model: nn.Module, base_dir: Path, rt: Runtime) -> None:
     verdict = [error]
     dist.broadcast_object_list(verdict, src=0)  # all ranks fail together instead of hanging
     if verdict[0] is not None:
-        raise StepError(verdict[0])
+        raise StepError(verdict[0], every_rank=True)
     with torch.no_grad():
         for name, param in model.state_dict().items():
             key = lora.clean_name(name)

@@ -43,7 +43,7 @@ from voxpipe.train.fsdp import build_model, compute_dtype
 from voxpipe.train.identity import foreign_exports, run_identity, write_identity
 from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
 from voxpipe.train.plan import plan_verdict
-from voxpipe.train.resume import result_params, why_not_resume
+from voxpipe.train.resume import Refusal, result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
 from voxpipe.train.throughput import Throughput, peak_memory_per_rank
@@ -145,7 +145,7 @@ def _check_plan(params: Params, rt: Runtime, dtype: torch.dtype) -> None:
     verdict = [plan_verdict(params, rt.device, rt.world_size, name) if rt.is_main else None]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
-        raise StepError(verdict[0])
+        raise StepError(verdict[0], every_rank=True)
 
 
 class Trainer:
@@ -197,11 +197,11 @@ class Trainer:
                 set_aside_all(self.out / EXPORTS, "exports of another run, no checkpoint of it")
             return
         saved = json.loads((path / "trainer.json").read_text())  # verified by pick_checkpoint
-        problem = why_not_resume(saved, self.result_params, self.p.max_steps, path)
-        if problem and not self.p.fresh_on_change:
-            raise StepError(problem)
-        if problem:
-            self._start_fresh(f"train.fresh_on_change; {problem}")
+        refusal = self._why_not_resume(saved, path)
+        if refusal and not self.p.fresh_on_change:
+            raise StepError(refusal.paragraph, every_rank=True)
+        if refusal:
+            self._start_fresh(f"train.fresh_on_change: {refusal.changed}")
             return
         p = self.p  # the learning-rate plan of the run that wrote the checkpoint
         self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, saved["schedule_steps"])
@@ -211,6 +211,13 @@ class Trainer:
         self.val_curve = state.trainer["val_curve"]
         self.data.load_state_dict(state.sampler)
         self.resumed_from = str(path)
+
+    def _why_not_resume(self, saved: dict[str, Any], path: Path) -> Refusal | None:
+        """Collective: rank 0 holds the run's identity (its data and base versions) and decides."""
+        box = [why_not_resume(saved, self.result_params, self.identity, self.p.max_steps, path)
+               if self.rt.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _start_fresh(self, reason: str) -> None:
         """Move old checkpoints aside (never mixed with this run's, never deleted)."""

@@ -12,11 +12,13 @@ fresh instead of refusing: the old checkpoints are moved aside, never deleted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from voxpipe.params import Params
 from voxpipe.paramspec import fields
+from voxpipe.train.identity import LOCATIONS
 
 # train keys that may differ between the run that wrote a checkpoint and the one resuming it: those the
 # schema marks as not changing the weights (voxpipe/params.py): max_steps (train longer or stop earlier),
@@ -40,22 +42,63 @@ def result_params(params: Params) -> dict[str, Any]:
     return result
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a checkpoint cannot continue this run: `changed` for the one line a fresh start logs, `paragraph`
+    for the error that stops a run without train.fresh_on_change."""
+
+    changed: str
+    paragraph: str
+
+
+_WAYS_OUT = (
+    "Start fresh with --set train.fresh_on_change=true (what `dvc repro` does) or --no-resume: the old "
+    "checkpoints and exports are moved aside, not deleted"
+)
+
+# what a version names, for the user: which input changed
+_VERSIONS = {"data_version": ("train.data", "the encoded data (ingest.input or its recordings changed)"),
+             "base_version": ("model.base", "the base checkpoint")}
+
+
+def _version_changes(saved: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """The inputs whose content (DVC md5) differs between the checkpoint's run and this one."""
+    found = []
+    for key, (param, what) in _VERSIONS.items():
+        before, now = saved.get(key), identity.get(key)
+        if before and now and before != now:
+            found.append(f"{param}: {what}, md5 {before[:12]} -> {now[:12]}")
+    return found
+
+
 def why_not_resume(
-    saved: dict[str, Any], now: dict[str, Any], max_steps: int, checkpoint: Path
-) -> str | None:
-    """Why `checkpoint` (its trainer.json is `saved`) cannot continue this run, or None if it can."""
-    keys = sorted(k for k in saved["params"].keys() | now.keys() if saved["params"].get(k) != now.get(k))
-    if keys:
-        changes = "; ".join(f"{k}: {saved['params'].get(k)!r} -> {now.get(k)!r}" for k in keys)
-        return (
-            f"{checkpoint} was trained with other values of keys that change the result ({changes}). "
-            "Resuming would mix two runs in one model and one report. Rerun with the checkpoint's values, "
-            "or start fresh with --no-resume (the old checkpoints are moved aside, not deleted); only "
-            "train.max_steps and checkpoint/logging keys may change on resume"
+    saved: dict[str, Any], now: dict[str, Any], identity: dict[str, Any], max_steps: int, checkpoint: Path
+) -> Refusal | None:
+    """Why `checkpoint` (its trainer.json is `saved`) cannot continue this run (its result params `now`,
+    its `identity`: voxpipe/train/identity.py), or None if it can.
+
+    Inputs are compared by content, as the run's identity names them: a checkpoint that recorded its data
+    and base versions resumes from wherever they now lie, and refuses once either changed, before any file
+    of it is loaded (the data sampler's own fingerprint would only fail inside its load_state_dict)."""
+    by_content = "identity" in saved
+    ignored = LOCATIONS if by_content else ()
+    params = saved["params"]
+    keys = sorted(k for k in params.keys() | now.keys() if k not in ignored and params.get(k) != now.get(k))
+    changes = [f"{k}: {params.get(k)!r} -> {now.get(k)!r}" for k in keys]
+    if by_content:
+        changes += _version_changes(saved["identity"], identity)
+    if changes:
+        return Refusal(
+            "; ".join(changes),
+            f"{checkpoint} was trained with other inputs or values of keys that change the result "
+            f"({'; '.join(changes)}). Resuming would mix two runs in one model and one report. {_WAYS_OUT}; "
+            "or rerun with the checkpoint's data and values. Only train.max_steps and checkpoint/logging "
+            "keys may change on resume",
         )
     if saved["step"] > max_steps:
-        return (
+        return Refusal(
+            f"train.max_steps {max_steps} < the checkpoint's step {saved['step']}",
             f"{checkpoint} is at step {saved['step']}, past train.max_steps={max_steps}; raise "
-            "train.max_steps to at least that to continue, or start fresh with --no-resume"
+            f"train.max_steps to at least that to continue. {_WAYS_OUT}",
         )
     return None
