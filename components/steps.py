@@ -213,12 +213,15 @@ def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Mod
 
 
 @component
-def register(workspace: str, params: dict, tracking: dict, tracking_uri: str, kfp_run_id: str,
+def register(workspace: str, params: dict, ingest: dict, tracking: dict, tracking_uri: str, kfp_run_id: str,
              data: Input[Dataset], model: Input[Model], evaluation: Input[Dataset], mfu: Input[Dataset],
              registered: Output[Artifact]):
     """The run into MLflow and the export into its registry (@candidate; @champion when it wins).
-    `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run."""
+    `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run; `ingest`'s input names the voice's
+    registered model when register.model_name is unset."""
     import os
+
+    from voxpipe.params import IngestParams
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
     folder = step_folder(workspace, "register", registered.uri)
@@ -228,6 +231,7 @@ def register(workspace: str, params: dict, tracking: dict, tracking_uri: str, kf
         mfu=os.path.join(mfu.metadata["path"], "mfu.json"), ingest=data.metadata["path"], out=folder,
     )
     cluster_tracking = wire("tracking", tracking, uri=tracking_uri, work=folder)
-    run_voxpipe("register", workspace, {"register": section, "tracking": cluster_tracking})
+    voice = {"input": ingest.get("input", IngestParams().input)}
+    run_voxpipe("register", workspace, {"register": section, "ingest": voice, "tracking": cluster_tracking})
     done = publish(registered, folder, report="registered.json")
     registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")})

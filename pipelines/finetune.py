@@ -129,8 +129,8 @@ def finetune(
     utilisation = steps.mfu(workspace=workspace, params=mfu, model=tuned.outputs["model"],
                             base_model=base.outputs["model"])
     registered = steps.register(
-        workspace=workspace, params=register, tracking=tracking, tracking_uri=mlflow_tracking_uri,
-        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        workspace=workspace, params=register, ingest=ingest, tracking=tracking,
+        tracking_uri=mlflow_tracking_uri, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         data=data.outputs["data"], model=tuned.outputs["model"], evaluation=evaluation.outputs["results"],
         mfu=utilisation.outputs["results"],
     )

@@ -104,12 +104,14 @@ def test_a_prefix_of_a_flag_is_refused_as_unrecognized(argv):
 
 
 def test_one_flag_names_one_model_in_every_step():
-    """--model-base is always the base checkpoint (model.base); --model always the fine-tune."""
+    """--model-base is always the base checkpoint (model.base); --model always the fine-tune (promote: the
+    fine-tune's registered model, whose version it names)."""
     for step in STEPS:
         for flag in step_flags(step):
             if flag.name == "--model-base":
                 assert flag.key.key == "model.base", step.name
             elif flag.name == "--model":
-                assert flag.key.key in ("evaluate.model", "register.model", "synthesize.model"), step.name
+                models = ("evaluate.model", "register.model", "synthesize.model", "promote.model")
+                assert flag.key.key in models, step.name
     evaluate = next(s for s in STEPS if s.name == "evaluate")
     assert {"--model", "--model-base"} <= {f.name for f in step_flags(evaluate)}

@@ -129,7 +129,7 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
         mlflow_tracking_uri=tracking,
     )
     registered = run.output.metadata
-    assert registered["name"] == pipeline.REGISTER["model_name"]
+    assert registered["name"] == "voxpipe-sample"  # the voice's own model, named after ingest.input
     assert {"candidate"} <= set(registered["aliases"])
     client = MlflowClient(tracking)
     version = client.get_model_version_by_alias(registered["name"], "candidate")

@@ -269,7 +269,7 @@ def test_synthesize_takes_an_alias_or_a_version_and_without_a_champion_says_whic
     common = ["--text", "hi", "--max-len", "4", "--inference-timesteps", "2", "--device", "cpu",
               "--tracking-uri", server, "--set", f"register.model_name={NAME}"]
     assert main(["synthesize", "--model", "@candidate", "--out", str(tmp_path / "c.wav"), *common]) == 0
-    assert f"models:/{NAME}@candidate" in capsys.readouterr().out
+    assert f"models:/{NAME}/{b['version']} (models:/{NAME}@candidate)" in capsys.readouterr().out  # pinned
     assert main(["synthesize", "--model", str(b["version"]), "--out", str(tmp_path / "v.wav"), *common]) == 0
     assert (tmp_path / "c.wav").read_bytes() == (tmp_path / "v.wav").read_bytes()  # @candidate is b
     client = MlflowClient(server)
@@ -285,6 +285,41 @@ def test_synthesize_takes_an_alias_or_a_version_and_without_a_champion_says_whic
         assert f"'{NAME}' has no version 99" in capsys.readouterr().err
     finally:
         client.set_registered_model_alias(NAME, "champion", a["version"])
+
+
+def test_promote_moves_champion_by_hand_and_records_who_when_why(registered, server, capsys):
+    a, b = registered
+    client = MlflowClient(server)
+    common = ["--tracking-uri", server, "--set", f"register.model_name={NAME}"]
+    try:
+        assert main(["promote", "--version", str(b["version"]), "--reason", "sounds closer by ear",
+                     *common]) == 0
+        out = capsys.readouterr().out
+        assert f"models:/{NAME}/{b['version']} is @champion (was v{a['version']})" in out
+        assert client.get_model_version_by_alias(NAME, "champion").version == b["version"]
+        tags = client.get_model_version(NAME, b["version"]).tags
+        assert tags["voxpipe.promoted.reason"] == "sounds closer by ear"
+        assert tags["voxpipe.promoted.from"] == a["version"] and tags["voxpipe.promoted.by"]
+        assert tags["voxpipe.promoted.at"].endswith("Z")
+        assert main(["promote", "--version", "99", "--reason", "x", *common]) == 1
+        err = capsys.readouterr().err
+        assert "promote.version 99" in err and "--version N" in err and "Traceback" not in err
+        assert main(["promote", "--version", str(a["version"]), *common]) == 1
+        assert "promote.reason is empty" in capsys.readouterr().err
+    finally:
+        client.set_registered_model_alias(NAME, "champion", a["version"])
+
+
+def test_the_registered_model_is_named_after_the_voice():
+    from voxpipe.params import voice_model_name
+
+    assert Params().registered_model_name() == "voxpipe-sample"  # the demo's data/sample
+    assert Params.model_validate({"ingest": {"input": ["data/my-voice/"]}}).registered_model_name() == \
+        "voxpipe-my-voice"
+    assert Params.model_validate({"register": {"model_name": "team-voice"}}).registered_model_name() == \
+        "team-voice"
+    assert voice_model_name(["s3://bucket/voices/anna.parquet"]) == "voxpipe-anna"
+    assert voice_model_name(["data/anna/train-*.parquet", "data/bob 2"]) == "voxpipe-anna-bob-2"
 
 
 def test_worse_run_is_candidate_not_champion(registered, server):

@@ -100,15 +100,22 @@ STEPS: tuple[Step, ...] = (
          "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
     Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
          "others READ only (once per deployment, before the first register)",
-         "voxpipe.track.registry_init:registry_init", None, ("register.model_name", "tracking"),
+         "voxpipe.track.registry_init:registry_init", None,
+         ("register.model_name", "ingest.input", "tracking"),
          out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
-         "promotion rule passes)", "voxpipe.track.register:register", None, ("register", "tracking")),
+         "promotion rule passes)", "voxpipe.track.register:register", None,
+         ("register", "ingest.input", "tracking")),
+    Step("promote", "move @champion to a version by hand (the rule decides only on the same data); who, when "
+         "and why become tags of the version", "voxpipe.track.promote:promote", None,
+         ("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),
+         ("register.model_name", "ingest.input"), out_folder=False),
     Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "
          "curves png", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
          "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
-         None, ("synthesize", "tracking.uri", "tracking.work"), out_folder=False),
+         None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
+         out_folder=False),
 )
 
 

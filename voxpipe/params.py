@@ -18,7 +18,7 @@ derived from these marks (voxpipe/paramspec.py), never written down again:
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -28,6 +28,7 @@ from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")
+MODEL_NAME_CHARS = 100  # a registered model name derived from the data is cut here
 RECIPE_DIRS = (Path("recipes"), Path(__file__).resolve().parents[1] / "recipes")
 
 
@@ -590,11 +591,23 @@ class RegisterParams(Section):
     out: str = Field("work/register", description="output folder: registered.json",
                      json_schema_extra={"result": False, "wired": True})
     run_name: str | None = Field(None, description="None: MLflow picks a name")
-    model_name: str = Field("voxpipe-voxcpm2", description="registered model name")
+    model_name: str | None = Field(
+        None, description="registered model name; None: `voxpipe-<voice>`, named after the data "
+        "(ingest.input's folders or files: `voxpipe-sample` for the demo's data/sample), so each voice is a "
+        "model of its own with its own @champion, and a new voice's first run is judged against its base only"
+    )
     lock_timeout_s: float = Field(
         600.0, gt=0, le=86400, description="longest wait for the registry-wide register lock (another "
         "register holding it) before register stops", json_schema_extra={"result": False}
     )
+
+
+class PromoteParams(Section):
+    """`promote`: move @champion to a version by hand, recording who, when and why on it."""
+
+    model: str | None = Field(None, description="registered model name; None: register.model_name's")
+    version: int = Field(0, ge=0, description="the version to make @champion (required)")
+    reason: str = Field("", description="why, recorded on the version (required)")
 
 
 class CompareParams(Section):
@@ -613,8 +626,8 @@ class SynthesizeParams(Section):
     voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
 
     model: str = Field(
-        "models:/voxpipe-voxcpm2@champion", description="a registered model (models:/NAME@ALIAS, "
-        "models:/NAME/VERSION, or @ALIAS / a version number of register.model_name, from tracking.uri) or a "
+        "@champion", description="a registered model (models:/NAME@ALIAS, models:/NAME/VERSION, or @ALIAS / "
+        "a version number of register.model_name: the voice's own model by default, from tracking.uri) or a "
         "checkpoint folder (upstream layout)"
     )
     text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
@@ -700,6 +713,7 @@ class Params(Section):
     mfu: MfuParams = Field(default_factory=MfuParams)
     launch: LaunchParams = Field(default_factory=LaunchParams)
     register_: RegisterParams = Field(default_factory=RegisterParams, alias="register")
+    promote: PromoteParams = Field(default_factory=PromoteParams)
     compare: CompareParams = Field(default_factory=CompareParams)
     synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
@@ -710,6 +724,10 @@ class Params(Section):
 
     def section(self, name: str) -> Section:
         return getattr(self, _attr(name))
+
+    def registered_model_name(self) -> str:
+        """register.model_name, or the voice's own name derived from ingest.input (`voice_model_name`)."""
+        return self.register_.model_name or voice_model_name(self.ingest.input)
 
     def flat(self) -> dict[str, Any]:
         """`section.key` (and `section.sub.key`) → value, for logging params as flat key/value pairs."""
@@ -724,6 +742,20 @@ class Params(Section):
 
         walk("", self.model_dump(by_alias=True))
         return out
+
+
+def voice_model_name(inputs: list[str]) -> str:
+    """`voxpipe-<voice>`: each input's folder or file name (`data/my-voice` -> my-voice, `s3://b/anna.parquet`
+    -> anna; a glob names its folder), joined by `-`, in the characters every MLflow store takes."""
+    names = []
+    for entry in inputs:
+        path = PurePosixPath(entry.rstrip("/").split("://")[-1])
+        if any(c in path.name for c in "*?["):
+            path = path.parent
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem if path.suffix else path.name).strip("-.")
+        if name and name not in names:
+            names.append(name)
+    return "-".join(["voxpipe", *names])[:MODEL_NAME_CHARS].rstrip("-")
 
 
 def _attr(section: str) -> str:

@@ -45,13 +45,15 @@ def _listing(client, name: str) -> str:
     return f"versions of {name!r}: {', '.join(parts)}"
 
 
-def check_registered(client, uri: str) -> None:
-    """A one-paragraph StepError when `uri` names an alias, version or model the registry does not have."""
+def check_registered(client, uri: str) -> str:
+    """The version `uri` names, pinned (`models:/NAME/VERSION`: what was spoken with is said exactly, and
+    an alias moving meanwhile changes nothing); a one-paragraph StepError when `uri` names an alias,
+    version or model the registry does not have."""
     from mlflow.exceptions import MlflowException
 
     m = _MODELS_URI.match(uri)
     if m is None:
-        return  # runs:/ and other MLflow spellings: MLflow's own errors name them
+        return uri  # runs:/ and other MLflow spellings: MLflow's own errors name them
     name, alias, version = m.group("name", "alias", "version")
     try:
         client.get_registered_model(name)
@@ -62,9 +64,9 @@ def check_registered(client, uri: str) -> None:
         ) from None
     try:
         if alias:
-            client.get_model_version_by_alias(name, alias)
+            found = client.get_model_version_by_alias(name, alias)
         else:
-            client.get_model_version(name, version)
+            found = client.get_model_version(name, version)
     except MlflowException:
         missing = f"no @{alias}" if alias else f"no version {version}"
         why = (" (no version has passed the promotion rule yet: a fine-tune that does not is registered "
@@ -74,3 +76,4 @@ def check_registered(client, uri: str) -> None:
             "--model @candidate (an alias), --model N (a version number) or --model FOLDER (a checkpoint "
             "folder such as work/train/export)"
         ) from None
+    return f"models:/{name}/{found.version}"

@@ -3,7 +3,7 @@
 `register` logs it with the checkpoint as the artifact "checkpoint" and the voxpipe package as
 code, so a serving environment needs only the pinned pip requirements:
 
-    model = mlflow.pyfunc.load_model("models:/voxpipe-voxcpm2@champion")
+    model = mlflow.pyfunc.load_model("models:/voxpipe-sample@champion")
     out = model.predict(pd.DataFrame({"text": ["Hello there."]}), params={"seed": 0, "cfg_value": 2.0})
     out["audio"][0]  # float32 waveform at out["sample_rate"][0] (48000)
 

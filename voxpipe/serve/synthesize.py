@@ -1,6 +1,6 @@
 """`voxpipe synthesize`: say a text with a registered model (or a checkpoint folder) into a WAV file.
 
-    voxpipe synthesize --model models:/voxpipe-voxcpm2@champion --text "Hi." --reference me.wav --out hi.wav
+    voxpipe synthesize --model models:/voxpipe-sample@champion --text "Hi." --reference me.wav --out hi.wav
     voxpipe synthesize --model @candidate ...   (or a version number, or a checkpoint folder: models.py)
 
 A `models:/` URI is loaded through MLflow exactly as a serving endpoint loads it (the pyfunc model
@@ -45,18 +45,19 @@ def _generation(p: SynthesizeParams) -> dict[str, int | float]:
     return {k: getattr(p, k) for k in GENERATION_KEYS}
 
 
-def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray, int, bool]:
+def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray, int, bool, str]:
+    """The audio, its rate, whether it hit max_len, and the version spoken with (`models:/NAME/N`)."""
     import mlflow
     import pandas as pd
 
     p, tracking = params.synthesize, params.tracking
     with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
-        check_registered(client, uri)
-        model = mlflow.pyfunc.load_model(uri, model_config={
+        pinned = check_registered(client, uri)
+        model = mlflow.pyfunc.load_model(pinned, model_config={
             "device": p.device, "max_reference_seconds": p.max_reference_seconds})
     frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
     out = model.predict(frame, params=_generation(p))
-    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0])
+    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0]), pinned
 
 
 def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool]:
@@ -86,12 +87,14 @@ def synthesize(params: Params) -> SynthesizeResult:
         parse_request([p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
-    uri = model_uri(p.model, params.section("register").model_name)
+    uri = model_uri(p.model, params.registered_model_name())
     if uri is not None:
-        audio, rate, hit = _from_registry(params, uri, reference)
+        audio, rate, hit, pinned = _from_registry(params, uri, reference)
+        source = pinned if pinned == uri else f"{pinned} ({uri})"
     else:
         audio, rate, hit = _from_folder(p, reference)
+        source = p.model
     out = Path(p.out)
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
-    source = (uri or p.model) + (f" in the voice of {p.reference}" if p.reference else "")
+    source += f" in the voice of {p.reference}" if p.reference else ""
     return SynthesizeResult(out, audio.size / rate, rate, hit, source)

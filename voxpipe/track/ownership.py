@@ -1,7 +1,7 @@
 """Who may change the experiment and the registered model the pipeline writes to.
 
 With MLflow's basic-auth app, whoever creates an experiment or a registered model gets MANAGE on it.
-A reader who creates `voxpipe-fresh` (or the default `voxpipe-voxcpm2`, or the experiment `voxpipe`)
+A reader who creates `voxpipe-fresh` (or a voice's default `voxpipe-<voice>`, or the experiment `voxpipe`)
 before the pipeline's first `register` would own what every `models:/NAME@champion` consumer serves:
 they could delete `@champion`, add a version from their own run and point `@champion` at it. So
 before `register` writes anything, every other non-admin user's effective permission on both is read

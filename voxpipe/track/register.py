@@ -57,6 +57,7 @@ class RegisterResult:
 
 def register(params: Params) -> RegisterResult:
     p, tracking = params.register_, params.tracking
+    name = params.registered_model_name()
     start = time.perf_counter()
     work, out = Path(tracking.work), Path(p.out)
     art = load_artifacts(p)
@@ -72,12 +73,12 @@ def register(params: Params) -> RegisterResult:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
         experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
-        ensure_registered_model(client, p.model_name)
-        check_owned(uri, experiment, tracking.experiment, p.model_name)  # before anything is written there
+        ensure_registered_model(client, name)
+        check_owned(uri, experiment, tracking.experiment, name)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
         place = Place(uri, experiment, p.lock_timeout_s)
-        reg = register_export(client, place, p.model_name, ref.run_id, art, extra)
+        reg = register_export(client, place, name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         client.set_terminated(ref.run_id, "FINISHED")
     registered = {

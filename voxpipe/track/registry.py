@@ -176,7 +176,7 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
     return info.model_uri, info.model_id
 
 
-def _alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+def alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -189,7 +189,7 @@ def decide(client: MlflowClient, name: str, art: PipelineArtifacts) -> tuple[Dec
     """The rule for this candidate against the registry's current champion; also the champion's version."""
     verdict = Verdict.from_dict(art.eval["promotion"])
     candidate = Scores.from_dict(art.eval["scores"]["model"])
-    champion = _alias_version(client, name, CHAMPION)
+    champion = alias_version(client, name, CHAMPION)
     if not math.isfinite(candidate.loss):
         verdict = Verdict(False, verdict.against, verdict.criteria)
     elif champion is not None:
@@ -259,7 +259,7 @@ def promote(client: MlflowClient, place: Place, name: str, version: str, art: Pi
     with register_lock(client, place.uri, place.experiment_id, name, place.lock_timeout_s):
         for _ in range(CAS_TRIES):
             decision, read = decide(client, name, art)
-            now = _alias_version(client, name, CHAMPION)
+            now = alias_version(client, name, CHAMPION)
             if (now.version if now else None) == read:
                 break
         else:

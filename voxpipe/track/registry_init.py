@@ -44,7 +44,7 @@ class RegistryInitResult:
 
 
 def registry_init(params: Params) -> RegistryInitResult:
-    tracking, name = params.tracking, params.register_.model_name
+    tracking, name = params.tracking, params.registered_model_name()
     work = Path(tracking.work)
     uri = resolve_tracking_uri(tracking.uri, work)
     with session(uri) as client:
