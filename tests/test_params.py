@@ -55,3 +55,19 @@ def test_cli_reports_param_errors_and_exits_nonzero():
     )
     assert r.returncode == 1
     assert "ingest.max_seconds" in r.stderr
+
+
+def test_a_list_key_takes_one_value():
+    """`--set ingest.input=data/my-voice` is the one-folder list, as `[data/my-voice]` is."""
+    assert load_params(None, ["ingest.input=data/my-voice"]).ingest.input == ["data/my-voice"]
+    assert load_params(None, ["ingest.input=[a, b]"]).ingest.input == ["a", "b"]
+
+
+def test_a_wrong_shape_is_shown_the_right_one():
+    with pytest.raises(StepError) as raised:
+        load_params(None, ["ingest.input={a: 1}", "train.lora.r=[1]"])
+    text = str(raised.value)
+    assert "ingest.input: Input should be a valid list" in text
+    assert "e.g. ingest.input: [data/sample] (on the command line: --set 'ingest.input=[data/sample]')" \
+        in text
+    assert "e.g. train.lora.r: 32" in text

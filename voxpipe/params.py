@@ -18,6 +18,7 @@ derived from these marks (voxpipe/paramspec.py), never written down again:
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -50,6 +51,18 @@ def _yaml(text: str) -> Any:
 class Section(BaseModel):
     # allow_inf_nan=False: every float key must be finite (`train.lr=.inf` would export NaN weights)
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_value_is_a_list(cls, data: Any) -> Any:
+        """A list key given one value (`--set ingest.input=data/my-voice`) is the list of that one value."""
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            key = field.alias if field.alias in data else name
+            if isinstance(data.get(key), (str, int, float)) and typing.get_origin(field.annotation) is list:
+                data = {**data, key: [data[key]]}
+        return data
 
 
 class IngestParams(Section):
@@ -776,6 +789,25 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         raise StepError(f"--set {item!r}: not valid YAML ({problem}); quote the value as a string") from None
 
 
+def _example(loc: tuple[Any, ...]) -> str:
+    """`; e.g. KEY: DEFAULT`: the key's default in the params file's own spelling, the shape it takes."""
+    model: Any = Params
+    field = None
+    for part in loc:
+        fields = {f.alias or n: f for n, f in model.model_fields.items()} | model.model_fields
+        field = fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return ""
+        model = field.annotation
+    default = field.get_default(call_default_factory=True)
+    if default is None or isinstance(default, BaseModel):
+        return ""
+    shown = yaml.dump(default, Dumper=_FileDumper, default_flow_style=True, width=200).strip()
+    shown = shown.removesuffix("...").strip()
+    key = ".".join(map(str, loc))
+    return f"; the right shape, e.g. {key}: {shown} (on the command line: --set '{key}={shown}')"
+
+
 def _format_error(err: ValidationError, origin: str) -> str:
     lines = []
     for e in err.errors():
@@ -783,7 +815,7 @@ def _format_error(err: ValidationError, origin: str) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r}){_example(e['loc'])}")
     return f"invalid params ({origin}):\n  " + "\n  ".join(lines)
 
 
