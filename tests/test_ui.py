@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 from mlflow import MlflowClient
 
-from voxpipe.evaluate.pages import eval_page, summary_markdown
+from voxpipe.evaluate.pages import eval_page, headline_rows, summary_markdown
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.tracking import EXPERIMENT_KIND, experiment_id
@@ -43,7 +43,7 @@ def eval_json() -> dict:
                 {"name": "similarity[spk]", "candidate": 0.7, "reference": 0.6, "limit": 0.55, "passed": True,
                  "detail": "0.70 >= 0.55"}]
     return {"loss_model": 1.9, "loss_baseline": 2.0, "speaker_similarity_mean": 0.7,
-            "speaker_similarity_mean_baseline": 0.6, "stop_failure_rate": 0.0, "wer": 0.4, "improved": 1,
+            "speaker_similarity_baseline": 0.6, "stop_failure_rate": 0.0, "wer": 0.4, "improved": 1,
             "verdict": "fine-tuned fixed-seed loss beats the baseline's", "promotion": {
                 "promoted": True, "against": "baseline", "criteria": criteria},
             "utterances": {"model": [{"name": "000-spk-ref", "text": "hello there"}]}}
@@ -96,6 +96,28 @@ def test_summary_markdown_is_the_verdict_and_a_table():
     assert "| similarity[spk] | pass | 0.70 >= 0.55 |" in text
     only_loss = summary_markdown({"loss_model": 1.0})  # only what eval.json has
     assert "| fixed-seed val loss | 1.00000 | n/a |" in only_loss and "similarity" not in only_loss
+
+
+def test_a_real_eval_json_reads_as_a_report_with_every_baseline_and_each_n_a_with_its_reason():
+    """On what evaluate writes (the demo's committed eval.json), not a hand-made dict: the summary is a
+    criterion table with one similarity figure, its definition and ceiling; the run description's figures
+    all have their baselines."""
+    from voxpipe.evaluate.step import EvaluateResult
+
+    figures = json.loads((Path(__file__).resolve().parents[1] / "work/eval/eval.json").read_text())
+    figures["intelligibility"] = {"model": {"en": {"metric": "wer", "reason": None}}}  # English only
+    text = EvaluateResult(Path("work/eval"), figures, figures["verdict"]).summary()
+    lines = text.splitlines()
+    assert lines[0].startswith("evaluate: PROMOTE (against baseline) -> work/eval/eval.json")
+    assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
+    assert any(line.split()[:2] == ["loss", f"{figures['loss_model']:.5f}"] for line in lines)
+    assert "the real clips themselves score" in text and "cer (pocketsphinx): n/a: no Chinese row" in text
+    assert len(text.splitlines()) < 20 and max(map(len, lines)) < 240
+    rows = dict((label, (model, base)) for label, model, base in headline_rows(figures))
+    assert rows["speaker similarity"] == (f"{figures['speaker_similarity_mean']:.3f}",
+                                          f"{figures['speaker_similarity_baseline']:.3f}")
+    assert all(base != "n/a" for label, (_, base) in rows.items() if not label.startswith("CER"))
+    assert rows["CER (pocketsphinx)"][0].startswith("n/a (no Chinese row")
 
 
 @needs_chromium

@@ -21,10 +21,15 @@ HEADLINE = (
     ("loss", "fixed-seed val loss", ".5f"),
     ("speaker_similarity_mean", "speaker similarity", ".3f"),
     ("stop_failure_rate", "stop failures", ".2%"),
-    ("wer", "WER (pocketsphinx)", ".3f"),
-    ("cer", "CER (pocketsphinx)", ".3f"),
+    ("wer", "WER", ".3f"),
+    ("cer", "CER", ".3f"),
     ("rtf", "real-time factor", ".3f"),
 )
+SIMILARITY = ("speaker similarity: the {backend} cosine of each generated clip (with and without a "
+              "reference) to the mean of its speaker's real clips; the real clips themselves score {real} "
+              "(the ceiling)")
+FAR_FROM_REAL = 0.25  # a generated voice this far below its real clips' own similarity is not yet theirs
+CHARACTER_METRIC = {"wer": False, "cer": True}  # which error rate a language is scored by (CER: Chinese)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -36,17 +41,94 @@ def _fmt(value: Any, spec: str) -> str:
 def _pair(figures: dict[str, Any], key: str) -> tuple[Any, Any]:
     if key == "loss":
         return figures.get("loss_model"), figures.get("loss_baseline")
-    return figures.get(key), figures.get(f"{key}_baseline")
+    return figures.get(key), figures.get(f"{key.removesuffix('_mean')}_baseline")
+
+
+def _asr_label(figures: dict[str, Any]) -> str:
+    names = sorted({b.get("backend", "?") for b in (figures.get("backends") or {}).get("asr", [])})
+    return f" ({', '.join(names)})" if names else ""
+
+
+def why_no_rate(figures: dict[str, Any], metric: str) -> str:
+    """Why eval.json has no `metric` (wer/cer): the recogniser's reason, or that no row is scored by it."""
+    by_language = (figures.get("intelligibility") or {}).get("model", {})
+    mine = {lang: v for lang, v in by_language.items() if v.get("metric") == metric}
+    reasons = sorted({v["reason"] for v in mine.values() if v.get("reason")})
+    if reasons:
+        return "; ".join(reasons)
+    if mine:
+        return "not scored"
+    return ("no Chinese row in the val set (CER scores Chinese)" if CHARACTER_METRIC[metric] else
+            "no row in a word-spaced language in the val set (WER scores those)")
 
 
 def headline_rows(figures: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(label, fine-tuned, baseline) for each headline figure eval.json has."""
+    """(label, fine-tuned, baseline) for each headline figure eval.json has; an error rate it lacks
+    says why."""
     rows = []
     for key, label, spec in HEADLINE:
         model, baseline = _pair(figures, key)
+        if key in CHARACTER_METRIC:
+            label += _asr_label(figures)
+            if model is None and baseline is None and "intelligibility" in figures:
+                rows.append((label, f"n/a ({why_no_rate(figures, key)})", "n/a"))
+                continue
         if model is not None or baseline is not None:
             rows.append((label, _fmt(model, spec), _fmt(baseline, spec)))
     return rows
+
+
+def real_similarity(figures: dict[str, Any]) -> float | None:
+    """The real clips' own mean similarity to their speaker's mean: the most a generated voice can reach."""
+    values = [v["clip_similarity_mean"] for v in (figures.get("voices") or {}).values()
+              if isinstance(v.get("clip_similarity_mean"), int | float)]
+    return sum(values) / len(values) if values else None
+
+
+def _limit(c: dict[str, Any]) -> str:
+    limit = c.get("limit")
+    if isinstance(limit, list):
+        return "no new split"
+    if not isinstance(limit, int | float) or isinstance(limit, bool):
+        return "none"
+    sign = "<" if c.get("name") == "loss" else "<=" if c.get("name") == "stop_failures" else ">="
+    return f"{sign} {_cell(limit, c.get('name', ''))}"
+
+
+def _cell(value: Any, name: str) -> str:
+    if isinstance(value, list):
+        return str(len(value))
+    spec = ".5f" if name == "loss" else ".0%" if name == "stop_failures" else ".3f"
+    return _fmt(value, spec)
+
+
+def report_lines(figures: dict[str, Any]) -> list[str]:
+    """The verdict as a short report: a criterion table (candidate, reference, limit, pass), the similarity
+    figure's definition with the real clips' ceiling, a note when the voice is still far from the real one,
+    and each error rate (or why it has none)."""
+    head, _ = verdict_lines(figures)
+    criteria = (figures.get("promotion") or {}).get("criteria", [])
+    rows = [("criterion", "candidate", "reference", "limit", "pass")]
+    rows += [(c["name"], _cell(c.get("candidate"), c["name"]), _cell(c.get("reference"), c["name"]),
+              _limit(c), "yes" if c.get("passed") else "NO") for c in criteria]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+                      for r in rows]
+    real = real_similarity(figures)
+    encoder = (figures.get("backends") or {}).get("speaker_similarity") or {}
+    backend = encoder.get("backend", "speaker-encoder")
+    lines.append("  " + SIMILARITY.format(backend=backend, real=_fmt(real, ".3f")))
+    mine = figures.get("speaker_similarity_mean")
+    if isinstance(mine, int | float) and real is not None and real - mine > FAR_FROM_REAL:
+        lines.append(f"  note: the generated voice is still far from the real one (similarity {mine:.3f} "
+                     f"vs the real clips' {real:.3f}), whatever the rule says: listen to the samples; more "
+                     "steps, more data or the real VoxCPM2 base close the gap")
+    for metric in CHARACTER_METRIC:
+        value = figures.get(metric)
+        text = (f"{value:.3f} (real clips {_fmt(figures.get(f'{metric}_real'), '.3f')})"
+                if isinstance(value, int | float) else f"n/a: {why_no_rate(figures, metric)}")
+        lines.append(f"  {metric}{_asr_label(figures)}: {text}")
+    return lines
 
 
 def verdict_lines(figures: dict[str, Any]) -> tuple[str, list[tuple[str, str, str]]]:

@@ -46,6 +46,7 @@ from voxpipe.evaluate.metrics import (
     measure,
     real_voice,
 )
+from voxpipe.evaluate.pages import report_lines
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
 from voxpipe.evaluate.speaker import speaker_encoder
@@ -75,23 +76,9 @@ class EvaluateResult:
     verdict: str
 
     def summary(self) -> str:
-        f = self.figures
-
-        def num(key: str, fmt: str = ".3f") -> str:
-            return "n/a" if f.get(key) is None else format(f[key], fmt)
-
-        return (
-            f"evaluate: loss {num('loss_model', '.4f')} vs baseline {num('loss_baseline', '.4f')} "
-            f"(delta {num('loss_delta', '+.4f')}, seed spread {num('loss_seed_spread', '.4f')}); "
-            f"speaker similarity {num('speaker_similarity_mean')} (baseline "
-            f"{num('speaker_similarity_baseline')}); voice split flag {f['voice_split_flag']}; "
-            f"stop failures {num('stop_failure_rate', '.0%')} "
-            f"(premature {num('premature_stop_rate', '.0%')}, "
-            f"runaway {num('runaway_stop_rate', '.0%')}); rtf {num('rtf', '.2f')}; "
-            f"wer {num('wer', '.2f')} (real clips {num('wer_real', '.2f')}), cer {num('cer', '.2f')} "
-            f"(real {num('cer_real', '.2f')}); DNSMOS {num('mos_ovrl', '.2f')} (baseline "
-            f"{num('mos_ovrl_baseline', '.2f')}); {self.verdict} -> {self.out / 'eval.json'}"
-        )
+        """A short report: the verdict's criteria as a table, the similarity's definition and ceiling."""
+        lines = report_lines(self.figures)
+        return "\n".join([f"evaluate: {lines[0]} -> {self.out / 'eval.json'}", *lines[1:]])
 
 
 def _open_split(root: Path, split: str) -> EncodedDataset | None:
@@ -214,10 +201,10 @@ def _rates(by_language: dict[str, Any]) -> dict[str, float | None]:
 
 def _checkpoint_figures(run: CheckpointRun, groups: list[dict[str, Any]]) -> dict[str, Any]:
     records = [c.record for c in run.clips]
-    with_ref = [r["similarity"] for r in records if r["with_reference"]]
     without = [r["similarity"] for r in records if not r["with_reference"]]
     return {
-        "speaker_similarity": _mean(with_ref),
+        # every clip, with and without a reference, as the promotion rule's per-speaker means pool them
+        "speaker_similarity": _mean([r["similarity"] for r in records]),
         "speaker_similarity_noref": _mean(without),
         "similarity_spread": _mean([g["similarity_std"] for g in groups]),
         "f0_spread": _mean([g["f0_spread_semitones"] for g in groups]),
