@@ -420,11 +420,16 @@ def test_text_the_tokenizer_only_byte_encodes_is_counted_and_row_fields_travel(e
     manifest.write_text("".join(json.dumps(r) + "\n" for r in (
         {"id": "plain", "audio": audio, "text": good["text"], "language": "en", "text_raw": "as written"},
         {"id": "new-script", "audio": audio, "text": "ʘʬ 🎉", "language": "xx"},
+        {"id": "han", "audio": audio, "text": "价格是十二点五元", "language": "zh"},
     )))
     out = tmp_path / "out"
     result = encode(Params(model={"base": str(encoded_sample.base_model)},
                            encode=EncodeParams(manifest=[str(manifest)], out=str(out), device="cpu")))
-    plain, new = _rows(out / "train.jsonl")
-    assert plain["byte_tokens"] == 0 and new["byte_tokens"] >= 3
+    plain, new, han = _rows(out / "train.jsonl")
+    assert plain["byte_tokens"] == 0 and new["byte_tokens"] >= 3 and han["byte_tokens"] > 0
     assert (plain["language"], plain["text_raw"], new["language"]) == ("en", "as written", "xx")
-    assert result.report["splits"]["train.jsonl"]["byte_token_rows"] == 1
+    split = result.report["splits"]["train.jsonl"]
+    assert split["byte_token_rows"] == 2
+    assert split["byte_token_rows_by_script"] == {"Han": 1, "Latin or other alphabets": 1}
+    warning = result.summary().splitlines()[-1]  # 2 of 3 rows: the summary warns, naming the way out
+    assert warning.startswith("warning: ") and "2 of 3 rows (Han 1" in warning and "VoxCPM2" in warning

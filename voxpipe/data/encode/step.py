@@ -31,6 +31,7 @@ from voxpipe.data.encode.inputs import (
     read_manifest,
 )
 from voxpipe.data.encode.plan import Clip, group_shards, plan
+from voxpipe.data.language import LATIN_DEFAULT, detect_language
 from voxpipe.data.shards import ShardIndex, merge_parts, remove_stale_temps, verify_index
 from voxpipe.data.world import World, joined_world
 from voxpipe.errors import StepError
@@ -67,7 +68,24 @@ class EncodeResult:
             f"encode: {r['rows_in']} rows → {r['rows_kept']} kept, {r['rows_quarantined']} quarantined; "
             f"clips: {run['clips']['encoded']} encoded{speed}, {run['clips']['reused']} reused, "
             f"{r['clips']['failed']} failed{rejected} → {self.out}"
-        )
+        ) + byte_warning(r)
+
+
+def byte_warning(report: dict[str, Any]) -> str:
+    """A second line when the base's tokenizer spells a share of the rows in byte pieces, naming the script."""
+    splits = report.get("splits", {}).values()
+    rows = sum(s["rows"] for s in splits)
+    spelled = sum(s["byte_token_rows"] for s in splits)
+    if not rows or spelled / rows < BYTE_ROWS_WARN:
+        return ""
+    scripts: Counter[str] = Counter()
+    for s in splits:
+        scripts.update(s.get("byte_token_rows_by_script", {}))
+    named = ", ".join(f"{script} {n}" for script, n in scripts.most_common())
+    return (f"\nwarning: the base model's tokenizer has no tokens for some characters of {spelled} of {rows} "
+            f"rows ({named}): they are spelled as byte pieces it has barely seen, and it will read them "
+            "badly. The real VoxCPM2 checkpoint (model.base: models/VoxCPM2) has tokens for them; the demo "
+            "base's small tokenizer covers few of them")
 
 
 def _device(choice: str, local_rank: int) -> torch.device:
@@ -202,6 +220,11 @@ def encoded_row(row: Row, out: Path, enc: Encoder, index: ShardIndex, hashes: Ha
     return data
 
 
+# the script a row's language is detected from (voxpipe/data/language.py), to name in the warning
+SCRIPTS = {"zh": "Han", "ja": "kana", "ko": "Hangul", LATIN_DEFAULT: "Latin or other alphabets"}
+BYTE_ROWS_WARN = 0.05  # a share of rows spelled partly in byte pieces worth a warning in the summary
+
+
 def byte_piece_ids(enc: Encoder) -> frozenset[int]:
     """Ids of the tokenizer's byte-fallback pieces (`<0x00>`..`<0xFF>`)."""
     found = (enc.tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256))
@@ -216,6 +239,7 @@ def _write_split(path: Path, rows: list[Row], out: Path, enc: Encoder, index: Sh
     as byte-fallback pieces the model has barely seen (a new script, emoji). The check lives here, not
     in ingest, because the tokenizer is the base checkpoint's, and only encode has it."""
     lines, totals = [], Counter(rows=0, ref_rows=0, audio_frames=0, lm_tokens=0, byte_token_rows=0)
+    scripts: Counter[str] = Counter()
     pieces = byte_piece_ids(enc)
     for row in rows:
         bad = _row_problem(row, hashes, problems)
@@ -227,8 +251,10 @@ def _write_split(path: Path, rows: list[Row], out: Path, enc: Encoder, index: Sh
         lines.append(json.dumps(data, ensure_ascii=False) + "\n")
         totals.update(rows=1, ref_rows=int(row.ref is not None), audio_frames=data["audio_frames"],
                       lm_tokens=data["lm_tokens"], byte_token_rows=int(data["byte_tokens"] > 0))
+        if data["byte_tokens"]:
+            scripts[SCRIPTS[detect_language(row.data["text"])]] += 1
     atomic_write_text(path, "".join(lines))
-    return dict(totals)
+    return {**totals, "byte_token_rows_by_script": dict(sorted(scripts.items()))}
 
 
 def _row_problem(row: Row, hashes: Hashes, problems: dict[str, str]) -> tuple[str, str] | None:
