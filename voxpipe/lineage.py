@@ -43,9 +43,15 @@ def dvc_md5(path: Path) -> str:
     return hashlib.md5(listing, usedforsecurity=False).hexdigest() + ".dir"
 
 
+# what the pipeline itself writes into a checkout: DVC's lock and the metrics it commits (work/). A run's
+# own records changing says nothing about the code that ran, so they do not make it "dirty"
+PIPELINE_RECORDS = (":(top,exclude)dvc.lock", ":(top,exclude)work")
+
+
 def git_commit(cwd: Path | None = None) -> tuple[str | None, bool]:
-    """(commit, dirty) of the code that ran: $VOXPIPE_GIT_COMMIT (baked into images), else `git`.
-    "unknown" (images/Dockerfile's default when built without the build-arg) claims nothing."""
+    """(commit, dirty) of the code that ran: $VOXPIPE_GIT_COMMIT (baked into images), else `git`; dirty
+    means a tracked file other than the pipeline's own records differs. "unknown" (images/Dockerfile's
+    default when built without the build-arg) claims nothing."""
     baked = os.environ.get("VOXPIPE_GIT_COMMIT")
     if baked and baked != "unknown":
         return baked, False
@@ -56,8 +62,8 @@ def git_commit(cwd: Path | None = None) -> tuple[str | None, bool]:
         if head.returncode != 0:
             return None, False
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True,
-            timeout=30,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *PIPELINE_RECORDS], cwd=cwd,
+            capture_output=True, text=True, timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None, False
