@@ -171,6 +171,7 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert version.run_id == a["run_id"]
 
     run = client.get_run(a["run_id"])
+    assert run.info.run_name.startswith(f"{NAME} · ") and " steps · lr " in run.info.run_name  # says what
     params = run.data.params
     assert params["train.lr"] == "0.0001" and params["train.lora.r"] == "32"  # nested sections flattened
     assert params["model_config.patch_size"] and params["run.world_size"] == "1"

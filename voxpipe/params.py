@@ -603,7 +603,9 @@ class RegisterParams(Section):
                                json_schema_extra={"result": False, "wired": True})
     out: str = Field("work/register", description="output folder: registered.json",
                      json_schema_extra={"result": False, "wired": True})
-    run_name: str | None = Field(None, description="None: MLflow picks a name")
+    run_name: str | None = Field(
+        None, description="the MLflow run's name; None: what the run is (`voxpipe-sample · full · 40 steps · "
+        "lr 0.0001`)")
     model_name: str | None = Field(
         None, description="registered model name; None: `voxpipe-<voice>`, named after the data "
         "(ingest.input's folders or files: `voxpipe-sample` for the demo's data/sample), so each voice is a "

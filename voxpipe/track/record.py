@@ -71,6 +71,15 @@ def run_params(params: Params, art: PipelineArtifacts) -> dict[str, Any]:
     return flat
 
 
+def run_title(model_name: str, flat: dict[str, Any]) -> str:
+    """What the run is, for the runs list (MLflow would name it `bemused-owl-123`): the voice's model,
+    LoRA or full, the steps and the learning rate, from the params the run trained with."""
+    mode = f"LoRA r{flat.get('train.lora.r')}" if flat.get("train.lora.enabled") else "full"
+    lr = flat.get("train.lr")
+    return " · ".join([model_name, mode, f"{flat.get('train.max_steps')} steps",
+                       f"lr {lr:g}" if isinstance(lr, int | float) else "lr default"])
+
+
 def run_tags(art: PipelineArtifacts) -> dict[str, str]:
     commit, dirty = git_commit()
     tags = {"voxpipe.export_md5": art.export_md5}

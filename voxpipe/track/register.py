@@ -22,11 +22,12 @@ from voxpipe.report import write_json, write_report
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
-from voxpipe.track.record import log_pipeline_run, run_params
+from voxpipe.track.record import log_pipeline_run, run_params, run_title
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
+    orchestrator_run,
     pipeline_key,
     pipeline_run,
     redact_params,
@@ -37,6 +38,7 @@ from voxpipe.track.tracking import (
     session,
 )
 
+RUN_NAME_TAG = "mlflow.runName"  # what the MLflow UI lists a run by
 
 @dataclass
 class RegisterResult:
@@ -65,7 +67,7 @@ def register(params: Params) -> RegisterResult:
     flat = run_params(params, art)
     secrets = run_secrets(params, flat)
     logged_params = redact_params(flat, secrets)
-    run_name = scrub(p.run_name, secrets) if p.run_name else None
+    run_name = scrub(p.run_name, secrets) if p.run_name else run_title(name, flat)
     key = pipeline_key({"params": logged_params, "export": art.export_md5, "train": art.train_digest,
                         "eval": art.eval_digest, "mfu": md5_file(art.mfu_path), "kfp_run_id": kfp_run_id()})
     extra = {"voxpipe.pipeline_key": key}
@@ -76,6 +78,8 @@ def register(params: Params) -> RegisterResult:
         ensure_registered_model(client, name)
         check_owned(uri, experiment, tracking.experiment, name)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
+        if orchestrator_run(client) is None:  # the trainer's live run, or ours: named for what it is
+            client.set_tag(ref.run_id, RUN_NAME_TAG, run_name)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
         place = Place(uri, experiment, p.lock_timeout_s)
         reg = register_export(client, place, name, ref.run_id, art, extra)

@@ -113,6 +113,8 @@ def session(tracking_uri: str) -> Iterator[MlflowClient]:
     from mlflow.exceptions import MlflowException
 
     previous = os.environ.get("MLFLOW_TRACKING_URI")
+    # MLflow's per-file upload/download bars go to stderr even in a pod's log; the steps log their own
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(tracking_uri)
     try:
         with _sqlite_creation_lock(tracking_uri):
