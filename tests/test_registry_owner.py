@@ -106,7 +106,8 @@ def test_registry_init_then_the_reader_can_change_nothing(users, files, as_user,
     first = register(params(uri, files, tmp_path, model, experiment)).registered
     assert first["aliases"] == ["candidate", "champion"]
     experiment_id = first["experiment_id"]
-    (lock,) = MlflowClient(uri).search_runs([experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{model}'")
+    locks_id = MlflowClient(uri).get_experiment_by_name(f"{experiment}-register-locks").experiment_id
+    (lock,) = MlflowClient(uri).search_runs([locks_id], filter_string=f"tags.`{LOCK_TAG}` = '{model}'")
 
     as_user(READER, READER_PASSWORD)
     attacks = {
@@ -123,7 +124,7 @@ def test_registry_init_then_the_reader_can_change_nothing(users, files, as_user,
             attack()
         assert refused.value.error_code == "PERMISSION_DENIED", what
     with pytest.raises(StepError, match=r"refused to take the register lock .*403 permission denied"):
-        with register_lock(reader, uri, experiment_id, model, timeout_s=5):
+        with register_lock(reader, uri, locks_id, model, timeout_s=5):
             pass  # a 403 is an error, not a wait
 
     as_user(ADMIN, ADMIN_PASSWORD)
@@ -141,8 +142,10 @@ def test_others_granted_edit_are_refused_until_registry_init_lowers_them(users, 
                        r"'reader' \(EDIT\)\. Run `voxpipe registry-init`"):
         register(params(uri, files, tmp_path, model, experiment))
     lowered = registry_init(params(uri, files, tmp_path, model, experiment))
+    locks = MlflowClient(uri).get_experiment_by_name("voxpipe-shared-exp-register-locks").experiment_id
     assert lowered.lowered == {f"experiment 'voxpipe-shared-exp' (id {lowered.experiment_id})": [],
-                               "registered model 'voxpipe-shared'": ["reader"]}
+                               "registered model 'voxpipe-shared'": ["reader"],
+                               f"experiment 'voxpipe-shared-exp-register-locks' (id {locks})": []}
     assert AuthServiceClient(uri).get_user_permission(READER, "registered_model", model).permission == "READ"
     assert register(params(uri, files, tmp_path, model, experiment)).registered["created"]
 

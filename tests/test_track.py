@@ -171,6 +171,10 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert version.run_id == a["run_id"]
 
     run = client.get_run(a["run_id"])
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert not client.search_runs([experiment.experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{NAME}'")
+    locks = client.get_experiment_by_name(f"{experiment.name}-register-locks")  # the lock has its own
+    assert client.search_runs([locks.experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{NAME}'")
     assert run.info.run_name.startswith(f"{NAME} · ") and " steps · lr " in run.info.run_name  # says what
     params = run.data.params
     assert params["train.lr"] == "0.0001" and params["train.lora.r"] == "32"  # nested sections flattened
@@ -481,7 +485,7 @@ def test_concurrent_registers_give_champion_to_the_best(server, pipeline, secret
         tags = client.get_model_version(name, reg["version"]).tags
         assert tags["voxpipe.decision"] == ("promoted" if reg["decision"]["promoted"] else "not promoted")
         assert ("champion" in reg["aliases"]) <= reg["decision"]["promoted"]
-    locks = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+    locks = client.search_runs([client.get_experiment_by_name(f"{name}-register-locks").experiment_id],
                                filter_string=f"tags.`{LOCK_TAG}` = '{name}'")  # two first registers: two
     taken = [{k for k in lock.data.params if k.startswith("lock.")} for lock in locks]
     assert max(len(t) for t in taken) == 3  # one lock run every register went through

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from voxpipe.errors import StepError
+from voxpipe.track.reglock import locks_experiment
 
 log = logging.getLogger(__name__)
 
@@ -157,16 +158,22 @@ def _lower(uri: str, resource: Resource, users: dict[str, str]) -> None:
             raise forbidden(e, f"lower {user!r} to READ on the {resource.label}", uri) from e
 
 
-def check_owned(uri: str, experiment_id: str, experiment: str, model: str) -> Account | None:
-    """Refuse when anyone but the pipeline (and admins) can edit the experiment or the registered model."""
+def check_owned(uri: str, experiment_id: str, experiment: str, model: str, locks: str | None = None
+                ) -> Account | None:
+    """Refuse when anyone but the pipeline (and admins) can edit the experiment, the registered model or
+    the experiment of the register locks (`locks`, its id)."""
     me = current_account(uri)
     if me is None:
         return None
-    for resource in resources(experiment_id, experiment, model):
+    for resource in resources(experiment_id, experiment, model, locks):
         refuse_foreign(uri, me, resource)
     return me
 
 
-def resources(experiment_id: str, experiment: str, model: str) -> list[Resource]:
-    return [Resource("experiment", experiment_id, f"experiment {experiment!r} (id {experiment_id})"),
-            Resource("registered_model", model, f"registered model {model!r}")]
+def resources(experiment_id: str, experiment: str, model: str, locks: str | None = None) -> list[Resource]:
+    found = [Resource("experiment", experiment_id, f"experiment {experiment!r} (id {experiment_id})"),
+             Resource("registered_model", model, f"registered model {model!r}")]
+    if locks is not None:
+        label = f"experiment {locks_experiment(experiment)!r} (id {locks})"
+        found.append(Resource("experiment", locks, label))
+    return found

@@ -18,7 +18,7 @@ from voxpipe.errors import StepError
 from voxpipe.params import Params
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import CHAMPION, alias_version
-from voxpipe.track.reglock import register_lock
+from voxpipe.track.reglock import locks_experiment, register_lock
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
@@ -56,8 +56,10 @@ def promote(params: Params) -> PromoteResult:
     from mlflow.exceptions import MlflowException
 
     with session(uri) as client:
-        experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, Path(tracking.work)))
-        account = check_owned(uri, experiment, tracking.experiment, name)
+        root = local_artifact_root(uri, Path(tracking.work))
+        experiment = experiment_id(client, tracking.experiment, root)
+        locks = experiment_id(client, locks_experiment(tracking.experiment), root)
+        account = check_owned(uri, experiment, tracking.experiment, name, locks)
         try:
             client.get_model_version(name, str(p.version))
         except MlflowException:
@@ -66,7 +68,7 @@ def promote(params: Params) -> PromoteResult:
                             f"has no such version (it has {', '.join(map(str, there)) or 'none'}); name one "
                             "with --version N, and another model with --model NAME") from None
         by = account.username if account else getpass.getuser()
-        with register_lock(client, uri, experiment, name, params.register_.lock_timeout_s):
+        with register_lock(client, uri, locks, name, params.register_.lock_timeout_s):
             previous = alias_version(client, name, CHAMPION)
             tags = {"by": by, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": p.reason,
                     "from": previous.version if previous else "none"}

@@ -24,6 +24,7 @@ from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params, run_title
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
+from voxpipe.track.reglock import locks_experiment
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
@@ -75,13 +76,14 @@ def register(params: Params) -> RegisterResult:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
         experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
+        locks = experiment_id(client, locks_experiment(tracking.experiment), local_artifact_root(uri, work))
         ensure_registered_model(client, name)
-        check_owned(uri, experiment, tracking.experiment, name)  # before anything is written there
+        check_owned(uri, experiment, tracking.experiment, name, locks)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
         if orchestrator_run(client) is None:  # the trainer's live run, or ours: named for what it is
             client.set_tag(ref.run_id, RUN_NAME_TAG, run_name)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
-        place = Place(uri, experiment, p.lock_timeout_s)
+        place = Place(uri, locks, p.lock_timeout_s)
         reg = register_export(client, place, name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         client.set_terminated(ref.run_id, "FINISHED")

@@ -16,7 +16,7 @@ from pathlib import Path
 from voxpipe.params import Params
 from voxpipe.track.ownership import current_account, refuse_foreign, resources
 from voxpipe.track.registry import ensure_registered_model
-from voxpipe.track.reglock import lock_runs
+from voxpipe.track.reglock import lock_runs, locks_experiment
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
@@ -50,11 +50,12 @@ def registry_init(params: Params) -> RegistryInitResult:
     with session(uri) as client:
         me = current_account(uri)
         experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
+        locks = experiment_id(client, locks_experiment(tracking.experiment), local_artifact_root(uri, work))
         ensure_registered_model(client, name)
         lowered = {}
         if me is not None:
-            for resource in resources(experiment, tracking.experiment, name):
+            for resource in resources(experiment, tracking.experiment, name, locks):
                 lowered[resource.label] = refuse_foreign(uri, me, resource, lower=True)
-        lock_runs(client, experiment, name)  # after the check: the lock lives in the verified experiment
+        lock_runs(client, locks, name)  # after the check: the lock lives in the verified experiment
     account = me.username if me else None
     return RegistryInitResult(uri, tracking.experiment, experiment, name, account, lowered)

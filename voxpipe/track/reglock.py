@@ -1,6 +1,7 @@
 """The registry-wide `register` lock, on an object only the pipeline's account may write.
 
-The lock is a run in the pipeline-owned experiment (tag `voxpipe.register_lock` = the model's name),
+The lock is a run in a pipeline-owned experiment of its own (`<experiment>-register-locks`, so the runs
+list shows training runs only; tag `voxpipe.register_lock` = the model's name),
 and its state is in the run's params, which MLflow makes write-once: logging `lock.N` with a value
 different from the one already there fails in every store (a unique key per run). So `lock.N = token`
 is an atomic compare-and-set: whoever logs epoch N first holds the lock, and `free.N` releases it.
@@ -41,6 +42,11 @@ log = logging.getLogger(__name__)
 LOCK_TAG = "voxpipe.register_lock"
 LEASE_S = 120.0
 _EPOCH = re.compile(r"^lock\.(\d+)$")
+
+
+def locks_experiment(experiment: str) -> str:
+    """The experiment of `experiment`'s register locks: one of their own keeps them out of the runs list."""
+    return f"{experiment}-register-locks"
 
 
 def lock_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
