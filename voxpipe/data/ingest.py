@@ -294,7 +294,7 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         target_lufs=p.target_lufs, max_clipped_fraction=p.max_clipped_fraction,
         score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
         quality_score=p.quality_score,
-        normalize_text=p.normalize_text, language=p.language,
+        normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
     )
 
 

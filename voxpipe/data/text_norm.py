@@ -6,8 +6,9 @@ in its wheel; text_rules.py corrects what they read wrong. A row in another lang
 there is no grammar for it, and guessing with the English one would turn its numbers into English
 words.
 
-Ingest (training) and `voxpipe synthesize` / the served model (speech) call the same
-`normalize_for_speech`, so the model hears at inference the forms it was trained on.
+Ingest (training) and `voxpipe synthesize` / the served model (speech) call the same `spoken_form`
+(this normalization, with the language detected from the script as ingest detects it), so the model
+reads at inference the forms it was trained on.
 
 wetext's time grows faster than linearly with its input (32,000 characters: 32 s; 200,000: over
 300 s), so a text is read in chunks: its sentences, and a sentence longer than MAX_CHUNK_CHARS is cut
@@ -18,8 +19,10 @@ at a space or a comma. The cost is then linear in the length; ingest also refuse
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cache
 
+from voxpipe.data.language import detect_language
 from voxpipe.data.text_rules import AFTER, BEFORE, apply
 
 NORMALIZED_LANGUAGES = ("zh", "en")
@@ -92,3 +95,16 @@ def normalize_for_speech(text: str, language: str) -> str:
     spoken = apply(AFTER.get(language, ()), spoken, read)
     # wetext's output escapes quotes and backslashes (`\"`): as spoken, they are the characters themselves
     return " ".join(re.sub(r"\\(.)", r"\1", spoken).split())
+
+
+def normalize_text(text: str) -> str:
+    """Unicode NFC, whitespace stripped and collapsed to single spaces (every text, normalized or not)."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def spoken_form(text: str, language: str = "") -> tuple[str, str]:
+    """(`text` as it is spoken, its language): `language`, or "" for the one its script tells
+    (language.py). What ingest trains on and what synthesize and the served model say."""
+    text = normalize_text(text)
+    language = language or detect_language(text)
+    return normalize_for_speech(text, language), language
