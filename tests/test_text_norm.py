@@ -95,5 +95,6 @@ def test_chunks_join_to_the_text_and_cut_long_sentences_between_words():
     assert chunks("你好。今天2点见！好") == ["你好。", "今天2点见！", "好"]
     han = "二" * 700  # no space or comma anywhere: cut at the limit
     assert [len(p) for p in chunks(han)] == [300, 300, 100]
-    digits = "a" * 299 + "12345"
-    assert chunks(digits) == ["a" * 299, "12345"]  # not between two digits
+    number = "a" * 290 + "1234567,890.123"
+    assert chunks(number) == ["a" * 290, "1234567,890.123"]  # not inside a number
+    assert [len(p) for p in chunks("7" * 700)] == [300, 300, 100]  # digits only: cut anyway

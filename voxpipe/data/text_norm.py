@@ -51,16 +51,24 @@ def _wetext(text: str, language: str) -> str:
         return text
 
 
+def _numeric(ch: str) -> bool:
+    """A character of a written number (1,234.56)."""
+    return ch.isdigit() or ch in ".,"
+
+
 def _cut(sentence: str) -> list[str]:
-    """A sentence in pieces of at most MAX_CHUNK_CHARS, cut after the last space or comma in reach
-    (at the limit itself when there is none, but never between two digits)."""
-    pieces = []
+    """A sentence in pieces of at most MAX_CHUNK_CHARS, cut after the last space or comma in the
+    second half of the reach; where there is none, at the limit, moved back to the start of a number
+    that the limit falls in (a number longer than half a chunk is cut anyway)."""
+    half, pieces = MAX_CHUNK_CHARS // 2, []
     while len(sentence) > MAX_CHUNK_CHARS:
-        window = sentence[MAX_CHUNK_CHARS // 2:MAX_CHUNK_CHARS]
-        breaks = [m.end() for m in _BREAK.finditer(window)]
-        at = MAX_CHUNK_CHARS // 2 + breaks[-1] if breaks else MAX_CHUNK_CHARS
-        while not breaks and at > 1 and sentence[at - 1].isdigit() and sentence[at].isdigit():
-            at -= 1
+        reach = _BREAK.finditer(sentence, half, MAX_CHUNK_CHARS + 1)  # + 1: the lookahead sees past the limit
+        breaks = [m.end() for m in reach if m.end() <= MAX_CHUNK_CHARS]
+        at = breaks[-1] if breaks else MAX_CHUNK_CHARS
+        start = at
+        while not breaks and start > half and _numeric(sentence[start - 1]) and _numeric(sentence[start]):
+            start -= 1
+        at = start if start > half else at
         pieces.append(sentence[:at])
         sentence = sentence[at:]
     return [*pieces, sentence] if sentence else pieces
