@@ -72,8 +72,9 @@ ZH_BEFORE = (
           "第2名, 第200位: an ordinal counts with 二 (第二名); wetext reads 两 before measure words"),
     _rule("zh_day", _NOT_IN_NUMBER + r"(?P<n>\d{1,2})(?=\s*(?:日(?!游)|号))", _zh_er,
           "12月2日, 2号, 02日: a day of the month is 二日 (wetext: 两日, 零两日); 2日游 is a span, 两日游"),
-    _rule("zh_quarter", _NOT_IN_NUMBER + r"(?P<n>[1-4])(?=\s*季度)", _zh_er,
-          "2季度 is the second quarter, 二季度 (wetext: 两季度)"),
+    _rule("zh_numbered", _NOT_IN_NUMBER + r"(?P<n>\d+)(?=\s*(?:季度|单元|次方|次元))", _zh_er,
+          "2季度, 2单元, 2次方: a number that names (the second quarter, unit 2, the square) is 二 "
+          "(wetext: 两季度, 两单元; our zh_liang would make 两次方)"),
     _rule("zh_liang", _NOT_IN_NUMBER + r"2(?=\s*(?:点|次|倍|遍|份|种|台|项|句|间|门|节|届|年(?!级|代)))",
           "两", "下午2点, 2次, 2倍, 2年: a count of two is 两 before these measure words too (wetext: 二); "
           "2年级 and 二号, 二楼, 二月 stay 二"),
@@ -125,6 +126,9 @@ EN_BEFORE = (
     _rule("en_thousands", _NOT_IN_NUMBER + r"(\d{1,3}(?:,\d{3})+)(?![\d,])",
           lambda m, _: _en_written(int(m.group(1).replace(",", ""))),
           "1,234: wetext drops the 'one' of one thousand"),
+    _rule("en_year_range", r"(?<![\d,.])(1[1-9]\d\d|20\d\d)\s*[-–]\s*(1[1-9]\d\d|20\d\d)(?![\d,.]\d)", r"\1 to \2",
+          "2020-2024 is twenty twenty to twenty twenty four (wetext reads a range as cardinals: two thousand "
+          "and twenty to ...)"),
     _rule("en_percent_range", r"(\d+(?:\.\d+)?)\s*[-–]\s*(\d+(?:\.\d+)?)\s*%", r"\1 to \2%",
           "10-20% is ten to twenty percent (wetext: ten-twenty)"),
     _rule("en_decade", r"(?<![\w'])(?P<year>1[1-9]\d0|20\d0)'?s\b", _en_decade,
