@@ -152,6 +152,11 @@ def test_the_served_model_says_the_normalized_text_and_returns_it():
     assert list(out["spoken_text"]) == served.model.said == list(SAID.values())
     raw = served.predict(None, pd.DataFrame({"text": ["$12.50"]}), params={"normalize": False})
     assert list(raw["spoken_text"]) == ["$12.50"] and served.model.said[-1] == "$12.50"
+    # the registered signature carries both, or MLflow's server would drop the param and the column
+    from voxpipe.track.registry import signature
+
+    assert "normalize" in [p.name for p in signature().params.params]
+    assert "spoken_text" in signature().outputs.input_names()
 
 
 def test_synthesize_says_what_it_spoke(tmp_path, monkeypatch, capsys):
