@@ -63,7 +63,7 @@ def test_every_rule_is_needed_by_a_listed_case(language, monkeypatch):
         with monkeypatch.context() as m:
             m.setitem(table, language, tuple(r for r in table[language] if r is not rule))
             wrong = [w for w, s, _ in CASES[language] if normalize_for_speech(w, language) != s]
-        assert wrong, f"{rule.name}: no listed case needs it"
+        assert wrong, f"{rule.name} ({rule.why}): no listed case needs it"
 
 
 def test_other_languages_keep_their_text():

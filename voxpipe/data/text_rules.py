@@ -24,6 +24,8 @@ Read = Callable[[str], str]  # wetext's spoken form of a fragment, in the row's 
 
 @dataclass(frozen=True)
 class Rule:
+    """One correction: where it applies, what it writes instead, and why (wetext's wrong reading)."""
+
     name: str
     pattern: re.Pattern[str]
     replace: Callable[[re.Match[str], Read], str]
@@ -36,6 +38,8 @@ def _rule(name: str, pattern: str, replace: Callable[[re.Match[str], Read], str]
 
 
 def apply(rules: tuple[Rule, ...], text: str, read: Read) -> str:
+    """The rules in order over `text`, each over what the ones before wrote: one regex pass each, so
+    the cost is linear in the length."""
     for rule in rules:
         text = rule.pattern.sub(lambda m, r=rule: r.replace(m, read), text)
     return text
