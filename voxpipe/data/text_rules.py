@@ -95,6 +95,7 @@ _TEENS = "ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen
 _CURRENCY = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
              "£": ("pound", "pounds", "penny", "pence")}
 _SCALE = r"\s*(?:thousand|million|billion|trillion|[kKmMbB]n?)\b"
+_EN_WHOLE = r"\d{1,3}(?:,\d{3})+|\d+"  # a whole number, with or without thousands separators
 
 
 def _en_written(n: int) -> str:
@@ -115,6 +116,11 @@ def _en_money(m: re.Match[str], _read: Read) -> str:
     return " and ".join(parts)
 
 
+def _en_money_range(m: re.Match[str], _read: Read) -> str:
+    low, high = (_en_written(int(m.group(k).replace(",", ""))) for k in ("a", "b"))
+    return f"{low} to {high} {_CURRENCY[m.group('sym')][1]}"
+
+
 def _en_decade(m: re.Match[str], read: Read) -> str:
     words = read(m.group("year"))
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
@@ -123,8 +129,14 @@ def _en_decade(m: re.Match[str], read: Read) -> str:
 EN_BEFORE = (
     _rule("en_number_sign", r"(?:#|\bNo\.)\s?(?=\d)", "number ",
           "#1, No. 5: wetext fails on # and reads No. as 'Number.'"),
+    _rule("en_money_range", rf"(?P<sym>[$€£])\s?(?P<a>{_EN_WHOLE})\s*[-–]\s*(?:[$€£]\s?)?(?P<b>{_EN_WHOLE})"
+          rf"(?!\d|[.,]\d|{_SCALE})", _en_money_range,
+          "$5-$10, $5-10: five to ten dollars (wetext: dollar five-dollar ten)"),
+    _rule("en_money_thousands", r"(?P<sym>[$€£])\s?(?P<n>\d+(?:\.\d+)?)\s?[kK]\b",
+          lambda m, _: f"{m.group('n')} thousand {_CURRENCY[m.group('sym')][1]}",
+          "$50k is fifty thousand dollars (wetext: dollar fifty k; $2.5M and $3bn it reads right)"),
     _rule("en_money",
-          r"(?P<sym>[$€£])\s?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?:\.(?P<frac>\d{1,2}))?(?!\d|[.,]\d|" + _SCALE + ")",
+          rf"(?P<sym>[$€£])\s?(?P<int>{_EN_WHOLE})(?:\.(?P<frac>\d{{1,2}}))?(?!\d|[.,]\d|{_SCALE})",
           _en_money, "$12.50 is twelve dollars and fifty cents (wetext: twelve point five dollars), $0.99 "
           "ninety nine cents; $2.5 million stays wetext's"),
     _rule("en_thousands", _NOT_IN_NUMBER + r"(\d{1,3}(?:,\d{3})+)(?![\d,])",
