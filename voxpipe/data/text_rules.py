@@ -63,7 +63,17 @@ def _zh_money(m: re.Match[str], _read: Read) -> str:
     return f"{m.group('sym') or ''}{m.group('int')}{'.' + frac if frac else ''}{m.group('unit') or ''}"
 
 
+_ZH_DIGITS = "零一二三四五六七八九"
+
+
 ZH_BEFORE = (
+    _rule("zh_code_hyphen", r"(?<=[A-Za-z])-(?=\d)", "",
+          "F-16, COVID-19, H-1B: a hyphen after letters joins a code (wetext: F负十六, a minus)"),
+    _rule("zh_clock_zero", r"(?<![\d:])0:(?=\d\d(?!\d))", "00:",
+          "0:30 is 零点三十分 (wetext reads a 0 hour as a score, 零比三十; 00:30 it reads right)"),
+    _rule("zh_room", _NOT_IN_NUMBER + r"(\d{3,4})(?=\s*(?:室|房间|号房))",
+          lambda m, _: "".join(_ZH_DIGITS[int(d)] for d in m.group(1)),
+          "202室, 1101房间: a room number is said digit by digit, 二零二室 (wetext: 两百零二室)"),
     _rule("zh_thousands", _NOT_IN_NUMBER + r"(\d{1,3}(?:,\d{3})+)(?![\d,])",
           lambda m, _: m.group(1).replace(",", ""),
           "1,234,567: wetext reads each group apart (一,两百三十四,…); the digits alone read as one number"),
