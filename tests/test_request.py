@@ -120,6 +120,7 @@ def test_a_request_is_spoken_as_ingest_spoke_the_training_text():
     assert request.texts == texts and request.spoken == list(SAID.values())
     assert request.spoken == [_spoken_text(t, RowChecks(16000, 0, 30, 0, ""))[0] for t in texts]
     assert parse_request(texts, [None, None], {"normalize": False}, Limits()).spoken == texts
+    assert parse_request(texts, [None, None], {"normalize": np.False_}, Limits()).spoken == texts
     assert parse_request(["hi"], [None], {"normalize": True, "seed": 3}, Limits()).generation["seed"] == 3
     with pytest.raises(RequestError, match=r"^params.normalize='yes': must be true or false$"):
         parse_request(["hi"], [None], {"normalize": "yes"}, Limits())

@@ -92,12 +92,13 @@ def generation(params: dict[str, Any] | None) -> dict[str, Any]:
         raise RequestError(f"params.{key}={given.get(key)!r}: {err['msg']}") from None
 
 
-def normalize_flag(params: dict[str, Any] | None) -> bool:
-    """The request's `normalize` param (default NORMALIZE_DEFAULT): a JSON true or false."""
+def _normalize_flag(params: dict[str, Any] | None) -> bool:
+    """The request's `normalize` param (default NORMALIZE_DEFAULT): a JSON true or false (numpy's own
+    bool too: MLflow's schema may hand one over)."""
     value = (params or {}).get("normalize", NORMALIZE_DEFAULT)
-    if not isinstance(value, bool):
+    if not isinstance(value, bool | np.bool_):
         raise RequestError(f"params.normalize={value!r}: must be true or false")
-    return value
+    return bool(value)
 
 
 def check_text(text: Any, where: str) -> str:
@@ -168,7 +169,7 @@ def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any
     if len(texts) > MAX_ROWS:
         raise RequestError(f"{len(texts)} texts in one request; at most {MAX_ROWS}")
     checked = [check_text(t, f"text of row {i}") for i, t in enumerate(texts)]
-    normalize = normalize_flag(params)
+    normalize = _normalize_flag(params)
     gen = generation({k: v for k, v in (params or {}).items() if k != "normalize"})
     refs = [reference_waveform(r, f"reference_audio of row {i}", limits) if isinstance(r, str) and r.strip()
             else None for i, r in enumerate(references)]
