@@ -115,6 +115,7 @@ BAD_ROWS = {
     "null_text": (_row(good_bytes(550), None), "missing_text", {}),
     "blank_text": (_row(good_bytes(550), " \t\n "), "missing_text", {}),
     "null_speaker": (_row(good_bytes(550), speaker=None), "missing_speaker", {}),
+    "text_too_long": (_row(good_bytes(550), "a long line " * 10), "text_too_long", {"max_text_chars": 100}),
     "nan_samples": (_row(_nan_wav()), "non_finite", {}),
     "inf_samples": (_row(_inf_wav()), "non_finite", {}),
     "digital_silence": (_row(encode(np.zeros(22050, np.float32))), "silent", {}),
@@ -141,6 +142,23 @@ def test_bad_row_is_quarantined_with_reason(tmp_path, case):
     assert bad[0]["reason"] == reason and bad[0]["detail"]
     assert report["reasons"][reason] == 1 and sum(report["reasons"].values()) == 1
     assert "0x" not in bad[0]["detail"]  # no object addresses: details are reproducible
+
+
+def test_a_300000_character_transcript_is_quarantined_before_it_is_normalized(tmp_path, monkeypatch):
+    """wetext's time grows faster than linearly: such a row would stall ingest for hours. It is refused
+    by its length, naming the limit, and its text never reaches the normalizer."""
+    from voxpipe.data import text_norm
+
+    seen: list[int] = []
+    real = text_norm.normalize_for_speech
+    monkeypatch.setattr(text_norm, "normalize_for_speech", lambda t, lg: seen.append(len(t)) or real(t, lg))
+    huge = "It costs $12.50 on 3/5/2024. " * 10_345  # 300,005 characters
+    rows = [{"audio": struct(good_bytes()), "text": "the good row"}, _row(good_bytes(550), huge)]
+    raw, bad, report = run(tmp_path, [write_parquet(tmp_path / "d.parquet", rows)])
+    assert [r["text"] for r in raw] == ["the good row"] and seen == [len("the good row")]
+    assert bad[0]["reason"] == "text_too_long" and report["reasons"]["text_too_long"] == 1
+    assert "300004 characters" in bad[0]["detail"] and "max_text_chars=2000" in bad[0]["detail"]
+    assert "ingest.max_text_chars" in bad[0]["detail"]  # the way out
 
 
 def test_path_rows_resolve_inside_the_dataset_and_unsafe_paths_are_never_used(tmp_path):

@@ -3,6 +3,7 @@ clips levelled, transcripts spelled out in their language, the original kept bes
 
 from __future__ import annotations
 
+import html
 import io
 import json
 from pathlib import Path
@@ -112,6 +113,24 @@ def test_english_money_and_date_are_spelled_out(ingested):
     assert not any(c.isdigit() for c in row["text"]) and "$" not in row["text"]
     assert "twelve" in row["text"] and "dollar" in row["text"] and "twenty" in row["text"]
     assert report["conditioning"]["text_normalized"] == 2
+
+
+def test_the_report_lists_every_row_whose_text_normalization_changed(ingested):
+    """report.json and the data report's page list each changed row (id, before, after), not a sample."""
+    out, kept, _, report = ingested
+    changed = [r for r in kept.values() if r["text"] != r["text_raw"]]  # in raw.jsonl order
+    assert len(changed) == 2
+    assert report["text_changes"] == [{"id": r["id"], "before": r["text_raw"], "after": r["text"]}
+                                      for r in changed]
+    assert kept["dollars"]["text"] == ("I paid twelve dollars and fifty cents on march fifth twenty "
+                                       "twenty four.")
+    assert kept["quiet"]["text"] == "二零二四年三月五日我在商店花了十二点五元"
+    page = (out / "data-report.html").read_text(encoding="utf-8")
+    section = page.split('id="text-changes"')[1]
+    assert "changed 2 rows" in section
+    for r in changed:
+        cells = (r["id"], r["text_raw"], r["text"])
+        assert "".join(f"<td>{html.escape(c)}</td>" for c in cells) in section
 
 
 def test_each_step_switches_off_and_the_language_can_be_named(tmp_path):

@@ -25,6 +25,7 @@ from servers import free_port, serving
 from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.cli import main
+from voxpipe.data.ingest_row import RowChecks, _spoken_text
 from voxpipe.params import ModelParams, Params
 from voxpipe.serve.request import MAX_TEXT_CHARS, Limits, RequestError, generation, parse_request
 from voxpipe.track.register import register
@@ -104,6 +105,77 @@ def test_the_cli_refuses_what_the_served_model_refuses(tmp_path, capsys):
     assert "nor a checkpoint folder (no config.json)" in capsys.readouterr().err  # got past the check
     assert main([*base, "--text", "hi", "--set", "synthesize.cfg_value=.nan"]) == 1
     assert "cfg_value" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
+
+
+SAID = {"It costs $12.50 on 3/5/2024.":
+        "It costs twelve dollars and fifty cents on march fifth twenty twenty four.",
+        "2026年12月2日下午2点，第2名": "二零二六年十二月二日下午两点，第二名"}
+
+
+def test_a_request_is_spoken_as_ingest_spoke_the_training_text():
+    """One function, one language detection: what the model is given to say is what ingest made of the
+    same transcript; `normalize: false` passes the text as written."""
+    texts = list(SAID)
+    request = parse_request(texts, [None, None], {}, Limits())
+    assert request.texts == texts and request.spoken == list(SAID.values())
+    assert request.spoken == [_spoken_text(t, RowChecks(16000, 0, 30, 0, ""))[0] for t in texts]
+    assert parse_request(texts, [None, None], {"normalize": False}, Limits()).spoken == texts
+    assert parse_request(texts, [None, None], {"normalize": np.False_}, Limits()).spoken == texts
+    assert parse_request(["hi"], [None], {"normalize": True, "seed": 3}, Limits()).generation["seed"] == 3
+    with pytest.raises(RequestError, match=r"^params.normalize='yes': must be true or false$"):
+        parse_request(["hi"], [None], {"normalize": "yes"}, Limits())
+
+
+class _Recorder:
+    """A stand-in model: records what it was given to say, answers a short silence."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def generate(self, texts, references, **generation):
+        import torch
+
+        from voxpipe.model.voxcpm2 import GeneratedSpeech
+
+        self.said += texts
+        return GeneratedSpeech([torch.zeros(480) for _ in texts], [torch.zeros(1, 1) for _ in texts],
+                               [False] * len(texts), 48000)
+
+
+def test_the_served_model_says_the_normalized_text_and_returns_it():
+    import pandas as pd
+
+    from voxpipe.serve.pyfunc import VoxpipeTTS
+
+    served = VoxpipeTTS()
+    served.model, served.limits = _Recorder(), Limits()
+    out = served.predict(None, pd.DataFrame({"text": list(SAID)}), params={"max_len": 4})
+    assert list(out["spoken_text"]) == served.model.said == list(SAID.values())
+    raw = served.predict(None, pd.DataFrame({"text": ["$12.50"]}), params={"normalize": False})
+    assert list(raw["spoken_text"]) == ["$12.50"] and served.model.said[-1] == "$12.50"
+    # the registered signature carries both, or MLflow's server would drop the param and the column
+    from voxpipe.track.registry import signature
+
+    assert "normalize" in [p.name for p in signature().params.params]
+    assert "spoken_text" in signature().outputs.input_names()
+
+
+def test_synthesize_says_what_it_spoke(tmp_path, monkeypatch, capsys):
+    from voxpipe.model import io as model_io
+
+    recorder = _Recorder()
+    monkeypatch.setattr(model_io, "from_pretrained", lambda folder, device: recorder)
+    recorder.eval = lambda: recorder
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "config.json").write_text("{}")
+    base = ["synthesize", "--model", str(tmp_path / "export"), "--out", str(tmp_path / "x.wav"),
+            "--device", "cpu"]
+    assert main([*base, "--text", "It costs $12.50 on 3/5/2024."]) == 0
+    said = SAID["It costs $12.50 on 3/5/2024."]
+    assert f"said (normalized): {said!r}" in capsys.readouterr().out and recorder.said == [said]
+    assert main([*base, "--text", "It costs $12.50.", "--no-normalize"]) == 0
+    assert "said (as written): 'It costs $12.50.'" in capsys.readouterr().out
+    assert recorder.said[-1] == "It costs $12.50."
 
 
 @pytest.fixture(scope="module")

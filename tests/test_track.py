@@ -214,12 +214,14 @@ def test_champion_loads_and_synthesizes(registered, server, pipeline, monkeypatc
     with session(server):
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
     assert {p.name for p in model.metadata.signature.params.params} == {
-        "seed", "cfg_value", "inference_timesteps", "max_len"}
+        "seed", "cfg_value", "inference_timesteps", "max_len", "normalize"}
     assert model.metadata.signature.inputs.input_names() == ["text", "reference_audio"]
     params = {"seed": 3, "max_len": 8, "inference_timesteps": 2}
     out = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
     again = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
-    assert list(out["sample_rate"]) == [48000]
+    assert list(out["sample_rate"]) == [48000] and list(out["spoken_text"]) == ["hello there"]
+    dollars = model.predict(pd.DataFrame({"text": ["$12.50"]}), params={**params, "max_len": 2})
+    assert list(dollars["spoken_text"]) == ["twelve dollars and fifty cents"]  # as ingest reads it
     for audio, same in zip(out["audio"], again["audio"], strict=True):
         assert audio.dtype == np.float32 and audio.size > 0 and np.isfinite(audio).all()
         np.testing.assert_array_equal(audio, same)  # fixed seed: the same audio

@@ -152,6 +152,11 @@ class IngestParams(Section):
         "", pattern=r"^([a-z]{2})?$", description='ISO 639-1 code of every row ("zh", "en"); "" = detected '
         "per row from the script of its text. Travels with the row to evaluate"
     )
+    max_text_chars: int = Field(
+        2000, ge=1, le=1_000_000, description="longest transcript kept, in characters: a longer row is "
+        "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "
+        "of at most max_seconds says a few hundred)"
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
@@ -647,6 +652,11 @@ class SynthesizeParams(Section):
     )
     text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
                       "model takes the same)")
+    normalize: bool = Field(
+        True, description="spell out numbers, dates and money before speaking, as ingest did for training "
+        "(the same function and language detection; the summary shows what was said); --no-normalize: "
+        "the text as written. The served model takes the same as its `normalize` param"
+    )
     reference: str | None = Field(
         None, description="an audio file of the voice to speak in (a few seconds is enough; at most "
         "max_reference_seconds); None: the voice the model learned"

@@ -3,7 +3,9 @@ before training on a data set.
 
 It answers what people ask after a bad fine-tune: how much of each speaker there is, how long the
 clips are, how loud and how clean they were, how much silence was cut, what was thrown out and why,
-and which rows are the worst and the best. The page embeds its figure, so it is one self-contained
+which rows are the worst and the best, and every transcript text normalization changed (before and
+after: a wrong reading of a date or a price is found by reading the list, report.json's
+`text_changes`). The page embeds its figure, so it is one self-contained
 file for KFP's HTML viewer and for MLflow; the PNG beside it is the same figure. Built from
 raw.jsonl, quarantine.jsonl and report.json, streamed: a row costs a few floats, whatever the clip.
 """
@@ -120,6 +122,15 @@ def _examples(heap: list[tuple[float, int, dict[str, Any]]]) -> str:
     ) if rows else "<p>no kept rows</p>"
 
 
+def _text_changes(changes: list[dict[str, str]]) -> str:
+    """Every row whose text normalization changed its transcript, in raw.jsonl order."""
+    title = f'<h2 id="text-changes">Text normalization changed {len(changes)} rows</h2>'
+    if not changes:
+        return title + "<p>no transcript was changed</p>"
+    return title + _table(["id", "before", "after (what the model trains on)"],
+                          [[c["id"], c["before"], c["after"]] for c in changes])
+
+
 def _page(report: dict[str, Any], figures: _Figures, png: bytes) -> str:
     c = report.get("conditioning", {})
     speakers = [[s, n, f"{sec / 3600:.3f}", f"{sec / max(n, 1):.2f}"]
@@ -146,6 +157,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}} th
 <h2>Quarantine reasons</h2>{_table(["reason", "rows"], reasons)}
 <h2 id="worst">The {EXAMPLES} lowest by {key}</h2>{_examples(figures.low)}
 <h2 id="best">The {EXAMPLES} highest by {key}</h2>{_examples(figures.high)}
+{_text_changes(report.get("text_changes", []))}
 </body></html>
 """
 

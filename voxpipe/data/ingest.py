@@ -121,6 +121,9 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
     conditioning: Counter = field(default_factory=Counter)  # what was done to the kept rows (report.json)
     languages: Counter = field(default_factory=Counter)
+    # every kept row whose text normalization changed its text, in raw.jsonl order: {id, before, after}
+    # (report.json and the data report list them all, so a wrong reading is found by reading, not luck)
+    text_changes: list[dict[str, str]] = field(default_factory=list)
 
     def count_kept(self, row: dict[str, Any]) -> None:
         """Account for one kept raw.jsonl row: the single run and the merge count the same lines."""
@@ -131,6 +134,7 @@ class IngestResult:
         c = self.conditioning
         if row.get("text_raw") is not None and row["text"] != normalize_text(row["text_raw"]):
             c["text_normalized"] += 1
+            self.text_changes.append({"id": row["id"], "before": row["text_raw"], "after": row["text"]})
         if row.get("trim") and (row["trim"][0] or row["trim"][1]):
             c["trimmed"] += 1
             c["trimmed_seconds"] += row["duration_raw"] - row["duration"]
@@ -163,6 +167,7 @@ class IngestResult:
             "hours_kept": round(self.hours_kept, 6),
             "speakers": dict(sorted(self.speakers.items())),
             "conditioning": self.conditioning_report(),
+            "text_changes": self.text_changes,
             "inputs": inputs,
             "notices": self.notices,
             **extra,
@@ -294,7 +299,7 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         target_lufs=p.target_lufs, max_clipped_fraction=p.max_clipped_fraction,
         score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
         quality_score=p.quality_score,
-        normalize_text=p.normalize_text, language=p.language,
+        normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import unicodedata
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -29,13 +28,14 @@ from voxpipe.data.conditioning import clipped_fraction, find_trim, normalize_lou
 from voxpipe.data.language import detect_language
 from voxpipe.data.quality import SAMPLE_RATE as DNSMOS_RATE
 from voxpipe.data.quality import Dnsmos
-from voxpipe.data.text_norm import normalize_for_speech
+from voxpipe.data.text_norm import normalize_text, spoken_form
 
 # Machine-readable quarantine reasons in the order the checks run; a row gets the first that applies.
 # `duplicate` is judged last, by the parent, because it depends on the rows before it.
 REASONS = (
     "malformed_row",
     "missing_text",
+    "text_too_long",
     "missing_speaker",
     "no_audio",
     "empty_audio",
@@ -85,6 +85,7 @@ class RowChecks:
     quality_score: str = "bak"
     normalize_text: bool = True
     language: str = ""  # "" = detected per row
+    max_text_chars: int = 2000
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,6 @@ class Rejected:
     row: int
     reason: str
     detail: str
-
-
-def normalize_text(text: str) -> str:
-    """Unicode NFC, whitespace stripped and collapsed to single spaces."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
 def resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str]:
@@ -246,11 +242,10 @@ def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, 
 
 
 def _spoken_text(text: str, checks: RowChecks) -> tuple[str, str]:
-    """(the text to train on, the row's language)."""
-    language = checks.language or detect_language(text)
+    """(the text to train on, the row's language): spoken_form, as synthesize and serving say it."""
     if checks.normalize_text:
-        text = normalize_for_speech(text, language)
-    return text, language
+        return spoken_form(text, checks.language)
+    return text, checks.language or detect_language(text)
 
 
 def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
@@ -263,6 +258,10 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     if not text:
         what = "null" if raw.text is None else "blank"
         return Rejected(raw.row, "missing_text", f"the text is {what}")
+    if len(text) > checks.max_text_chars:  # before anything costly: normalization reads every character
+        return Rejected(raw.row, "text_too_long", f"the text is {len(text)} characters, more than "
+                        f"max_text_chars={checks.max_text_chars}; split the clip and its transcript, or "
+                        "raise ingest.max_text_chars")
     speaker = raw.speaker.strip() if raw.speaker is not None else ""
     if not speaker:
         return Rejected(raw.row, "missing_speaker", "the speaker is null or blank")

@@ -2,16 +2,38 @@
 
 A model that sees "$12.50" learns to read it digit by digit, or not at all (VoxCPM issue #164: money
 mispronounced). wetext's compiled text-normalization FSTs (zh, en; the ones VoxCPM itself uses) ship
-in its wheel. A row in another language keeps its text: there is no grammar for it, and guessing
-with the English one would turn its numbers into English words.
+in its wheel; text_rules.py corrects what they read wrong. A row in another language keeps its text:
+there is no grammar for it, and guessing with the English one would turn its numbers into English
+words.
+
+Ingest (training) and `voxpipe synthesize` / the served model (speech) call the same `spoken_form`
+(this normalization, with the language detected from the script as ingest detects it), so the model
+reads at inference the forms it was trained on.
+
+wetext's time grows faster than linearly with its input (32,000 characters: 32 s; 200,000: over
+300 s), so a text is read in chunks: its sentences, and a sentence longer than MAX_CHUNK_CHARS is cut
+at a space or a comma. The cost is then linear in the length; ingest also refuses rows longer than
+`ingest.max_text_chars` before they get here.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cache
 
+from voxpipe.data.language import detect_language
+from voxpipe.data.text_rules import AFTER, BEFORE, apply
+
 NORMALIZED_LANGUAGES = ("zh", "en")
+MAX_CHUNK_CHARS = 300
+
+# a sentence ends after 。！？；!?; (with closing quotes), or after a period followed by a space
+_SENTENCE_END = re.compile(r"[。！？；!?;…]+[”’」』）)\"']*\s*|\.+[”’\"')]*\s+")
+# a period after these is an abbreviation (Dr. Smith, Mar. 5, U.S. law): not a sentence end
+_ABBREVIATION = re.compile(r"(?:^|[\s(])(?:[A-Z][a-z]{0,2}|[A-Za-z]|(?:[A-Za-z]\.)+[A-Za-z])$")
+# where a long sentence may be cut: a space, or a comma/colon that is not inside a number (1,234)
+_BREAK = re.compile(r"\s|[，、：,:](?!\d)")
 
 
 @cache
@@ -21,14 +43,76 @@ def _normalizer(language: str):
     return Normalizer(lang=language, operator="tn")
 
 
+def _wetext(text: str, language: str) -> str:
+    """wetext's reading of one chunk; the chunk as it is where wetext can tag nothing in it."""
+    try:
+        return _normalizer(language).normalize(text)
+    except AssertionError:  # wetext's grammars tag nothing in some texts (zh without Han, "#"): as written
+        return text
+
+
+def _numeric(ch: str) -> bool:
+    """A character of a written number (1,234.56)."""
+    return ch.isdigit() or ch in ".,"
+
+
+def _cut(sentence: str) -> list[str]:
+    """A sentence in pieces of at most MAX_CHUNK_CHARS, cut after the last space or comma in the
+    second half of the reach; where there is none, at the limit, moved back to the start of a number
+    that the limit falls in (a number longer than half a chunk is cut anyway)."""
+    half, pieces = MAX_CHUNK_CHARS // 2, []
+    while len(sentence) > MAX_CHUNK_CHARS:
+        reach = _BREAK.finditer(sentence, half, MAX_CHUNK_CHARS + 1)  # + 1: the lookahead sees past the limit
+        breaks = [m.end() for m in reach if m.end() <= MAX_CHUNK_CHARS]
+        at = breaks[-1] if breaks else MAX_CHUNK_CHARS
+        start = at
+        while not breaks and start > half and _numeric(sentence[start - 1]) and _numeric(sentence[start]):
+            start -= 1
+        at = start if start > half else at
+        pieces.append(sentence[:at])
+        sentence = sentence[at:]
+    return [*pieces, sentence] if sentence else pieces
+
+
+def chunks(text: str) -> list[str]:
+    """`text` as the pieces wetext reads one at a time: sentences, long ones cut (see _cut). The
+    pieces joined are `text`."""
+    pieces, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        if m.group().startswith(".") and _ABBREVIATION.search(text, max(0, m.start() - 12), m.start()):
+            continue
+        if m.end() > start:
+            pieces.extend(_cut(text[start:m.end()]))
+            start = m.end()
+    return pieces + _cut(text[start:])
+
+
+def _read(language: str):
+    return lambda fragment: _wetext(fragment, language)
+
+
 def normalize_for_speech(text: str, language: str) -> str:
     """`text` with its written forms (digits, symbols) spelled out as words of `language`; unchanged
     for a language without a grammar. Whitespace is collapsed as ingest does for every text."""
     if language not in NORMALIZED_LANGUAGES or not text:
         return text
-    try:
-        spoken = _normalizer(language).normalize(text)
-    except AssertionError:  # wetext's zh grammar tags nothing in a text without Han: nothing to spell out
-        return text
+    read = _read(language)
+    written = apply(BEFORE[language], text, read)
+    spoken = "".join(_wetext(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
+                     for piece in chunks(written))
+    spoken = apply(AFTER.get(language, ()), spoken, read)
     # wetext's output escapes quotes and backslashes (`\"`): as spoken, they are the characters themselves
     return " ".join(re.sub(r"\\(.)", r"\1", spoken).split())
+
+
+def normalize_text(text: str) -> str:
+    """Unicode NFC, whitespace stripped and collapsed to single spaces (every text, normalized or not)."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def spoken_form(text: str, language: str = "") -> tuple[str, str]:
+    """(`text` as it is spoken, its language): `language`, or "" for the one its script tells
+    (language.py). What ingest trains on and what synthesize and the served model say."""
+    text = normalize_text(text)
+    language = language or detect_language(text)
+    return normalize_for_speech(text, language), language

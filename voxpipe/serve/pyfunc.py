@@ -6,6 +6,10 @@ code, so a serving environment needs only the pinned pip requirements:
     model = mlflow.pyfunc.load_model("models:/voxpipe-sample@champion")
     out = model.predict(pd.DataFrame({"text": ["Hello there."]}), params={"seed": 0, "cfg_value": 2.0})
     out["audio"][0]  # float32 waveform at out["sample_rate"][0] (48000)
+    out["spoken_text"][0]  # what it said: "Hello there." with numbers, dates, money spelled out
+
+Each text is normalized as ingest normalized the training transcripts (serve/request.py), unless the
+request's params say `"normalize": false`; `spoken_text` is the text the model was given.
 
 Voice cloning: an optional `reference_audio` column holds, per row, a clip of the voice to speak
 in: the audio file's bytes in base64; empty = the voice the model learned. A path is accepted only
@@ -77,7 +81,7 @@ class VoxpipeTTS(PythonModel):
     # the pandas type hint makes MLflow keep the logged signature (texts + generation params)
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """One row per text ("text", else the first column; optional "reference_audio"): audio (float32
-        array), sample_rate, hit_length_limit."""
+        array), sample_rate, hit_length_limit, spoken_text (the text as said)."""
         from voxpipe.serve.speech import speak
 
         frame = model_input
@@ -86,13 +90,14 @@ class VoxpipeTTS(PythonModel):
         texts = list(frame["text"] if "text" in frame else frame.iloc[:, 0])
         references = list(frame["reference_audio"]) if "reference_audio" in frame else [None] * len(texts)
         try:
-            speech = speak(self.model, texts, references, params, self.limits)
+            spoken, speech = speak(self.model, texts, references, params, self.limits)
         except RequestError as e:
             raise RefusedRequest(str(e)) from None
         return pd.DataFrame({
             "audio": [a.numpy().astype(np.float32) for a in speech.audio],
             "sample_rate": [speech.sample_rate] * len(texts),
             "hit_length_limit": speech.hit_length_limit,
+            "spoken_text": spoken,
         })
 
 

@@ -1,6 +1,10 @@
 """One validated request for `voxpipe synthesize` and the served pyfunc model: texts, reference clips,
-generation params. Both go through `parse_request`, so the CLI and a serving client are refused the
-same things with the same one-line reasons.
+generation params, `normalize`. Both go through `parse_request`, so the CLI and a serving client are
+refused the same things with the same one-line reasons, and their texts are spoken the same way.
+
+`normalize` (default true) reads each text as ingest read the training transcripts: the same
+`spoken_form` (voxpipe/data/text_norm.py: wetext and our rules, the language detected from the
+script), so "$12.50" is said as the model heard such prices in training. False: the text as written.
 
 The bounds are the `synthesize` section's fields (voxpipe/params.py: one place, one description):
 finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches, text at most
@@ -28,11 +32,13 @@ import numpy as np
 from pydantic import ValidationError, create_model
 
 from voxpipe.data.audio import AudioDecodeError, decode
+from voxpipe.data.text_norm import spoken_form
 from voxpipe.errors import StepError
 from voxpipe.params import Section, SynthesizeParams
 
 SAMPLE_RATE = 16000  # what VoxCPM2's AudioVAE encodes
 GENERATION_KEYS = ("seed", "cfg_value", "inference_timesteps", "max_len")
+REQUEST_KEYS = (*GENERATION_KEYS, "normalize")  # every param a request may carry
 MAX_ROWS = 64
 MAX_TEXT_CHARS = next(m.max_length for m in SynthesizeParams.model_fields["text"].metadata
                       if hasattr(m, "max_length"))
@@ -45,6 +51,7 @@ _FIELDS = SynthesizeParams.model_fields
 Generation = create_model("Generation", __base__=Section,
                           **{k: (_FIELDS[k].annotation, _FIELDS[k]) for k in GENERATION_KEYS})
 GENERATION_DEFAULTS = {k: SynthesizeParams.model_fields[k].default for k in GENERATION_KEYS}
+NORMALIZE_DEFAULT: bool = _FIELDS["normalize"].default
 
 
 class RequestError(StepError):
@@ -59,7 +66,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Request:
-    texts: list[str]
+    texts: list[str]  # as sent
+    spoken: list[str]  # what the model is given to say: the texts normalized, or as sent
     references: list[np.ndarray | None]  # 16 kHz mono float32 per row
     generation: dict[str, Any]
 
@@ -69,7 +77,7 @@ def generation(params: dict[str, Any] | None) -> dict[str, Any]:
     given = dict(params or {})
     unknown = sorted(set(given) - set(GENERATION_KEYS))
     if unknown:
-        raise RequestError(f"params {unknown}: unknown; known: {', '.join(GENERATION_KEYS)}")
+        raise RequestError(f"params {unknown}: unknown; known: {', '.join(REQUEST_KEYS)}")
     for key in ("seed", "inference_timesteps", "max_len"):
         value = given.get(key)
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -82,6 +90,15 @@ def generation(params: dict[str, Any] | None) -> dict[str, Any]:
         err = e.errors()[0]
         key = err["loc"][0] if err["loc"] else "params"
         raise RequestError(f"params.{key}={given.get(key)!r}: {err['msg']}") from None
+
+
+def _normalize_flag(params: dict[str, Any] | None) -> bool:
+    """The request's `normalize` param (default NORMALIZE_DEFAULT): a JSON true or false (numpy's own
+    bool too: MLflow's schema may hand one over)."""
+    value = (params or {}).get("normalize", NORMALIZE_DEFAULT)
+    if not isinstance(value, bool | np.bool_):
+        raise RequestError(f"params.normalize={value!r}: must be true or false")
+    return bool(value)
 
 
 def check_text(text: Any, where: str) -> str:
@@ -152,10 +169,12 @@ def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any
     if len(texts) > MAX_ROWS:
         raise RequestError(f"{len(texts)} texts in one request; at most {MAX_ROWS}")
     checked = [check_text(t, f"text of row {i}") for i, t in enumerate(texts)]
-    gen = generation(params)
+    normalize = _normalize_flag(params)
+    gen = generation({k: v for k, v in (params or {}).items() if k != "normalize"})
     refs = [reference_waveform(r, f"reference_audio of row {i}", limits) if isinstance(r, str) and r.strip()
             else None for i, r in enumerate(references)]
-    return Request(checked, refs, gen)
+    spoken = [spoken_form(t)[0] if normalize else t for t in checked]
+    return Request(checked, spoken, refs, gen)
 
 
 def encode_file(path: str | Path) -> str:

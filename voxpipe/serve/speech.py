@@ -1,6 +1,7 @@
 """Texts to speech, optionally in the voice of a reference clip: what the served model and `voxpipe
 synthesize` both run, so a registered model and a checkpoint folder say the same thing. Every
-request is checked first (request.py: one schema for both paths)."""
+request is checked first, and its texts normalized as ingest normalized the training transcripts
+(request.py: one schema for both paths)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def speak(model: VoxCPM2, texts: list[Any], references: list[Any], params: dict[str, Any] | None,
-          limits: Limits) -> GeneratedSpeech:
-    """One batch of generation; row i in the voice of references[i] (None or "": the learned voice)."""
+          limits: Limits) -> tuple[list[str], GeneratedSpeech]:
+    """(the texts as spoken, one batch of generation); row i in the voice of references[i] (None or
+    "": the learned voice)."""
     request = parse_request(texts, references, params, limits)
-    return model.generate(request.texts, request.references, **request.generation)
+    return request.spoken, model.generate(request.spoken, request.references, **request.generation)

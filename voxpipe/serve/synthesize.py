@@ -8,7 +8,9 @@ and its `predict`, with the reference as the `reference_audio` column), so what 
 the served model answers; a checkpoint folder is loaded directly and runs the same code
 (speech.py). The same seed and inputs give the same audio, bit for bit. The request is checked
 once up front by the schema the served model uses (request.py): the reference file's bytes go in
-base64, as a serving client sends them.
+base64, as a serving client sends them. The text is normalized as ingest normalized the training
+transcripts (numbers, dates, money spelled out; `--no-normalize`: as written), and the summary shows
+what was said.
 """
 
 from __future__ import annotations
@@ -34,19 +36,24 @@ class SynthesizeResult:
     sample_rate: int
     hit_length_limit: bool
     source: str
+    spoken: str  # the text the model was given
+    how: str  # how that text came from --text: "normalized", "as written"
 
     def summary(self) -> str:
         stop = "; no stop predicted within max_len (raise --max-len)" if self.hit_length_limit else ""
         return (f"synthesize: {self.seconds:.2f} s of audio at {self.sample_rate} Hz from {self.source}"
-                f"{stop} -> {self.out}")
+                f"{stop} -> {self.out}; said ({self.how}): {self.spoken!r}")
 
 
-def _generation(p: SynthesizeParams) -> dict[str, int | float]:
-    return {k: getattr(p, k) for k in GENERATION_KEYS}
+def _request_params(p: SynthesizeParams) -> dict[str, int | float | bool]:
+    return {**{k: getattr(p, k) for k in GENERATION_KEYS}, "normalize": p.normalize}
 
 
-def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray, int, bool, str]:
-    """The audio, its rate, whether it hit max_len, and the version spoken with (`models:/NAME/N`)."""
+def _from_registry(params: Params, uri: str, reference: str
+                   ) -> tuple[np.ndarray, int, bool, str | None, str]:
+    """The served model's answer and the version spoken with (`models:/NAME/N`); the spoken text is None
+    from a version registered before serving normalized text (its signature drops `normalize` and it
+    says the text as written)."""
     import mlflow
     import pandas as pd
 
@@ -56,11 +63,12 @@ def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray
         model = mlflow.pyfunc.load_model(pinned, model_config={
             "device": p.device, "max_reference_seconds": p.max_reference_seconds})
     frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
-    out = model.predict(frame, params=_generation(p))
-    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0]), pinned
+    out = model.predict(frame, params=_request_params(p))
+    spoken = str(out["spoken_text"][0]) if "spoken_text" in out else None
+    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0]), spoken, pinned
 
 
-def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool]:
+def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool, str]:
     from voxpipe.device import resolve_device_type
     from voxpipe.model.io import from_pretrained
     from voxpipe.serve.speech import speak
@@ -70,8 +78,9 @@ def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, 
         raise StepError(f"synthesize.model {p.model!r}: neither a registered model (models:/NAME@ALIAS, "
                         "@candidate, a version number) nor a checkpoint folder (no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
-    speech = speak(model, [p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
-    return speech.audio[0].numpy().astype(np.float32), speech.sample_rate, bool(speech.hit_length_limit[0])
+    spoken, speech = speak(model, [p.text], [reference], _request_params(p), Limits(p.max_reference_seconds))
+    audio = speech.audio[0].numpy().astype(np.float32)
+    return audio, speech.sample_rate, bool(speech.hit_length_limit[0]), spoken[0]
 
 
 def synthesize(params: Params) -> SynthesizeResult:
@@ -84,17 +93,20 @@ def synthesize(params: Params) -> SynthesizeResult:
             raise StepError(f"synthesize.reference {p.reference}: no such audio file")
         reference = encode_file(p.reference)  # its bytes, as a serving client sends them
     try:  # refused here as the served model refuses it, before any model loads
-        parse_request([p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
+        parse_request([p.text], [reference], _request_params(p), Limits(p.max_reference_seconds))
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
     uri = model_uri(p.model, params.registered_model_name())
     if uri is not None:
-        audio, rate, hit, pinned = _from_registry(params, uri, reference)
+        audio, rate, hit, spoken, pinned = _from_registry(params, uri, reference)
         source = pinned if pinned == uri else f"{pinned} ({uri})"
     else:
-        audio, rate, hit = _from_folder(p, reference)
+        audio, rate, hit, spoken = _from_folder(p, reference)
         source = p.model
+    how = "normalized" if p.normalize else "as written"
+    if spoken is None:
+        spoken, how = p.text, "as written: this model version predates text normalization"
     out = Path(p.out)
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
     source += f" in the voice of {p.reference}" if p.reference else ""
-    return SynthesizeResult(out, audio.size / rate, rate, hit, source)
+    return SynthesizeResult(out, audio.size / rate, rate, hit, source, spoken, how)

@@ -120,8 +120,10 @@ def pinned_requirements() -> list[str]:
 
 def signature() -> ModelSignature:
     """Input: "text" and an optional "reference_audio" (base64 clip of the voice to clone).
-    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields).
-    Output: per text the 48 kHz float32 waveform, its sample rate and whether it hit max_len."""
+    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields) and
+    normalize (the text as ingest normalized training text, default true).
+    Output: per text the 48 kHz float32 waveform, its sample rate, whether it hit max_len, and the text
+    as spoken."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
@@ -134,12 +136,14 @@ def signature() -> ModelSignature:
             ColSpec(Array(DataType.float), "audio"),
             ColSpec(DataType.long, "sample_rate"),
             ColSpec(DataType.boolean, "hit_length_limit"),
+            ColSpec(DataType.string, "spoken_text"),
         ]),
         params=ParamSchema([
             # all double: MLflow's own type check answers a JSON 1e6 for a long with a multi-line error that
             # echoes the request; as doubles every value reaches the one request schema (serve/request.py),
             # which takes integral values as integers and refuses the rest in one line
             *(ParamSpec(k, DataType.double, float(v)) for k, v in d.items()),
+            ParamSpec("normalize", DataType.boolean, SynthesizeParams().normalize),
         ]),
     )
 

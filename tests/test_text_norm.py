@@ -1,0 +1,100 @@
+"""Text normalization (voxpipe/data/text_norm.py, text_rules.py): the hand-written acceptance lists
+(tests/data/text_norm_{zh,en}.tsv, what a native speaker says), every correction rule needed by one
+of them, and long texts read in chunks with the same result as sentence by sentence."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from voxpipe.data import text_norm
+from voxpipe.data.text_norm import MAX_CHUNK_CHARS, chunks, normalize_for_speech
+from voxpipe.data.text_rules import AFTER, BEFORE
+
+DATA = Path(__file__).parent / "data"
+
+
+def _cases(language: str) -> list[tuple[str, str, str]]:
+    with open(DATA / f"text_norm_{language}.tsv", encoding="utf-8", newline="") as f:
+        rows = [r for r in csv.reader((line for line in f if not line.startswith("#")), delimiter="\t")]
+    assert rows[0] == ["written", "spoken", "kind"]
+    return [(r[0], r[1], r[2]) for r in rows[1:]]
+
+
+CASES = {language: _cases(language) for language in ("zh", "en")}
+
+
+def test_the_lists_are_long_enough_and_cover_every_kind():
+    assert len(CASES["zh"]) >= 60 and len(CASES["en"]) >= 40
+    kinds = {"date", "time", "money", "percent", "phone", "ordinal", "measure", "decimal", "year", "range",
+             "unit"}
+    assert kinds <= {k for _, _, k in CASES["zh"]}
+    assert kinds - {"measure"} <= {k for _, _, k in CASES["en"]}
+
+
+@pytest.mark.parametrize(("written", "spoken", "kind"), CASES["zh"], ids=[c[0] for c in CASES["zh"]])
+def test_mandarin_is_read_as_spoken(written, spoken, kind):
+    assert normalize_for_speech(written, "zh") == spoken
+
+
+@pytest.mark.parametrize(("written", "spoken", "kind"), CASES["en"], ids=[c[0] for c in CASES["en"]])
+def test_english_is_read_as_spoken(written, spoken, kind):
+    assert normalize_for_speech(written, "en") == spoken
+
+
+def test_the_issue_cases():
+    """The readings issue 28 reported wrong, as the acceptance lists hold them."""
+    zh = {w: s for w, s, _ in CASES["zh"]}
+    assert zh["2026年12月2日"].endswith("十二月二日") and zh["第2名"] == "第二名"
+    assert zh["12.50元"] == "十二点五元" and zh["下午2点"] == "下午两点"
+    en = {w: s for w, s, _ in CASES["en"]}
+    assert en["$12.50"] == "twelve dollars and fifty cents" and en["3/5/2024"].startswith("march fifth")
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_every_rule_is_needed_by_a_listed_case(language, monkeypatch):
+    """Without any one rule, some case of the list reads wrong: no rule is dead, none is untested."""
+    rules = [("before", r) for r in BEFORE[language]] + [("after", r) for r in AFTER.get(language, ())]
+    assert rules
+    for where, rule in rules:
+        table = BEFORE if where == "before" else AFTER
+        with monkeypatch.context() as m:
+            m.setitem(table, language, tuple(r for r in table[language] if r is not rule))
+            wrong = [w for w, s, _ in CASES[language] if normalize_for_speech(w, language) != s]
+        assert wrong, f"{rule.name} ({rule.why}): no listed case needs it"
+
+
+def test_other_languages_keep_their_text():
+    assert normalize_for_speech("Il a payé 12,50 € le 3/5/2024.", "fr") == "Il a payé 12,50 € le 3/5/2024."
+
+
+def test_a_long_text_is_read_sentence_by_sentence(monkeypatch):
+    """A long text reads as its sentences read one at a time, and wetext never sees more than a chunk:
+    the cost grows with the length, not faster (wetext's own grows faster than linearly)."""
+    seen: list[int] = []
+    real = text_norm._wetext
+    monkeypatch.setattr(text_norm, "_wetext", lambda text, lang: seen.append(len(text)) or real(text, lang))
+    for language, sep in (("en", " "), ("zh", "")):
+        sentences = [w for w, _, k in CASES[language] if k == "sentence"] * 20
+        text = sep.join(sentences)
+        assert len(text) > 1500
+        one_by_one = sep.join(normalize_for_speech(s, language) for s in sentences)
+        assert normalize_for_speech(text, language) == one_by_one
+    assert max(seen) <= MAX_CHUNK_CHARS and len(seen) >= 4 * 20
+
+
+def test_chunks_join_to_the_text_and_cut_long_sentences_between_words():
+    words = " ".join(["It costs $1,234.56 and rose 10-20% on 3/5/2024"] * 60)  # one 2,900-character sentence
+    pieces = chunks(words)
+    assert "".join(pieces) == words and len(pieces) > 9
+    assert all(len(p) <= MAX_CHUNK_CHARS for p in pieces)
+    assert all(p.endswith(" ") for p in pieces[:-1])  # cut after a space, never inside 1,234.56
+    assert chunks("Dr. Smith paid $5. Then he left.") == ["Dr. Smith paid $5. ", "Then he left."]
+    assert chunks("你好。今天2点见！好") == ["你好。", "今天2点见！", "好"]
+    han = "二" * 700  # no space or comma anywhere: cut at the limit
+    assert [len(p) for p in chunks(han)] == [300, 300, 100]
+    number = "a" * 290 + "1234567,890.123"
+    assert chunks(number) == ["a" * 290, "1234567,890.123"]  # not inside a number
+    assert [len(p) for p in chunks("7" * 700)] == [300, 300, 100]  # digits only: cut anyway
