@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from voxpipe.errors import StepError
-from voxpipe.track.reglock import locks_experiment
+from voxpipe.track.tracking import locks_experiment
 
 log = logging.getLogger(__name__)
 

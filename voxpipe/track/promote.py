@@ -18,10 +18,11 @@ from voxpipe.errors import StepError
 from voxpipe.params import Params
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import CHAMPION, alias_version
-from voxpipe.track.reglock import locks_experiment, register_lock
+from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
+    locks_experiment,
     redact_uri,
     resolve_tracking_uri,
     session,

@@ -24,10 +24,10 @@ from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params, run_title
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
-from voxpipe.track.reglock import locks_experiment
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
+    locks_experiment,
     orchestrator_run,
     pipeline_key,
     pipeline_run,

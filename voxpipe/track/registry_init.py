@@ -16,10 +16,11 @@ from pathlib import Path
 from voxpipe.params import Params
 from voxpipe.track.ownership import current_account, refuse_foreign, resources
 from voxpipe.track.registry import ensure_registered_model
-from voxpipe.track.reglock import lock_runs, locks_experiment
+from voxpipe.track.reglock import lock_runs
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
+    locks_experiment,
     redact_uri,
     resolve_tracking_uri,
     session,

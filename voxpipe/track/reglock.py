@@ -44,11 +44,6 @@ LEASE_S = 120.0
 _EPOCH = re.compile(r"^lock\.(\d+)$")
 
 
-def locks_experiment(experiment: str) -> str:
-    """The experiment of `experiment`'s register locks: one of their own keeps them out of the runs list."""
-    return f"{experiment}-register-locks"
-
-
 def lock_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
     """The lock runs of `model` in the experiment, in run-id order; one is created if there is none."""
     found = _lock_runs(client, experiment_id, model)

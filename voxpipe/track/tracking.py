@@ -144,6 +144,11 @@ def _sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view
 
 
+def locks_experiment(experiment: str) -> str:
+    """The experiment of `experiment`'s register locks: one of their own keeps them out of the runs list."""
+    return f"{experiment}-register-locks"
+
+
 def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     """The experiment's id, created if need be, and tagged so the MLflow UI opens it in its model-training
     view (not the GenAI one: traces, judges, prompts)."""
