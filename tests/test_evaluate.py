@@ -280,3 +280,27 @@ def test_a_random_init_baseline_that_stops_at_once_fails_on_stopping_as_prematur
     assert all(not g.hit_limit and g.audio_seconds < 0.5 * g.utterance.expected_seconds for g in clips)
     assert [g.stop(0.5) for g in clips] == ["premature"] * len(clips)
     assert all(g.utterance.language == "en" for g in clips)  # detected from the script: no row names one
+
+
+def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_sample, val, base):
+    """The voice's data changed since its champion was scored: evaluate scores the champion's export a
+    third time, on this val set and these seeds (voxpipe/track/champion.py finds it in the registry)."""
+    from voxpipe.evaluate.step import _rescore_champion
+    from voxpipe.params import Params
+    from voxpipe.track.champion import ChampionExport
+
+    batches = val_loss_batches(val, base.patch_size, max_tokens=4096)
+    params = Params.model_validate({"evaluate": {"seeds": SEEDS}})
+
+    def champion_on(digest):
+        return lambda params, folder: ChampionExport("voxpipe-sample", "3", digest, encoded_sample.base_model)
+
+    again = _rescore_champion(params, champion_on("other-val"), batches, "this-val", val, CPU)
+    totals = [loss.total for loss in _losses(base, batches)]
+    assert again["rescored"] and (again["version"], again["scored_on"], again["val_digest"]) == (
+        "3", "other-val", "this-val")
+    assert again["loss"] == pytest.approx(sum(totals) / len(totals), rel=1e-6)
+    assert _rescore_champion(params, champion_on("this-val"), batches, "this-val", val, CPU) is None
+    assert _rescore_champion(params, lambda p, f: None, batches, "this-val", val, CPU) is None
+    off = Params.model_validate({"evaluate": {"rescore_champion": False}})
+    assert _rescore_champion(off, champion_on("other-val"), batches, "this-val", val, CPU) is None

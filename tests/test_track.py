@@ -31,7 +31,9 @@ from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.lineage import dvc_md5
+from voxpipe.model.io import from_pretrained
 from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
+from voxpipe.track.champion import champion_export
 from voxpipe.track.compare import compare
 from voxpipe.track.live import LiveRun
 from voxpipe.track.register import RegisterResult, register
@@ -398,6 +400,21 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     assert better["decision"]["promoted"] and better["aliases"] == ["candidate", "champion"]
     assert MlflowClient(server).get_model_version_by_alias(name, "champion").version == better["version"]
 
+    # new data: evaluate re-scored the champion on the candidate's val set, and register decides there
+    champion = champion_export(Params.model_validate({"register": {"model_name": name},
+                                                      "tracking": {"uri": server}}), tmp_path / "fetched")
+    assert (champion.version, champion.val_digest) == (better["version"], "val-v1")
+    assert from_pretrained(champion.path) is not None  # the export itself, as register logged it
+    rescored = {"rescored": True, "name": name, "version": better["version"], "scored_on": "val-v1",
+                "val_digest": "val-v3", "loss": 1.70, "loss_std": 0.001}
+    moved = rule_run(root, tmp_path, "new-data", 1.60, val_digest="val-v3")
+    eval_path = Path(moved["eval"])
+    eval_path.write_text(json.dumps({**json.loads(eval_path.read_text()), "champion": rescored}))
+    again = run_register(moved, **settings)
+    assert again["decision"]["promoted"], again["decision"]["reason"]
+    assert again["decision"]["compared_to"] == f"champion v{better['version']} (re-scored on this val set)"
+    assert again["decision"]["compared_loss"] == 1.70
+
 
 def test_register_lock_serialises_and_breaks_a_dead_holders_lock(tmp_path, caplog):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -664,3 +681,10 @@ def test_resumed_training_rejoins_its_run_once_per_step(server, encoded_sample, 
     assert len(pipeline_runs(client, experiment)) == 1
     steps = histories(client, first["mlflow_run_id"])
     assert steps["loss"] == list(range(1, LIVE_STEPS + 1)) and steps["val/loss"] == [2, 4]
+
+
+def test_without_a_registry_there_is_no_champion_and_none_is_created(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = Params.model_validate({"tracking": {"work": str(tmp_path / "work")}})
+    assert champion_export(params, tmp_path / "fetched") is None
+    assert not (tmp_path / "work" / "mlflow.db").exists()  # a store is not created by asking it

@@ -95,7 +95,11 @@ STEPS: tuple[Step, ...] = (
          ("launch",)),
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", "voxpipe.evaluate.step:evaluate", None,
-         ("evaluate", "model.base", "model.kernels", "train.max_tokens")),
+         ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
+          "ingest.input", "tracking.uri", "tracking.work"),
+         # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
+         wires=(("champion", "voxpipe.track.champion:champion_export"),),
+         untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work")),
     Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
          "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
     Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "

@@ -478,6 +478,11 @@ class EvaluateParams(Section):
         0.1, ge=0, description="promotion rule: the DNSMOS overall MOS (1-5) may fall at most this far below "
         "the baseline's"
     )
+    rescore_champion: bool = Field(
+        True, description="when the voice's registered @champion was scored on another val set (its data "
+        "changed), re-score its export's fixed-seed loss on this one, so register decides on the same data",
+        json_schema_extra={"result": False},
+    )
     require_improvement: bool = Field(
         False, description="fail unless the promotion rule passes against the baseline (loss better by more "
         "than the seed spread, voice kept: docs/evaluation.md)",

@@ -20,10 +20,11 @@ from __future__ import annotations
 import gc
 import logging
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import soundfile as sf
 import torch
@@ -279,9 +280,41 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
     )
 
 
-def evaluate(params: Params) -> EvaluateResult:
+class ChampionFinder(Protocol):
+    """voxpipe/track/champion.py `champion_export`: the voice's @champion, its export under `folder`."""
+
+    def __call__(self, params: Params, folder: Path) -> Any: ...
+
+
+def _rescore_champion(params: Params, find: ChampionFinder | None, batches: list[LossBatch], digest: str,
+                      val: EncodedDataset, device: torch.device) -> dict[str, Any] | None:
+    """The voice's champion's fixed-seed loss on this val set, when it was scored on another (a third
+    checkpoint beside the base and the candidate); None when there is none or it was scored on this one."""
+    p = params.evaluate
+    if find is None or not p.rescore_champion:
+        return None
+    with tempfile.TemporaryDirectory(prefix="voxpipe-champion-") as folder:  # never in the DVC output
+        try:
+            found = find(params, Path(folder))
+        except StepError as e:
+            log.warning("the champion was not re-scored: %s", e)
+            return {"rescored": False, "reason": str(e)}
+        if found is None or found.val_digest == digest:
+            return None
+        _check_data(val, _read_config(found.path), found.path)
+        model = from_pretrained(found.path, device=device, kernels=params.model.kernels)
+        totals = [fixed_seed_loss(model, batches, device, seed).total for seed in p.seeds]
+    log.info("champion %s v%s re-scored on this val set: loss %.5f", found.name, found.version,
+             statistics.fmean(totals))
+    return {"rescored": True, "name": found.name, "version": found.version, "scored_on": found.val_digest,
+            "val_digest": digest, "loss": statistics.fmean(totals),
+            "loss_std": statistics.stdev(totals) if len(totals) > 1 else 0.0}
+
+
+def evaluate(params: Params, champion: ChampionFinder | None = None) -> EvaluateResult:
     """`evaluate`: evaluate.model (one checkpoint, or a folder of step-N exports: the best is chosen)
-    against model.base, in val batches of train.max_tokens (the trainer's)."""
+    against model.base, in val batches of train.max_tokens (the trainer's); `champion` (`voxpipe evaluate`
+    passes the registry's) finds the voice's champion to re-score when its val set was another."""
     p = params.evaluate
     start = time.perf_counter()
     out, data_dir, base_path = Path(p.out), Path(p.data), Path(params.model.base)
@@ -352,6 +385,7 @@ def evaluate(params: Params) -> EvaluateResult:
     real_by_language = intelligibility_by_language([r for r, _ in real_asr], [rate for _, rate in real_asr])
     figures = _flat(summary, verdict.promoted, per_tag, _rates(real_by_language))
     figures["chosen_step"] = chosen.step
+    digest = val_digest(batches, p.seeds)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
     write_json(out / "eval.json", {
         **figures,
@@ -359,7 +393,8 @@ def evaluate(params: Params) -> EvaluateResult:
         "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance,
                       "mos_tolerance": p.mos_tolerance},
         "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
-        "val_digest": val_digest(batches, p.seeds),
+        "val_digest": digest,
+        "champion": _rescore_champion(params, champion, batches, digest, val, device),
         "chosen": {"path": str(chosen.path), "step": chosen.step, "md5": dvc_md5(chosen.path), "why": why},
         "exports": table,
         "exports_of_run": exports.as_dict(),

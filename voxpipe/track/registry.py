@@ -198,16 +198,23 @@ def decide(client: MlflowClient, name: str, art: PipelineArtifacts) -> tuple[Dec
         verdict = Verdict(False, verdict.against, verdict.criteria)
     elif champion is not None:
         label = f"champion v{champion.version}"
-        recorded, digest = champion.tags.get(LOSS_TAG), champion.tags.get(VAL_TAG)
-        mine = art.eval.get("val_digest")
+        recorded, std = champion.tags.get(LOSS_TAG), champion.tags.get(LOSS_STD_TAG, "0")
+        digest, mine = champion.tags.get(VAL_TAG), art.eval.get("val_digest")
+        again = art.eval.get("champion") or {}  # evaluate re-scored it on this val set
+        if digest != mine and again.get("rescored") and (again.get("version"), again.get("val_digest")) == (
+                champion.version, mine):
+            label += " (re-scored on this val set)"
+            recorded, std, digest = again["loss"], again["loss_std"], mine
         if recorded is None or digest != mine:
             why = (f"{label} has no recorded {LOSS_TAG}" if recorded is None else
                    f"{label} was scored on val set {digest}, this candidate on {mine} (other data, batching "
                    "or seeds): its loss is not comparable")
             return Decision(False, candidate.loss, label, None, f"not promoted over the {label}: {why}. To "
-                            f"challenge it, evaluate both on one val set (point evaluate.model at each) or "
-                            f"move @champion by hand", verdict.as_dict()["criteria"]), champion.version
-        reference = LossReference(label, float(recorded), float(champion.tags.get(LOSS_STD_TAG, "0")))
+                            "challenge it, rerun evaluate with the registry reachable (it re-scores the "
+                            "champion on this val set: evaluate.rescore_champion), or move @champion by "
+                            "hand: `voxpipe promote --version N --reason ...`", verdict.as_dict()["criteria"]
+                            ), champion.version
+        reference = LossReference(label, float(recorded), float(std))
         verdict = with_loss_reference(verdict, candidate, reference)
     return Decision.from_verdict(verdict, candidate.loss), champion.version if champion else None
 
