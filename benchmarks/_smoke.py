@@ -1,0 +1,30 @@
+"""`--smoke`, shared by every benchmark: the tiny preset, one or two steps, a few clips, seconds.
+
+A smoke run goes through the benchmark's whole code path at sizes that say nothing about speed; it
+exists so that tests/test_benchmarks.py can run every script and see that it still works and prints
+the keys the docs quote. Flags given on the command line still win over the smoke defaults.
+(Files in benchmarks/ whose name starts with `_` are helpers, not benchmarks.)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _flag(key: str, value) -> str:
+    name = "--" + key.replace("_", "-")
+    if value is True:
+        return name
+    return " ".join([name, *map(str, value if isinstance(value, list | tuple) else [value])])
+
+
+def parse_args(parser: argparse.ArgumentParser, **smoke) -> argparse.Namespace:
+    """parser's arguments plus --smoke, which makes `smoke` the defaults."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="a seconds-long run of the whole path at toy sizes: " +
+                        " ".join(_flag(k, v) for k, v in smoke.items()))
+    args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**smoke)
+        args = parser.parse_args()
+    return args
