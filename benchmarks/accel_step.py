@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _smoke import parse_args
+from _bench import nulls, parse_args
 from mfu_cpu import padded_batch
 
 from voxpipe.mfu.flops import batch_training_flops, training_flops
@@ -155,8 +155,8 @@ def timed_run(
         "tokens_per_s": args.batch * args.seq_len / step_time,
         "tflops_per_step": {k: v / 1e12 for k, v in flops.items()},
         "achieved_tflops": flops["mfu"] / step_time / 1e12,
-        **{k: (v / step_time / peak if peak else None) for k, v in flops.items()},
-        **({} if peak else {f"{k}_null_reason": args.peak_source for k in flops}),
+        **{k: v / step_time / peak for k, v in flops.items() if peak},
+        **({} if peak else nulls(flops, args.peak_source)),
         "peak_memory_gib": memory,
         "peak_memory_kind": memory_kind,
         "loss_first_last": [losses[0], losses[-1]],
@@ -279,8 +279,7 @@ def main() -> None:
         if rt.device.type == "cpu" and args.preset == "voxcpm2":
             reason = ("no GPU or NPU here: the real voxcpm2 shape in bf16 takes hours a step on a CPU "
                       "(--smoke, or --preset tiny --device cpu, runs the same path)")
-            for key in ("runs", "compile_speedup", "memory", "largest_micro_batch"):
-                result |= {key: None, f"{key}_null_reason": reason}
+            result |= nulls(("runs", "compile_speedup", "memory", "largest_micro_batch"), reason)
             log(reason)
         else:
             measure(rt, config, args, peak, result, emit)

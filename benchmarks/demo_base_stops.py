@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from _smoke import parse_args  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
 from small_sample import write_small_sample  # noqa: E402
 
 from voxpipe.data.dataset import EncodedDataset  # noqa: E402
@@ -88,8 +88,6 @@ def measure(model_dir: Path, val: EncodedDataset, train: EncodedDataset | None,
                 "runaway": g.hit_limit, "limit_patches": g.max_len, "patches": g.patches,
             })
     ratios = [c["ratio"] for c in clips if not c["runaway"]]
-    no_ratio = {} if ratios else {f"ratio_{k}_null_reason": "every clip hit the limit"
-                                  for k in ("median", "min", "max")}
     n = len(clips)
     premature = sum(c["premature"] for c in clips)
     runaway = sum(c["runaway"] for c in clips)
@@ -100,10 +98,8 @@ def measure(model_dir: Path, val: EncodedDataset, train: EncodedDataset | None,
         "runaway": runaway,
         "stop_failure_rate_both_ways": (premature + runaway) / n if n else None,
         "stop_failure_rate_runaway_only": runaway / n if n else None,
-        "ratio_median": statistics.median(ratios) if ratios else None,
-        "ratio_min": min(ratios) if ratios else None,
-        "ratio_max": max(ratios) if ratios else None,
-        **no_ratio,
+        **({"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+           if ratios else nulls(("ratio_median", "ratio_min", "ratio_max"), "every clip hit the limit")),
         "generation_s": round(time.perf_counter() - start, 1),
         "per_clip": clips,
     }

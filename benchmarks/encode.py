@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-from _smoke import parse_args
+from _bench import parse_args
 
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
-from _smoke import parse_args
+from _bench import nulls, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -295,21 +295,18 @@ def main() -> None:
         same_kfp = kfp[1].pop("raw") == kfp[2].pop("raw") if kfp else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    no_kfp = {"kfp_2_vs_1_null_reason": "--no-kfp"} if not kfp else {}
-    no_large = {f"{big}_null_reason": "--no-large", big: None} if args.no_large else {}
+    no_kfp = nulls(["kfp_2_vs_1"], "--no-kfp") if not kfp else {"kfp_2_vs_1": same_kfp}
+    no_large = nulls([big], "--no-large") if args.no_large else {}
     print(json.dumps({
         "machine": {"cpu_count": os.cpu_count(), "load_average_1min": {
             "before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
             "note": "a 2-core box shared with other jobs: each figure is one run"},
         "score_quality": not args.no_quality,
         "dataset_1x": small,
-        f"dataset_{args.scale}x": large,
-        **({f"dataset_{args.scale}x_null_reason": "--no-large"} if args.no_large else {}),
+        **(nulls([f"dataset_{big}"], "--no-large") if args.no_large else {f"dataset_{big}": large}),
         "cli_shards_1x": {str(n): cli[n] for n in cli},
-        "kfp_local_1x": {str(n): kfp[n] for n in kfp} if kfp else None,
-        **({"kfp_local_1x_null_reason": "--no-kfp"} if not kfp else {}),
-        "raw_jsonl_identical": {"cli_2_vs_1": same_cli, "kfp_2_vs_1": same_kfp, **no_kfp,
-                                "steps_vs_cli_1": same_memory},
+        **({"kfp_local_1x": {str(n): kfp[n] for n in kfp}} if kfp else nulls(["kfp_local_1x"], "--no-kfp")),
+        "raw_jsonl_identical": {"cli_2_vs_1": same_cli, **no_kfp, "steps_vs_cli_1": same_memory},
         "per_step_2_shards": {**memory, **no_large},
         "peak_rss_per_shard_mb": {**{name: [r["peak_rss_tree_mb"] for r in m["shards"]]
                                      for name, m in memory.items()}, **no_large},

@@ -18,7 +18,7 @@ import sys
 import time
 
 import torch
-from _smoke import parse_args
+from _bench import parse_args
 
 from voxpipe.mfu.flops import (
     batch_dit_rows,

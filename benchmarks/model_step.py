@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _smoke import parse_args  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
 from upstream import load_upstream  # noqa: E402
 
 from voxpipe.model.audiovae import AudioVAE  # noqa: E402
@@ -135,10 +135,8 @@ def main() -> None:
             "max_rel_loss_diff": max_rel_diff,
         }
     else:
-        against_upstream = {}
-        for key in ("upstream_s", "ratio_ours_over_upstream", "median_pair_ratio", "upstream_tokens_per_s",
-                    "max_rel_loss_diff"):
-            against_upstream |= {key: None, f"{key}_null_reason": missing}
+        against_upstream = nulls(("upstream_s", "ratio_ours_over_upstream", "median_pair_ratio",
+                                  "upstream_tokens_per_s", "max_rel_loss_diff"), missing)
     print(json.dumps({
         "benchmark": "model_step",
         "preset": args.preset,

@@ -22,7 +22,7 @@ import json
 import sys
 
 import torch
-from _smoke import parse_args
+from _bench import nulls, parse_args
 from accel_step import reset_memory, synchronize
 
 from voxpipe.model.config import preset
@@ -93,8 +93,7 @@ def main() -> None:
                 measured, kind = measured_on_device(setup, rt), "max_memory_allocated"
         case = {"lora": use_lora, "micro_batch": list(setup.micro_batch()), "planned_gib": round(planned, 3)}
         if measured is None:
-            case |= {key: None for key in ("measured_gib", "ratio", "within_10_percent")}
-            case |= {f"{key}_null_reason": kind for key in ("measured_gib", "ratio", "within_10_percent")}
+            case |= nulls(("measured_gib", "ratio", "within_10_percent"), kind)
         else:
             case |= {"measured_gib": round(measured, 3), "measured_by": kind,
                      "ratio": round(planned / measured, 3) if measured else None,

@@ -40,7 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from _smoke import parse_args  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
 from small_sample import write_small_sample  # noqa: E402
 from upstream import load_upstream, upstream_packer_class  # noqa: E402
 
@@ -178,7 +178,7 @@ def rates(records: list[dict], warmup: int) -> dict[str, float]:
 def ratio(key: str, ours: dict, theirs: dict | None, missing: str | None) -> dict:
     """ours / theirs of one rate, or null with the reason upstream did not run."""
     if theirs is None:
-        return {f"{key}_ratio": None, f"{key}_ratio_null_reason": missing}
+        return nulls([f"{key}_ratio"], missing)
     return {f"{key}_ratio": ours[key] / theirs[key]}
 
 
