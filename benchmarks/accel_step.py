@@ -250,7 +250,7 @@ def main() -> None:
             except UnknownPeakError as e:
                 peak, peak_source = None, str(e)
         args.peak_source = peak_source
-        log(f"{args.preset} on {device_name(rt.device)}, peak {peak_source}")
+        log(f"{args.preset} on {device_name(rt.device)} (torch {torch.__version__}), peak {peak_source}")
         result: dict[str, Any] = {
             "benchmark": "accel_step",
             "device": device_name(rt.device),

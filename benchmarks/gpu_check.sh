@@ -17,7 +17,6 @@ if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=
 out=${OUT:-.}/accel_step.json
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-"$py" -c 'import torch; print(f"[gpu_check] torch {torch.__version__}, cuda {torch.cuda.is_available()}", flush=True)' >&2
 status=0
 timeout "${LIMIT_S:-540}" "$py" benchmarks/accel_step.py --partial "$out" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
