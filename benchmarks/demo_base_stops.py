@@ -45,9 +45,11 @@ from voxpipe.params import EncodeParams, IngestParams, ManifestParams, Params  #
 
 
 def encode_sample(work: Path, rows_per_speaker: int, model: Path) -> Path:
-    """The sample's first rows of each speaker through ingest (no quality score), manifest and encode."""
+    """The sample's first rows of each speaker through ingest (no quality score or loudness normalization:
+    a speaking rate needs neither), manifest and encode."""
     sample = write_small_sample(work / "sample", rows_per_speaker)
-    ingest(IngestParams(input=[str(sample)], out=str(work / "ingest"), workers=1, score_quality=False))
+    ingest(IngestParams(input=[str(sample)], out=str(work / "ingest"), workers=1, score_quality=False,
+                        normalize_loudness=False))
     build_manifest(ManifestParams(input=[str(work / "ingest" / "raw.jsonl")], out=str(work / "manifest")))
     encode(Params(model={"base": str(model)}, encode=EncodeParams(
         manifest=[str(work / "manifest" / f"{split}.jsonl") for split in ("train", "val")],
