@@ -119,9 +119,10 @@ class Setup:
 
 
 def timed_run(
-    rt: Runtime, config, args: argparse.Namespace, peak: float | None, compile_blocks: bool
+    rt: Runtime, config, args: argparse.Namespace, peak: float | None, peak_source: str, compile_blocks: bool
 ) -> dict[str, Any]:
-    """Step time, MFU in three conventions and peak memory at --batch x --seq-len."""
+    """Step time, MFU in three conventions (null without a peak, with peak_source as the reason) and peak
+    memory at --batch x --seq-len."""
     reset_memory(rt.device)
     start = time.perf_counter()
     setup = Setup(rt, config, args, use_lora=False, compile_blocks=compile_blocks)
@@ -156,7 +157,7 @@ def timed_run(
         "tflops_per_step": {k: v / 1e12 for k, v in flops.items()},
         "achieved_tflops": flops["mfu"] / step_time / 1e12,
         **{k: v / step_time / peak for k, v in flops.items() if peak},
-        **({} if peak else nulls(flops, args.peak_source)),
+        **({} if peak else nulls(flops, peak_source)),
         "peak_memory_gib": memory,
         "peak_memory_kind": memory_kind,
         "loss_first_last": [losses[0], losses[-1]],
@@ -206,12 +207,12 @@ def memory_table(
                 break
 
 
-def measure(rt: Runtime, config, args: argparse.Namespace, peak: float | None, result: dict,
-            emit: Callable[[], None]) -> None:
+def measure(rt: Runtime, config, args: argparse.Namespace, peak: float | None, peak_source: str,
+            result: dict, emit: Callable[[], None]) -> None:
     """The timed runs (eager, then compiled), then the memory table; emitting after each part."""
     runs = result["runs"]
     for compile_blocks in (False, True)[: 1 if args.no_compile else 2]:
-        runs.append(timed_run(rt, config, args, peak, compile_blocks))
+        runs.append(timed_run(rt, config, args, peak, peak_source, compile_blocks))
         if len(runs) == 2:
             result["compile_speedup"] = runs[0]["step_time_s_median"] / runs[1]["step_time_s_median"]
             del result["compile_speedup_null_reason"]
@@ -249,7 +250,6 @@ def main() -> None:
                 peak, peak_source = peak_flops(rt.device, DTYPE)
             except UnknownPeakError as e:
                 peak, peak_source = None, str(e)
-        args.peak_source = peak_source
         log(f"{args.preset} on {device_name(rt.device)} (torch {torch.__version__}), peak {peak_source}")
         result: dict[str, Any] = {
             "benchmark": "accel_step",
@@ -282,7 +282,7 @@ def main() -> None:
             result |= nulls(("runs", "compile_speedup", "memory", "largest_micro_batch"), reason)
             log(reason)
         else:
-            measure(rt, config, args, peak, result, emit)
+            measure(rt, config, args, peak, peak_source, result, emit)
         if rt.is_main:
             print(json.dumps(result, indent=2))
 
