@@ -21,6 +21,11 @@ then target patches, then a little padding; see mfu_cpu.py).
     .venv/bin/python benchmarks/accel_step.py [--device auto] [--preset voxcpm2] [--batch 4] [--seq-len 830]
         [--steps 10] [--warmup 3] [--kernels auto] [--no-compile] [--table-max 8] [--search-max 32]
     benchmarks/gpu_check.sh   # the whole check under a time limit, JSON to stdout
+    .venv/bin/python benchmarks/accel_step.py --smoke   # tiny preset on the CPU, 1 x 32, 1 + 1 steps: seconds
+
+A figure that cannot be had here is null, with its `*_null_reason` next to it: MFU on the CPU (no bf16
+peak in the table; benchmarks/mfu_cpu.py measures a CPU's own), the whole run for the real shape on
+the CPU (no GPU or NPU), `compile_speedup` with --no-compile.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _bench import nulls, parse_args
 from mfu_cpu import padded_batch
 
 from voxpipe.mfu.flops import batch_training_flops, training_flops
@@ -113,9 +119,10 @@ class Setup:
 
 
 def timed_run(
-    rt: Runtime, config, args: argparse.Namespace, peak: float | None, compile_blocks: bool
+    rt: Runtime, config, args: argparse.Namespace, peak: float | None, peak_source: str, compile_blocks: bool
 ) -> dict[str, Any]:
-    """Step time, MFU in three conventions and peak memory at --batch x --seq-len."""
+    """Step time, MFU in three conventions (null without a peak, with peak_source as the reason) and peak
+    memory at --batch x --seq-len."""
     reset_memory(rt.device)
     start = time.perf_counter()
     setup = Setup(rt, config, args, use_lora=False, compile_blocks=compile_blocks)
@@ -149,7 +156,8 @@ def timed_run(
         "tokens_per_s": args.batch * args.seq_len / step_time,
         "tflops_per_step": {k: v / 1e12 for k, v in flops.items()},
         "achieved_tflops": flops["mfu"] / step_time / 1e12,
-        **{k: (v / step_time / peak if peak else None) for k, v in flops.items()},
+        **{k: v / step_time / peak for k, v in flops.items() if peak},
+        **({} if peak else nulls(flops, peak_source)),
         "peak_memory_gib": memory,
         "peak_memory_kind": memory_kind,
         "loss_first_last": [losses[0], losses[-1]],
@@ -199,6 +207,20 @@ def memory_table(
                 break
 
 
+def measure(rt: Runtime, config, args: argparse.Namespace, peak: float | None, peak_source: str,
+            result: dict, emit: Callable[[], None]) -> None:
+    """The timed runs (eager, then compiled), then the memory table; emitting after each part."""
+    runs = result["runs"]
+    for compile_blocks in (False, True)[: 1 if args.no_compile else 2]:
+        runs.append(timed_run(rt, config, args, peak, peak_source, compile_blocks))
+        if len(runs) == 2:
+            result["compile_speedup"] = runs[0]["step_time_s_median"] / runs[1]["step_time_s_median"]
+            del result["compile_speedup_null_reason"]
+        emit()
+    if args.search_max:
+        memory_table(rt, config, args, result, emit)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
@@ -215,15 +237,20 @@ def main() -> None:
     ap.add_argument("--search-max", type=int, default=32, help="largest micro-batch tried (0: no table)")
     ap.add_argument("--partial", default="", help="also rewrite this JSON file after each part (a time limit "
                     "that stops the run keeps what was measured)")
-    args = ap.parse_args()
+    args = parse_args(ap, preset="tiny", device="cpu", batch=1, seq_len=32, steps=1, warmup=1,
+                      no_compile=True, table_max=1, search_max=1)
 
     with distributed_runtime(args.device) as rt:
         config = preset(args.preset)
-        try:
-            peak, peak_source = peak_flops(rt.device, DTYPE)
-        except UnknownPeakError as e:
-            peak, peak_source = None, str(e)
-        log(f"{args.preset} on {device_name(rt.device)}, peak {peak_source}")
+        if rt.device.type == "cpu":
+            peak, peak_source = None, ("a CPU has no dense bf16 peak in the table (benchmarks/mfu_cpu.py "
+                                       "measures a CPU's own matmul peak)")
+        else:
+            try:
+                peak, peak_source = peak_flops(rt.device, DTYPE)
+            except UnknownPeakError as e:
+                peak, peak_source = None, str(e)
+        log(f"{args.preset} on {device_name(rt.device)} (torch {torch.__version__}), peak {peak_source}")
         result: dict[str, Any] = {
             "benchmark": "accel_step",
             "device": device_name(rt.device),
@@ -239,6 +266,7 @@ def main() -> None:
             "reference_mfu_published_convention": 0.246,
             "runs": [],
             "compile_speedup": None,
+            "compile_speedup_null_reason": "--no-compile" if args.no_compile else "not measured yet",
             "memory_seq_len": args.seq_len,
             "memory": {},
             "largest_micro_batch": {},
@@ -248,14 +276,13 @@ def main() -> None:
             if args.partial and rt.is_main:
                 Path(args.partial).write_text(json.dumps(result, indent=2))
 
-        for compile_blocks in (False, True)[: 1 if args.no_compile else 2]:
-            runs = result["runs"]
-            runs.append(timed_run(rt, config, args, peak, compile_blocks))
-            if len(runs) == 2:
-                result["compile_speedup"] = runs[0]["step_time_s_median"] / runs[1]["step_time_s_median"]
-            emit()
-        if args.search_max:
-            memory_table(rt, config, args, result, emit)
+        if rt.device.type == "cpu" and args.preset == "voxcpm2":
+            reason = ("no GPU or NPU here: the real voxcpm2 shape in bf16 takes hours a step on a CPU "
+                      "(--smoke, or --preset tiny --device cpu, runs the same path)")
+            result |= nulls(("runs", "compile_speedup", "memory", "largest_micro_batch"), reason)
+            log(reason)
+        else:
+            measure(rt, config, args, peak, peak_source, result, emit)
         if rt.is_main:
             print(json.dumps(result, indent=2))
 

@@ -17,6 +17,7 @@ core per rank.
 
     .venv/bin/python benchmarks/encode.py [--preset tiny] [--clips 20] [--batch-seconds 8 60] [--threads 1]
     .venv/bin/python benchmarks/encode.py --ranks 1 2 [--presets tiny small] [--clips 64]
+    .venv/bin/python benchmarks/encode.py --smoke [--ranks 1 2]   # tiny VAE, 4 clips, one pass: seconds
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+from _bench import parse_args
 
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
@@ -149,7 +151,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--ranks", type=int, nargs="+", help="compare `voxpipe encode` under torchrun at these N")
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
-    args = ap.parse_args()
+    args = parse_args(ap, preset="tiny", clips=4, batch_seconds=[8.0], repeats=1, presets=["tiny"])
     if args.ranks:
         print(json.dumps(ranks(args), indent=2))
         return

@@ -10,23 +10,23 @@
 #
 #   benchmarks/gpu_check.sh                 # the H200 / NPU check
 #   benchmarks/gpu_check.sh --preset tiny --device cpu --steps 2 --warmup 1 --table-max 2 --search-max 2
+#   OUT=/tmp/check benchmarks/gpu_check.sh --smoke   # both scripts' --smoke on the CPU: seconds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 out=${OUT:-.}/accel_step.json
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-"$py" -c 'import torch; print(f"[gpu_check] torch {torch.__version__}, cuda {torch.cuda.is_available()}", flush=True)' >&2
 status=0
 timeout "${LIMIT_S:-540}" "$py" benchmarks/accel_step.py --partial "$out" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "[gpu_check] accel_step.py exited $status (124: the time limit); the parts measured so far:" >&2
   cat "$out" 2>/dev/null || true
 fi
-# plan vs measured, for the same --preset / --device as above
+# plan vs measured, for the same --preset / --device (and --smoke) as above
 plan_args=()
 while [ $# -gt 0 ]; do
-  case "$1" in --preset|--device) plan_args+=("$1" "$2"); shift 2 ;; *) shift ;; esac
+  case "$1" in --preset|--device) plan_args+=("$1" "$2"); shift 2 ;; --smoke) plan_args+=("$1"); shift ;; *) shift ;; esac
 done
 plan_out=${OUT:-.}/plan_check.json
 plan_status=0

@@ -16,8 +16,13 @@ run; it prints the throughput ratios and the peak memory of the largest single p
 the scale, which must stay flat as the input grows. Each copy carries its own faint noise floor
 (-80 dBFS), so that loudness normalization does not make gain-shifted copies duplicates.
 
-    .venv/bin/python benchmarks/ingest.py [--copies 8] [--scale 10]
+    .venv/bin/python benchmarks/ingest.py [--copies 8] [--scale 10] [--rows 0] [--no-kfp] [--no-large]
+        [--no-quality]
     flock /tmp/voxpipe-heavy.lock .venv/bin/python benchmarks/ingest.py --conditioning [--scale 10]
+    .venv/bin/python benchmarks/ingest.py --smoke [--conditioning]   # 4 rows, 1 copy: seconds
+
+A part left out by a flag is null in the JSON, with its `*_null_reason`; `--smoke` leaves out
+kfp.local, the large set and the quality score (each of them costs seconds of start-up per process).
 """
 
 import argparse
@@ -36,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
+from _bench import nulls, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -48,13 +54,14 @@ def log(msg: str) -> None:
     print(f"[bench ingest] {msg}", file=sys.stderr, flush=True)
 
 
-def load_sample() -> list[tuple[np.ndarray, int, str, str]]:
+def load_sample(limit: int) -> list[tuple[np.ndarray, int, str, str]]:
+    """The shipped sample's rows decoded, its first `limit` of them (0: all)."""
     rows = []
     for f in sorted(SAMPLE.glob("*.parquet")):
         for r in pq.read_table(f).to_pylist():
             x, sr = sf.read(io.BytesIO(r["audio"]["bytes"]), dtype="float32")
             rows.append((x, sr, r["text"], r["speaker"]))
-    return rows
+    return rows[:limit] if limit else rows
 
 
 def build_dataset(folder: Path, sample: list, copies: int, max_copies: int) -> dict:
@@ -132,30 +139,30 @@ def voxpipe(step: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "voxpipe.cli", step, "--params", os.devnull, *args]
 
 
-def cli_shards(data: Path, out: Path, shards: int, rows: int) -> dict:
+def cli_shards(data: Path, out: Path, shards: int, rows: int, sets: list[str]) -> dict:
     """`voxpipe ingest --shards N` end to end (plan, shards one after another, merge)."""
     shutil.rmtree(out, ignore_errors=True)
-    run = measure(voxpipe("ingest", "--input", str(data), "--out", str(out), "--shards", str(shards)))
+    run = measure(voxpipe("ingest", "--input", str(data), "--out", str(out), "--shards", str(shards), *sets))
     report = json.loads((out / "report.json").read_text())
     assert report["rows_kept"] == report["rows_in"] == rows, "benchmark rows must all be kept"
     return {"rows_per_s": round(rows / run["seconds"], 1), **run}
 
 
-def per_shard(data: Path, work: Path, shards: int) -> dict:
+def per_shard(data: Path, work: Path, shards: int, sets: list[str]) -> dict:
     """plan, each shard and the merge as separate processes: the peak memory of each."""
     shutil.rmtree(work, ignore_errors=True)
     plan = measure(voxpipe("ingest-plan", "--input", str(data), "--out", str(work / "plan"), "--shards",
-                           str(shards)))
+                           str(shards), *sets))
     plan_file = work / "plan" / "plan.json"
     runs, folders = [], []
     for index in range(len(json.loads(plan_file.read_text())["shards"])):
         folder = work / f"shard-{index}"
         runs.append(measure(voxpipe("ingest-shard", "--plan", str(plan_file), "--shard", str(index), "--out",
-                                    str(folder))))
+                                    str(folder), *sets)))
         runs[-1]["rows"] = json.loads((folder / "report.json").read_text())["rows_in"]
         folders.append(str(folder))
     merge = measure(voxpipe("ingest-merge", "--plan", str(plan_file), "--shard-dirs", *folders, "--out",
-                            str(work / "merged")))
+                            str(work / "merged"), *sets))
     merge["rows_per_s"] = round(sum(r["rows"] for r in runs) / merge["seconds"], 1)
     return {"plan": plan, "shards": runs, "merge": merge, "raw": (work / "merged" / "raw.jsonl").read_bytes()}
 
@@ -209,11 +216,11 @@ def vae_encode_gflop_per_audio_second() -> float:
 CONDITIONING = ("trim_silence", "normalize_loudness", "score_quality", "normalize_text")
 
 
-def conditioning(scale: int) -> dict:
+def conditioning(scale: int, limit: int) -> dict:
     """Ingest of the sample at 1x and `scale`x with the conditioning steps on, on but unscored, and off."""
     work = Path(tempfile.mkdtemp(prefix="voxpipe-bench-conditioning-"))
     try:
-        sample = load_sample()
+        sample = load_sample(limit)
         data = {n: build_dataset(work / f"x{n}", sample, n, scale) for n in (1, scale)}
         variants = {"on": (), "on_without_quality": ("score_quality",), "off": CONDITIONING}
         runs: dict[str, dict] = {}
@@ -248,50 +255,61 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8, help="sample copies in the 1x data set")
     ap.add_argument("--scale", type=int, default=10, help="size of the large data set, in multiples of 1x")
     ap.add_argument("--conditioning", action="store_true", help="only the conditioning on/off comparison")
-    args = ap.parse_args()
+    ap.add_argument("--rows", type=int, default=0, help="the sample's first N rows (0: all 64)")
+    ap.add_argument("--no-kfp", action="store_true", help="leave out the kfp.local fan-out")
+    ap.add_argument("--no-large", action="store_true", help="leave out the per-step memory on the large set")
+    ap.add_argument("--no-quality", action="store_true", help="ingest.score_quality false (no DNSMOS)")
+    args = parse_args(ap, copies=1, scale=2, rows=4, no_kfp=True, no_large=True, no_quality=True)
     load_before = os.getloadavg()[0]
     if args.conditioning:
-        figures = conditioning(args.scale)
+        figures = conditioning(args.scale, args.rows)
         print(json.dumps({"machine": {"cpu_count": os.cpu_count(), "load_average_1min": {
             "before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}}, **figures}, indent=2))
         return
+    sets = ["--set", "ingest.score_quality=false"] if args.no_quality else []
+    big = f"x{args.scale}"
     work = Path(tempfile.mkdtemp(prefix="voxpipe-bench-ingest-"))
     try:
-        sample = load_sample()
+        sample = load_sample(args.rows)
         max_copies = args.copies * args.scale
         log(f"building 1x ({args.copies} copies) and {args.scale}x data sets in {work}")
         small = build_dataset(work / "x1", sample, args.copies, max_copies)
-        large = build_dataset(work / "xN", sample, max_copies, max_copies)
+        large = None if args.no_large else build_dataset(work / "xN", sample, max_copies, max_copies)
         cli = {}
         for n in (1, 2):
             log(f"voxpipe ingest --shards {n} on 1x")
-            cli[n] = cli_shards(work / "x1", work / f"cli{n}", n, small["rows"])
+            cli[n] = cli_shards(work / "x1", work / f"cli{n}", n, small["rows"], sets)
         same_cli = (work / "cli1" / "raw.jsonl").read_bytes() == (work / "cli2" / "raw.jsonl").read_bytes()
         kfp = {}
-        for n in (1, 2):
+        for n in () if args.no_kfp else (1, 2):
             log(f"kfp.local fan-out, {n} shard(s), on 1x")
             kfp[n] = kfp_local(work / "x1", work / f"kfp{n}", n, small["rows"])
         memory = {}
-        for name, data in (("x1", work / "x1"), (f"x{args.scale}", work / "xN")):
+        for name, data in (("x1", work / "x1"), *(() if args.no_large else ((big, work / "xN"),))):
             log(f"plan, 2 shards and merge as separate processes on {name}")
-            memory[name] = per_shard(data, work / f"mem-{name}", 2)
-        same_memory = memory["x1"].pop("raw") == (work / "cli1" / "raw.jsonl").read_bytes()
-        memory[f"x{args.scale}"].pop("raw")
-        same_kfp = kfp[1].pop("raw") == kfp[2].pop("raw")  # (it names the inputs as the workspace sees them)
+            memory[name] = per_shard(data, work / f"mem-{name}", 2, sets)
+            raw = memory[name].pop("raw")
+            if name == "x1":
+                same_memory = raw == (work / "cli1" / "raw.jsonl").read_bytes()
+        # (it names the inputs as the workspace sees them)
+        same_kfp = kfp[1].pop("raw") == kfp[2].pop("raw") if kfp else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    no_kfp = nulls(["kfp_2_vs_1"], "--no-kfp") if not kfp else {"kfp_2_vs_1": same_kfp}
+    no_large = nulls([big], "--no-large") if args.no_large else {}
     print(json.dumps({
         "machine": {"cpu_count": os.cpu_count(), "load_average_1min": {
             "before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
             "note": "a 2-core box shared with other jobs: each figure is one run"},
+        "score_quality": not args.no_quality,
         "dataset_1x": small,
-        f"dataset_{args.scale}x": large,
+        **(nulls([f"dataset_{big}"], "--no-large") if args.no_large else {f"dataset_{big}": large}),
         "cli_shards_1x": {str(n): cli[n] for n in cli},
-        "kfp_local_1x": {str(n): kfp[n] for n in kfp},
-        "raw_jsonl_identical": {"cli_2_vs_1": same_cli, "kfp_2_vs_1": same_kfp,
-                                "steps_vs_cli_1": same_memory},
-        "per_step_2_shards": memory,
-        "peak_rss_per_shard_mb": {n: [s["peak_rss_tree_mb"] for s in m["shards"]] for n, m in memory.items()},
+        **({"kfp_local_1x": {str(n): kfp[n] for n in kfp}} if kfp else nulls(["kfp_local_1x"], "--no-kfp")),
+        "raw_jsonl_identical": {"cli_2_vs_1": same_cli, **no_kfp, "steps_vs_cli_1": same_memory},
+        "per_step_2_shards": {**memory, **no_large},
+        "peak_rss_per_shard_mb": {**{name: [r["peak_rss_tree_mb"] for r in m["shards"]]
+                                     for name, m in memory.items()}, **no_large},
         "vae_encode_gflop_per_audio_second": vae_encode_gflop_per_audio_second(),
     }, indent=2))
 

@@ -5,6 +5,8 @@ small padded shape (a right-padded batch: text, audio_start, target patches, pad
 divides the analytic model FLOPs by the measured GEMM peak of the training dtype.
 
     .venv/bin/python benchmarks/mfu_cpu.py [--preset small] [--batch 4] [--seq-len 200] [--steps 3]
+        [--gemm-size 2048] [--gemm-budget-s 1.5]
+    .venv/bin/python benchmarks/mfu_cpu.py --smoke   # tiny preset, 1 x 32, one timed step: seconds
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import time
 
 import torch
+from _bench import parse_args
 
 from voxpipe.mfu.flops import (
     batch_dit_rows,
@@ -24,7 +27,7 @@ from voxpipe.mfu.flops import (
     forward_flops,
     tower_shares,
 )
-from voxpipe.mfu.peak import measure_cpu_gemm_peak
+from voxpipe.mfu.peak import CPU_GEMM_BUDGET_S, CPU_GEMM_SIZE, measure_cpu_gemm_peak
 from voxpipe.model.config import preset
 from voxpipe.model.voxcpm2 import VoxCPM2
 
@@ -63,10 +66,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=200)
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    args = parser.parse_args()
+    parser.add_argument("--gemm-size", type=int, default=CPU_GEMM_SIZE, help="the peak's square matmul size")
+    parser.add_argument("--gemm-budget-s", type=float, default=CPU_GEMM_BUDGET_S,
+                        help="seconds of matmuls per dtype (at least two)")
+    args = parse_args(parser, preset="tiny", batch=1, seq_len=32, steps=1, gemm_size=256, gemm_budget_s=0)
 
     torch.manual_seed(0)
-    peaks = {name: measure_cpu_gemm_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    peaks = {name: measure_cpu_gemm_peak(getattr(torch, name), size=args.gemm_size,
+                                         budget_s=args.gemm_budget_s) for name in ("float32", "bfloat16")}
     log("gemm peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items()))
 
     config = preset(args.preset)

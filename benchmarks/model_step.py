@@ -5,8 +5,11 @@ models so background load hits both alike; prints the median step times, their r
 ours/upstream (goal <= 1.0), the median ratio of adjacent step pairs (steadier on a busy
 machine) and real (non-padding) sequence positions per second, as JSON. A third run, ours with the
 local encoder on every patch row (as before it ran on audio rows only), gives that change's share.
+Without upstream voxcpm 2.0.3 only ours runs; each figure of upstream's is null, with its
+`*_null_reason`.
 
     .venv/bin/python benchmarks/model_step.py [--preset small] [--steps 10] [--warmup 2]
+    .venv/bin/python benchmarks/model_step.py --smoke   # tiny preset, 1 + 1 steps: seconds
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from upstream import import_upstream  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
+from upstream import load_upstream  # noqa: E402
 
 from voxpipe.model.audiovae import AudioVAE  # noqa: E402
 from voxpipe.model.config import preset  # noqa: E402
@@ -79,10 +83,13 @@ def main() -> None:
     parser.add_argument("--preset", default="small", choices=["tiny", "small"])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    args = parser.parse_args()
-
-    import_upstream()
-    from voxcpm.model.voxcpm2 import VoxCPM2Model
+    args = parse_args(parser, preset="tiny", steps=1, warmup=1)
+    try:
+        load_upstream()
+        missing = None
+    except ImportError as e:
+        missing = str(e)
+        print(f"[bench model_step] only ours runs: {missing}", file=sys.stderr)
 
     config = preset(args.preset)
     torch.manual_seed(0)
@@ -90,7 +97,11 @@ def main() -> None:
         save_pretrained(VoxCPM2(config), AudioVAE(config.audio_vae_config), train_tokenizer(), tmp,
                         dtype=torch.float32)
         ours = from_pretrained(tmp).train()
-        upstream = VoxCPM2Model.from_local(tmp, training=True, device="cpu").train()
+        upstream = None
+        if missing is None:
+            from voxcpm.model.voxcpm2 import VoxCPM2Model
+
+            upstream = VoxCPM2Model.from_local(tmp, training=True, device="cpu").train()
     batch = make_batch(config.patch_size, config.feat_dim)
     positions = int((batch["text_mask"].bool() | batch["audio_mask"].bool()).sum())  # real, not padding
 
@@ -101,18 +112,31 @@ def main() -> None:
     max_rel_diff = 0.0
     for i in range(args.warmup + args.steps):
         t_ours, loss_ours = step(ours, batch, seed=i)
-        t_up, loss_up = step(upstream, batch, seed=i)
+        if upstream is not None:
+            t_up, loss_up = step(upstream, batch, seed=i)
+            max_rel_diff = max(max_rel_diff, abs(loss_ours - loss_up) / abs(loss_up))
         t_every, _ = step(ours, every_row, seed=i)
-        max_rel_diff = max(max_rel_diff, abs(loss_ours - loss_up) / abs(loss_up))
         if i >= args.warmup:
             times["ours"].append(t_ours)
-            times["upstream"].append(t_up)
             times["ours_encoder_every_row"].append(t_every)
-            pair_ratios.append(t_ours / t_up)
             encoder_pairs.append(t_ours / t_every)
+            if upstream is not None:
+                times["upstream"].append(t_up)
+                pair_ratios.append(t_ours / t_up)
 
     ours_s = statistics.median(times["ours"])
-    up_s = statistics.median(times["upstream"])
+    if upstream is not None:
+        up_s = statistics.median(times["upstream"])
+        against_upstream = {
+            "upstream_s": round(up_s, 4),
+            "ratio_ours_over_upstream": round(ours_s / up_s, 3),
+            "median_pair_ratio": round(statistics.median(pair_ratios), 3),
+            "upstream_tokens_per_s": round(positions / up_s, 1),
+            "max_rel_loss_diff": max_rel_diff,
+        }
+    else:
+        against_upstream = nulls(("upstream_s", "ratio_ours_over_upstream", "median_pair_ratio",
+                                  "upstream_tokens_per_s", "max_rel_loss_diff"), missing)
     print(json.dumps({
         "benchmark": "model_step",
         "preset": args.preset,
@@ -126,12 +150,8 @@ def main() -> None:
         "warmup": args.warmup,
         "parameters": sum(p.numel() for p in ours.parameters()),
         "ours_s": round(ours_s, 4),
-        "upstream_s": round(up_s, 4),
-        "ratio_ours_over_upstream": round(ours_s / up_s, 3),
-        "median_pair_ratio": round(statistics.median(pair_ratios), 3),
         "ours_tokens_per_s": round(positions / ours_s, 1),
-        "upstream_tokens_per_s": round(positions / up_s, 1),
-        "max_rel_loss_diff": max_rel_diff,
+        **against_upstream,
         "ours_encoder_every_row_s": round(statistics.median(times["ours_encoder_every_row"]), 4),
         "median_pair_ratio_audio_rows_over_every_row": round(statistics.median(encoder_pairs), 3),
     }, indent=2))

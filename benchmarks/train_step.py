@@ -1,7 +1,7 @@
 """CPU training throughput, `small` preset: our trainer vs upstream's way, same process and data; prints JSON.
 
-Data: the shipped sample through ingest -> manifest -> init-model small (fp32) -> encode (timed
-once, reported as the one-time cost). Three figures:
+Data: the shipped sample through ingest (no quality score: nothing here reads it) -> manifest ->
+init-model small (fp32) -> encode (timed once, reported as the one-time cost). Three figures:
 
 1. End-to-end samples/s. Ours = the trainer's own step (`Trainer.train_step`: FSDP2 world of 1,
    pre-encoded latents, token-budget batches, clip, NaN guard, AdamW) and its step-time meter.
@@ -15,16 +15,17 @@ once, reported as the one-time cost). Three figures:
 3. Padding waste of token-budget batches vs fixed-size batches of the same rows.
 
 The three runs advance one step each in turn, so background load hits them alike; the first
-`--warmup` steps of every run are left out.
+`--warmup` steps of every run are left out. Without upstream voxcpm 2.0.3 only ours runs, and each
+ratio is null with its `*_null_reason`.
 
     .venv/bin/python benchmarks/train_step.py [--steps 12] [--warmup 2] [--max-tokens 640] [--batch-size 8]
-        [--kernels auto] [--compile]
+        [--kernels auto] [--compile] [--preset small] [--rows-per-speaker 0]
+    .venv/bin/python benchmarks/train_step.py --smoke   # tiny preset, 6 clips, 2 steps: seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import statistics
@@ -39,7 +40,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from upstream import import_upstream  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
+from small_sample import write_small_sample  # noqa: E402
+from upstream import load_upstream, upstream_packer_class  # noqa: E402
 
 from voxpipe.data.audio import decode  # noqa: E402
 from voxpipe.data.batching import TokenBudgetSampler, fixed_size_batches, padding_waste  # noqa: E402
@@ -47,9 +50,9 @@ from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, collate  # noqa: E4
 from voxpipe.data.encode.step import encode  # noqa: E402
 from voxpipe.data.ingest_step import ingest  # noqa: E402
 from voxpipe.data.manifest import build_manifest  # noqa: E402
-from voxpipe.model.io import init_model  # noqa: E402
 from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params, TrainParams  # noqa: E402
 from voxpipe.train.device import distributed_runtime  # noqa: E402
+from voxpipe.train.init_model import init_model  # noqa: E402
 from voxpipe.train.loop import Trainer  # noqa: E402
 from voxpipe.train.signals import TerminationFlag  # noqa: E402
 
@@ -60,10 +63,13 @@ def log(msg: str) -> None:
     print(f"[bench train_step] {msg}", file=sys.stderr, flush=True)
 
 
-def prepare(work: Path) -> tuple[Path, Path, float]:
-    ingest(IngestParams(input=[str(REPO / "data" / "sample")], out=str(work / "ingest"), workers=1))
+def prepare(work: Path, model_preset: str, rows_per_speaker: int) -> tuple[Path, Path, float]:
+    sample = REPO / "data" / "sample"
+    if rows_per_speaker:
+        sample = write_small_sample(work / "sample", rows_per_speaker)
+    ingest(IngestParams(input=[str(sample)], out=str(work / "ingest"), workers=1, score_quality=False))
     build_manifest(ManifestParams(input=[str(work / "ingest" / "raw.jsonl")], out=str(work / "manifest")))
-    init_model(ModelParams(preset="small", out=str(work / "base"), dtype="float32"))
+    init_model(ModelParams(preset=model_preset, out=str(work / "base"), dtype="float32"))
     start = time.perf_counter()
     encode(Params(model={"base": str(work / "base")}, encode=EncodeParams(
         manifest=[str(work / "manifest" / "train.jsonl")], out=str(work / "encoded"), device="cpu")))
@@ -78,18 +84,7 @@ def record(start: float, samples: int, batch: dict[str, torch.Tensor]) -> dict:
     return {"step_time_s": time.perf_counter() - start, "samples": samples, "real_tokens": real_tokens(batch)}
 
 
-def upstream_packer_cls():
-    """Upstream's packer module on its own: the package's training/__init__ needs argbind and datasets."""
-    voxcpm = import_upstream()
-    path = Path(voxcpm.__file__).parent / "training" / "packers.py"
-    spec = importlib.util.spec_from_file_location("voxcpm_training_packers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.AudioFeatureProcessingPacker
-
-
 def upstream_model(base: Path):
-    import_upstream()
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
     model = VoxCPM2Model.from_local(str(base), training=True, device="cpu")
@@ -122,7 +117,7 @@ def upstream_end_to_end(base: Path, encoded: Path, batch_size: int) -> Iterator[
         refs.append(torch.from_numpy(decode(encoded / ref, 16000)) if ref else torch.tensor([-100.0]))
         texts.append(data[i].text_ids.to(torch.int32))
     model, params, optimizer = upstream_model(base)
-    packer_cls = upstream_packer_cls()
+    packer_cls = upstream_packer_class()
     packer = packer_cls(1, model.config.max_length, model.patch_size, model.feat_dim, model.audio_vae)
     order = fixed_size_batches(len(wavs), batch_size, seed=0)
     for step in itertools.count():
@@ -180,6 +175,13 @@ def rates(records: list[dict], warmup: int) -> dict[str, float]:
     }
 
 
+def ratio(key: str, ours: dict, theirs: dict | None, missing: str | None) -> dict:
+    """ours / theirs of one rate, or null with the reason upstream did not run."""
+    if theirs is None:
+        return nulls([f"{key}_ratio"], missing)
+    return {f"{key}_ratio": ours[key] / theirs[key]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -188,30 +190,40 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="upstream's fixed batch size")
     parser.add_argument("--kernels", default="auto", choices=["auto", "fused", "eager"], help="model.kernels")
     parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile each block")
-    args = parser.parse_args()
+    parser.add_argument("--preset", default="small", choices=["tiny", "small"])
+    parser.add_argument("--rows-per-speaker", type=int, default=0, help="the sample's first N rows of each "
+                        "speaker (0: all of it)")
+    args = parse_args(parser, preset="tiny", rows_per_speaker=3, steps=2, warmup=1, batch_size=2)
+    try:
+        load_upstream()
+        missing = None
+    except ImportError as e:
+        missing = str(e)
+        log(f"only ours runs: {missing}")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = Path(tmp)
-        log("preparing data: ingest, manifest, init-model small, encode")
-        base, encoded, encode_s = prepare(work)
+        log(f"preparing data: ingest, manifest, init-model {args.preset}, encode")
+        base, encoded, encode_s = prepare(work, args.preset, args.rows_per_speaker)
         params = Params(model={"base": str(base), "kernels": args.kernels}, train=TrainParams(
             data=str(encoded), out=str(work / "ours"), device="cpu", dtype="float32", lr=LR, warmup_steps=0,
             max_tokens=args.max_tokens, compile=args.compile))
         with distributed_runtime("cpu") as rt, TerminationFlag() as flag:
             trainer = Trainer(params, rt, flag)  # the trainer's own step: data, FSDP2 model, clip, AdamW
-            e2e = upstream_end_to_end(base, encoded, args.batch_size)
-            lat = upstream_on_latents(base, encoded, args.max_tokens)
-            runs = interleaved(
-                {"ours": trainer.train_step, "upstream_vae_per_step": lambda: next(e2e),
-                 "upstream_pre_encoded": lambda: next(lat)},
-                args.steps,
-            )
-        ours, up_e2e, up_lat = (rates(runs[name], args.warmup) for name in runs)
+            runners: dict[str, Callable[[], dict]] = {"ours": trainer.train_step}
+            if missing is None:
+                e2e = upstream_end_to_end(base, encoded, args.batch_size)
+                lat = upstream_on_latents(base, encoded, args.max_tokens)
+                runners["upstream_vae_per_step"] = lambda: next(e2e)
+                runners["upstream_pre_encoded"] = lambda: next(lat)
+            runs = interleaved(runners, args.steps)
+        ours, up_e2e, up_lat = (rates(runs[name], args.warmup) if name in runs else None
+                                for name in ("ours", "upstream_vae_per_step", "upstream_pre_encoded"))
         lengths = EncodedDataset(encoded, "train").lengths()
         budget = TokenBudgetSampler(lengths, args.max_tokens, seed=0).global_batches(0)
         fixed = fixed_size_batches(len(lengths), args.batch_size, seed=0)
         result = {
-            "preset": "small",
+            "preset": args.preset,
             "device": "cpu",
             "kernels": trainer.kernels.label,
             "compile": args.compile,
@@ -221,13 +233,13 @@ def main() -> None:
             "end_to_end": {
                 "ours": ours,
                 "upstream_vae_per_step": up_e2e,
-                "samples_per_s_ratio": ours["samples_per_s"] / up_e2e["samples_per_s"],
+                **ratio("samples_per_s", ours, up_e2e, missing),
                 "goal": ">= 3.0",
             },
             "pre_encoded": {
                 "ours": ours,
                 "upstream_same_batches": up_lat,
-                "tokens_per_s_ratio": ours["tokens_per_s"] / up_lat["tokens_per_s"],
+                **ratio("tokens_per_s", ours, up_lat, missing),
                 "goal": ">= 2.0",
             },
             "padding_waste": {

@@ -1,4 +1,4 @@
-"""Import upstream voxcpm 2.0.3 (the parity reference) inside tests only.
+"""Import upstream voxcpm 2.0.3 (the parity reference) inside tests and benchmarks only.
 
 Its package imports torchaudio, whose wheel does not load against our torch; upstream's model
 code never calls it on the paths we compare, so a stand-in module with a real __spec__ is enough.
@@ -14,25 +14,35 @@ import sys
 import types
 from pathlib import Path
 
-import pytest
 
-
-def import_upstream():
-    """Return the `voxcpm` package; `make install` puts it in the venv with --no-deps."""
+def load_upstream():
+    """The `voxcpm` package (`make install` puts it in the venv with --no-deps), or an ImportError that says
+    so in one sentence (the benchmarks report it as the reason a figure is null)."""
     if "torchaudio" not in sys.modules:
         stub = types.ModuleType("torchaudio")
         stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
         sys.modules["torchaudio"] = stub
     try:
         return importlib.import_module("voxcpm")
+    except ImportError as e:
+        raise ImportError(f"upstream voxcpm==2.0.3, the parity reference, does not import ({e}); "
+                          "`make install` puts it in the venv") from e
+
+
+def import_upstream():
+    """Return the `voxcpm` package; a test fails without it."""
+    import pytest
+
+    try:
+        return load_upstream()
     except ImportError as e:  # pragma: no cover - only when `make install` was bypassed
-        pytest.fail(f"upstream voxcpm==2.0.3 is required for parity tests: {e}")
+        pytest.fail(str(e))
 
 
 @functools.cache
 def upstream_packer_class():
     """Upstream's training/packers.py on its own: its package __init__ needs argbind and datasets."""
-    path = Path(import_upstream().__file__).parent / "training" / "packers.py"
+    path = Path(load_upstream().__file__).parent / "training" / "packers.py"
     spec = importlib.util.spec_from_file_location("upstream_voxcpm_packers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from voxpipe import __version__
 from voxpipe.errors import StepError
 from voxpipe.outlock import guard_step
-from voxpipe.params import load_params, params_yaml
+from voxpipe.params import Params, load_params, params_yaml
 from voxpipe.paramspec import Key, base_type, keys
 from voxpipe.secrets import scrub
 
@@ -226,10 +226,16 @@ def _on_first_call(target: str) -> Callable[..., Any]:
     return call
 
 
+def step_params(step: Step, args: argparse.Namespace) -> Params:
+    """The params a step's parsed command line resolves to (file, recipe, --set, flags), validated."""
+    flags = step_flags(step)
+    return load_params(args.params, args.overrides, {f.key.key: getattr(args, f.key.key) for f in flags},
+                       recipe=args.recipe)
+
+
 def run_step(step: Step, args: argparse.Namespace) -> Any:
     flags = step_flags(step)
-    params = load_params(args.params, args.overrides, {f.key.key: getattr(args, f.key.key) for f in flags},
-                         recipe=args.recipe)
+    params = step_params(step, args)
     module, func = step.target.split(":")
     arg = params if step.section is None else params.section(step.section)
     out_key = next((f.key.key for f in flags if f.name == "--out" and step.out_folder), None)

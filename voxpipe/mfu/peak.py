@@ -78,13 +78,14 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 @functools.cache
 def measure_cpu_gemm_peak(
-    dtype: torch.dtype | str = torch.float32, threads: int | None = None, size: int = CPU_GEMM_SIZE
+    dtype: torch.dtype | str = torch.float32, threads: int | None = None, size: int = CPU_GEMM_SIZE,
+    budget_s: float = CPU_GEMM_BUDGET_S,
 ) -> float:
     """Best FLOP/s of square [size x size] matmuls on this CPU with `threads` torch threads.
 
     A CPU "device" is one training process, so its peak depends on the threads that process had
     (torchrun gives each rank one unless OMP_NUM_THREADS says otherwise); None = this process's.
-    One warm-up, then repeats until the time budget is spent (at least two); the best run is the
+    One warm-up, then repeats until `budget_s` is spent (at least two runs); the best run is the
     closest this machine gets to its peak for the dtype.
     """
     dtype = _dtype(dtype)
@@ -92,12 +93,12 @@ def measure_cpu_gemm_peak(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _best_gemm_rate(dtype, size)
+        return _best_gemm_rate(dtype, size, budget_s)
     finally:
         torch.set_num_threads(before)
 
 
-def _best_gemm_rate(dtype: torch.dtype, size: int) -> float:
+def _best_gemm_rate(dtype: torch.dtype, size: int, budget_s: float) -> float:
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(dtype)
     b = torch.randn(size, size, generator=gen).to(dtype)
@@ -105,7 +106,7 @@ def _best_gemm_rate(dtype: torch.dtype, size: int) -> float:
     best = float("inf")
     spent = 0.0
     runs = 0
-    while runs < 2 or spent < CPU_GEMM_BUDGET_S:
+    while runs < 2 or spent < budget_s:
         start = time.perf_counter()
         torch.mm(a, b)
         took = time.perf_counter() - start
