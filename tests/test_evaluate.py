@@ -250,7 +250,7 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert {sf.info(str(w)).samplerate for w in wavs} == {48000}
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "report.json").read_text())["utterances_per_checkpoint"] == 4
-    lines = EvaluateResult(out, numbers, report["verdict"]).summary().splitlines()
+    lines = EvaluateResult(out, report, report["verdict"]).summary().splitlines()
     assert lines[0].startswith("evaluate: ") and lines[0].endswith(str(out / "eval.json"))
     assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
     loss = next(line.split() for line in lines if line.split()[0] == "loss")

@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class EvaluateResult:
     out: Path
-    figures: dict[str, Any]
+    figures: dict[str, Any]  # eval.json as written
     verdict: str
 
     def summary(self) -> str:
@@ -387,7 +387,7 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
     figures["chosen_step"] = chosen.step
     digest = val_digest(batches, p.seeds)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
-    write_json(out / "eval.json", {
+    document = {
         **figures,
         "verdict": sentence,
         "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance,
@@ -415,7 +415,8 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
         "utterances": records,
         "real_asr": [record for record, _ in real_asr],
         "settings": p.model_dump(),
-    })
+    }
+    write_json(out / "eval.json", document)
     plot(out / "eval.png", records, voices)
     plot_exports(out / "exports.png", table, base_scores, chosen.step)
     write_report(out, {
@@ -440,4 +441,4 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
     if p.require_improvement and not verdict.promoted:
         raise StepError(f"{sentence}. evaluate.require_improvement is set, so this run fails "
                         f"(outputs written to {out})")
-    return EvaluateResult(out, figures, sentence)
+    return EvaluateResult(out, document, sentence)
