@@ -84,8 +84,8 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     assert all(s["n"] == 2 for s in sims.values())  # 1 text, with and without the reference
     assert len(report["val_digest"]) == 16
     assert (out / "exports.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = result.summary().splitlines()[2:]  # the summary evaluate printed: a row per criterion
-    assert [row.split()[0] for row in table[:len(report["promotion"]["criteria"])]] == [
+    printed = result.summary().splitlines()[2:]  # the summary evaluate printed: a row per criterion
+    assert [row.split()[0] for row in printed[:len(report["promotion"]["criteria"])]] == [
         c["name"] for c in report["promotion"]["criteria"]]
 
     # register.model empty: the export evaluate chose is registered; another one is refused

@@ -52,18 +52,6 @@ class Section(BaseModel):
     # allow_inf_nan=False: every float key must be finite (`train.lr=.inf` would export NaN weights)
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _one_value_is_a_list(cls, data: Any) -> Any:
-        """A list key given one value (`--set ingest.input=data/my-voice`) is the list of that one value."""
-        if not isinstance(data, dict):
-            return data
-        for name, field in cls.model_fields.items():
-            key = field.alias if field.alias in data else name
-            if isinstance(data.get(key), (str, int, float)) and typing.get_origin(field.annotation) is list:
-                data = {**data, key: [data[key]]}
-        return data
-
 
 class IngestParams(Section):
     """`ingest`: your audio and transcripts, checked and decoded once to 16 kHz mono FLAC + raw.jsonl."""
@@ -806,16 +794,32 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         raise StepError(f"--set {item!r}: not valid YAML ({problem}); quote the value as a string") from None
 
 
-def _example(loc: tuple[Any, ...]) -> str:
-    """`; e.g. KEY: DEFAULT`: the key's default in the params file's own spelling, the shape it takes."""
+def _field(loc: tuple[Any, ...] | list[str]) -> Any:
+    """The schema's field at `loc` (`("ingest", "input")`), or None when there is no such key."""
     model: Any = Params
     field = None
     for part in loc:
-        fields = {f.alias or n: f for n, f in model.model_fields.items()} | model.model_fields
-        field = fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = ({f.alias or n: f for n, f in model.model_fields.items()} | model.model_fields).get(str(part))
         if field is None:
-            return ""
+            return None
         model = field.annotation
+    return field
+
+
+def _one_value_is_a_list(keys: list[str], value: Any) -> Any:
+    """A list key given one value (`--set ingest.input=data/my-voice`) is the list of that one value."""
+    field = _field(keys)
+    scalar = isinstance(value, str | int | float) and not isinstance(value, bool)
+    return [value] if scalar and field is not None and typing.get_origin(field.annotation) is list else value
+
+
+def _example(loc: tuple[Any, ...]) -> str:
+    """`; e.g. KEY: DEFAULT`: the key's default in the params file's own spelling, the shape it takes."""
+    field = _field(loc)
+    if field is None:
+        return ""
     default = field.get_default(call_default_factory=True)
     if default is None or isinstance(default, BaseModel):
         return ""
@@ -943,7 +947,7 @@ def load_params(
             node = node.setdefault(name, {})
             if not isinstance(node, dict):
                 raise StepError(f"{path}: {'.'.join(keys[: depth + 1])!r} must be a mapping")
-        node[keys[-1]] = value
+        node[keys[-1]] = _one_value_is_a_list(keys, value)
     try:
         return Params.model_validate(data)
     except ValidationError as e:
