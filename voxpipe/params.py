@@ -545,6 +545,12 @@ class LaunchParams(Section):
     env: dict[str, str] = Field(
         default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI; no secrets: see secret_env"
     )
+    env_not_secret: list[str] = Field(
+        default_factory=list,
+        description="names of launch.env entries whose values only look like secrets (a public certificate, "
+        "a random-looking build id): launch-train does not refuse them by value shape, and MLflow params "
+        "keep them; a secret-shaped name or a URI password is refused all the same (docs/security.md)",
+    )
     secret_env: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_SECRET_ENV),
         description="env from Kubernetes Secrets, by reference: {ENV_NAME: secret-name/key} (never a value)",

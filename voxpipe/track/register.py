@@ -19,6 +19,7 @@ from typing import Any
 from voxpipe.lineage import kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
+from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
@@ -27,6 +28,7 @@ from voxpipe.track.registry import Place, ensure_registered_model, register_expo
 from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
+    not_secret_values,
     pipeline_key,
     pipeline_run,
     redact_params,
@@ -56,6 +58,11 @@ class RegisterResult:
 
 
 def register(params: Params) -> RegisterResult:
+    with allowing(not_secret_values(params)):  # launch.env values that only look like secrets
+        return _register(params)
+
+
+def _register(params: Params) -> RegisterResult:
     p, tracking = params.register_, params.tracking
     start = time.perf_counter()
     work, out = Path(tracking.work), Path(p.out)
