@@ -14,6 +14,6 @@ if TYPE_CHECKING:
 
 def speak(model: VoxCPM2, texts: list[Any], references: list[Any], params: dict[str, Any] | None,
           limits: Limits) -> GeneratedSpeech:
-    """One batch of generation; row i in the voice of references[i] (None or "": the learned voice)."""
+    """One batch of generation; row i in the voice of references[i] (None: the learned voice)."""
     request = parse_request(texts, references, params, limits)
     return model.generate(request.texts, request.references, **request.generation)

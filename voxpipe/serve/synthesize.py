@@ -24,6 +24,7 @@ from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
+from voxpipe.serve.request import reference as check_reference
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 
@@ -45,7 +46,7 @@ def _generation(p: SynthesizeParams) -> dict[str, int | float]:
     return {k: getattr(p, k) for k in GENERATION_KEYS}
 
 
-def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray, int, bool]:
+def _from_registry(params: Params, uri: str, reference: str | None) -> tuple[np.ndarray, int, bool]:
     import mlflow
     import pandas as pd
 
@@ -59,7 +60,7 @@ def _from_registry(params: Params, uri: str, reference: str) -> tuple[np.ndarray
     return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0])
 
 
-def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool]:
+def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray, int, bool]:
     from voxpipe.device import resolve_device_type
     from voxpipe.model.io import from_pretrained
     from voxpipe.serve.speech import speak
@@ -77,13 +78,14 @@ def synthesize(params: Params) -> SynthesizeResult:
     p = params.synthesize
     if not p.text.strip():
         raise StepError("synthesize.text is empty: give --text 'what to say'")
-    reference = ""
+    reference = None
     if p.reference:
-        if not Path(p.reference).is_file():
-            raise StepError(f"synthesize.reference {p.reference}: no such audio file")
-        reference = encode_file(p.reference)  # its bytes, as a serving client sends them
+        reference = _reference_file(p)  # its bytes, as a serving client sends them
     try:  # refused here as the served model refuses it, before any model loads
-        parse_request([p.text], [reference], _generation(p), Limits(p.max_reference_seconds))
+        limits = Limits(p.max_reference_seconds)
+        if reference is not None:  # the served model's checks, naming the file rather than a request row
+            check_reference(reference, f"synthesize.reference {p.reference}", limits)
+        parse_request([p.text], [None], _generation(p), limits)
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
     uri = model_uri(p.model, params.section("register").model_name)
@@ -93,5 +95,17 @@ def synthesize(params: Params) -> SynthesizeResult:
         audio, rate, hit = _from_folder(p, reference)
     out = Path(p.out)
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
-    source = (uri or p.model) + (f" in the voice of {p.reference}" if p.reference else "")
-    return SynthesizeResult(out, audio.size / rate, rate, hit, source)
+    voice = f" in the voice of {p.reference}" if reference is not None else " in the model's own voice"
+    return SynthesizeResult(out, audio.size / rate, rate, hit, (uri or p.model) + voice)
+
+
+def _reference_file(p: SynthesizeParams) -> str:
+    """--reference's bytes in base64; an empty file is an error, never "no reference"."""
+    path = Path(p.reference)
+    if not path.is_file():
+        raise StepError(f"synthesize.reference {p.reference}: no such audio file")
+    if path.stat().st_size == 0:
+        raise StepError(f"synthesize.reference {p.reference}: the file is empty (0 bytes), so there is no "
+                        "voice to clone; give a WAV or FLAC clip of a few seconds of the voice, or leave "
+                        "--reference out to speak in the model's own voice")
+    return encode_file(path)
