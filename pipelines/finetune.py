@@ -23,6 +23,7 @@ from kfp.dsl.graph_component import GraphComponent
 from components import steps
 from components.shared import CPU_IMAGE
 from voxpipe import paramspec
+from voxpipe.integrity import KEY_ENV
 from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
 from voxpipe.params import LaunchParams, Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
@@ -64,6 +65,14 @@ def with_secrets(task: dsl.PipelineTask) -> None:
     task.set_env_variable(SECRET_ENV_NAMES, ",".join(sorted(LAUNCH.secret_env)))
     for key, value in MLFLOW_CLIENT_LABEL.items():
         kubernetes.add_pod_label(task, key, value)
+
+
+def with_signing_key(task: dsl.PipelineTask) -> None:
+    """The checkpoint signing key alone (launch.secret_env's VOXPIPE_CHECKPOINT_KEY), by reference: evaluate
+    verifies the signed run identity of the exports it scores (voxpipe/train/identity.py)."""
+    secret, _, key = LAUNCH.secret_env[KEY_ENV].partition("/")
+    kubernetes.use_secret_as_env(task, secret, {key: KEY_ENV})
+    task.set_env_variable(SECRET_ENV_NAMES, KEY_ENV)
 
 
 def fan_out_ingest(workspace: Any, data_version: Any, ingest: Any) -> tuple[Any, Any, Any]:
@@ -144,6 +153,7 @@ def finetune(
         kubernetes.set_security_context(task, run_as_non_root=True)
     for task in (tuned, registered):  # MLflow clients; train also signs checkpoints when not on Volcano
         with_secrets(task)
+    with_signing_key(evaluation)  # verifies the exports' signed identities
     for task in (evaluation,):  # generation runs on one accelerator (encode's run in its Volcano job)
         task.set_container_image(accelerator_image)
         task.set_accelerator_type(accelerator).set_accelerator_limit(1)

@@ -14,10 +14,11 @@ import pytest
 from voxpipe.errors import StepError
 from voxpipe.evaluate.step import evaluate
 from voxpipe.files import step_folders
+from voxpipe.integrity import signing_key
 from voxpipe.lineage import dvc_md5
 from voxpipe.params import EvaluateParams, Params, TrainParams
 from voxpipe.track.register import register
-from voxpipe.train.identity import IDENTITY_FILE
+from voxpipe.train.identity import IDENTITY_FILE, write_identity
 from voxpipe.train.loop import train
 
 # trains with periodic exports, then evaluates and registers them
@@ -56,7 +57,9 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     shutil.copytree(trained / "exports" / "step-4", stale)
     identity = json.loads((stale / IDENTITY_FILE).read_text())
     identity["params"]["train.lr"] = 1e-5
-    (stale / IDENTITY_FILE).write_text(json.dumps({**identity, "run": "0123456789abcdef", "step": 40}))
+    (stale / IDENTITY_FILE).unlink()  # another run's genuine export: signed with the same key
+    identity = {k: v for k, v in identity.items() if k not in ("files", "hmac", "step")}
+    write_identity(stale, {**identity, "run": "0123456789abcdef"}, 40, signing_key(trained / "checkpoints"))
     try:
         result = evaluate(params)
     finally:

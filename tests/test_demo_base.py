@@ -70,6 +70,41 @@ def test_a_missing_listed_file_is_named(tmp_path):
         from_pretrained(copy)
 
 
+@pytest.mark.parametrize("load", [from_pretrained, load_encoder])
+def test_sums_that_leave_out_the_weights_are_refused(tmp_path, load):
+    """Issue 34: a SHA256SUMS without model.safetensors let tampered weights load with exit 0."""
+    copy = tmp_path / "demo-base"
+    shutil.copytree(BASE, copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    sums = (copy / SUMS_FILE).read_text().splitlines()
+    (copy / SUMS_FILE).write_text("".join(f"{line}\n" for line in sums if "model.safetensors" not in line))
+    with pytest.raises(StepError) as err:
+        load(copy)
+    message = str(err.value)
+    assert "\n" not in message and f"{copy / SUMS_FILE}: does not list model.safetensors" in message
+    assert "git checkout" in message and "sha256sum config.json model.safetensors" in message
+
+
+def test_a_planted_unlisted_weights_file_is_refused(tmp_path):
+    """pytorch_model.bin is read only without model.safetensors, but one the sums leave out is refused too."""
+    copy = tmp_path / "demo-base"
+    shutil.copytree(BASE, copy)
+    (copy / "pytorch_model.bin").write_bytes(b"planted")
+    with pytest.raises(StepError, match="does not list pytorch_model.bin"):
+        from_pretrained(copy)
+
+
+def test_loaded_files_name_every_file_the_loader_reads():
+    from voxpipe.model.audiovae import AUDIOVAE_FILES
+    from voxpipe.model.checksums import LOADED_FILES
+    from voxpipe.model.encoder import TOKENIZER_FILES
+    from voxpipe.model.io import MODEL_FILES
+
+    assert set(LOADED_FILES) == {"config.json", *MODEL_FILES, *AUDIOVAE_FILES, *TOKENIZER_FILES}
+
+
 def test_record_matches_the_make_script_inputs():
     script = _make_script()
     record = json.loads((BASE / script.RECORD).read_text())

@@ -125,3 +125,41 @@ def test_a_key_file_inside_the_checkpoints_folder_is_refused_with_the_way_out(tm
     assert not user_key_path().exists()  # nothing adopted
     monkeypatch.setenv(KEY_ENV, "from-a-secret-0123")  # a cluster's key: the stray file does not matter
     assert signing_key(checkpoints) == b"from-a-secret-0123"
+
+
+def test_a_key_file_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    """Issue 34: the mode alone was checked, so a key another uid planted (0600, theirs) was used."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    signing_key(tmp_path)
+    me = os.getuid()
+    real_stat = type(user_key_path()).stat
+
+    def stat_as_other(path, *args, **kwargs):
+        found = real_stat(path, *args, **kwargs)
+        if path == user_key_path():
+            fields = list(found[:10])
+            fields[stat.ST_UID] = me + 1
+            return os.stat_result(fields)
+        return found
+
+    monkeypatch.setattr(type(user_key_path()), "stat", stat_as_other)
+    with pytest.raises(StepError) as err:
+        signing_key(tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and str(user_key_path()) in message
+    assert f"belongs to uid {me + 1}, not to you (uid {me})" in message and KEY_ENV in message
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_a_key_folder_others_can_write_is_refused(tmp_path, monkeypatch, mode):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    key = signing_key(tmp_path)
+    folder = user_key_path().parent
+    os.chmod(folder, mode)
+    with pytest.raises(StepError) as err:
+        signing_key(tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and f"{folder}: the folder of the checkpoint signing key" in message
+    assert f"chmod go-w {folder}" in message
+    os.chmod(folder, 0o755)  # readable by others is fine: the key file itself is 0600
+    assert signing_key(tmp_path) == key

@@ -282,3 +282,6 @@ def test_the_compiled_pipeline_holds_secrets_only_by_reference():
              for k in ref["keyToEnv"]}
     expected = {(*ref.split("/"), env) for env, ref in DEFAULT_SECRET_ENV.items()}
     assert expected <= wired
+    # evaluate verifies the exports' signed run identities (issue 34): the checkpoint key, nothing else
+    evaluate = {k["envVar"] for ref in executors["exec-evaluate"]["secretAsEnv"] for k in ref["keyToEnv"]}
+    assert evaluate == {"VOXPIPE_CHECKPOINT_KEY"}

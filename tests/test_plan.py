@@ -164,3 +164,34 @@ def test_train_checks_the_plan_only_on_an_accelerator(monkeypatch, tmp_path):
     monkeypatch.setattr(P, "free_device_memory", lambda device: int(0.03 * GIB))  # tiny's peak: ~0.04
     message = P.plan_verdict(params, torch.device("cuda", 0), 1, "bfloat16")
     assert message and "0.03 GiB free" in message and "largest train.max_tokens that fits is" in message
+
+
+# -- issue 34: the planner is bounded: inputs checked against the schema before anything is built --------
+@pytest.mark.parametrize(("flag", "value", "key", "bound"), [
+    ("--train-max-tokens", "1e9", "train.max_tokens", "less than or equal to 1048576"),
+    ("--local-nproc", "1e6", "local.nproc", "less than or equal to 64"),
+    ("--device-memory-gib", "1e300", "plan.device_memory_gib", "less than or equal to 4096"),
+])
+def test_out_of_bounds_inputs_end_at_once_naming_the_key_and_its_bound(flag, value, key, bound, capsys,
+                                                                         monkeypatch):
+    """`--train-max-tokens 1e9` allocated 18 GB, `--local-nproc 1e6` never returned, `--device-memory-gib
+    1e300` was an OverflowError traceback: now the schema refuses each before the planner is imported."""
+    monkeypatch.setattr(P, "setup_of", lambda params: pytest.fail("planned an out-of-bounds input"))
+    assert main(["plan", flag, value]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n\n") == 0
+    assert f"{key}: Input should be {bound}" in err
+
+
+def test_a_model_base_that_does_not_exist_is_an_error_unless_the_preset_is_asked_for(tmp_path, capsys):
+    missing = tmp_path / "VoxCPM2"
+    common = ["plan", "--params", str(tmp_path / "empty.yaml"), "--set", f"model.base={missing}",
+              "--set", "plan.device=rtx-4090", "--set", "train.max_tokens=256", "--set", "local.nproc=1"]
+    (tmp_path / "empty.yaml").write_text("")
+    assert main(common) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"model.base {missing}: no such folder" in err
+    assert "--model-base" in err and "plan.missing_base=preset" in err
+    # the recipes' way: planned as model.preset's shape before the checkpoint is downloaded
+    assert main([*common, "--set", "plan.missing_base=preset", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["world_size"] == 1

@@ -18,7 +18,8 @@ from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.params import ModelParams, Params
+from voxpipe.params import ModelParams, Params, TrackingParams, TrainParams
+from voxpipe.track.live import LiveRun
 from voxpipe.track.register import register
 from voxpipe.track.registry_init import registry_init
 from voxpipe.track.reglock import LOCK_TAG, _log_once, lock_runs, register_lock
@@ -91,6 +92,25 @@ def test_a_reader_who_created_the_experiment_first_is_refused_by_name(users, fil
     with pytest.raises(StepError, match=rf"experiment 'voxpipe-taken' \(id {experiment}\) .* by 'reader'"):
         register(params(uri, files, tmp_path, "voxpipe-model-x", "voxpipe-taken"))
     assert MlflowClient(uri).search_runs([experiment]) == []  # no run logged into the reader's experiment
+
+
+def test_live_training_refuses_an_experiment_a_reader_created(users, as_user, tmp_path):
+    """Issue 34: train's live run (`train.track`) checks the experiment's owner as register does, before it
+    creates a run there."""
+    uri = users
+    as_user(READER, READER_PASSWORD)
+    experiment = MlflowClient(uri).create_experiment("voxpipe-live-taken")
+    as_user(ADMIN, ADMIN_PASSWORD)
+    tracking = TrackingParams(uri=uri, work=str(tmp_path / "work"), experiment="voxpipe-live-taken")
+    with pytest.raises(StepError) as err:
+        LiveRun(tracking, TrainParams(out=str(tmp_path / "train")), tmp_path / "train", 0)
+    message = str(err.value)
+    assert "\n" not in message and f"experiment 'voxpipe-live-taken' (id {experiment})" in message
+    assert "owned by 'reader'" in message and "registry-init" in message
+    assert MlflowClient(uri).search_runs([experiment]) == []  # no run logged into the reader's experiment
+    as_user(PIPE, PIPE_PASSWORD)  # a non-admin account cannot verify: refused, naming train's live run
+    with pytest.raises(StepError, match=r"no admin .*train's live run \(train.track\) cannot verify"):
+        LiveRun(tracking, TrainParams(out=str(tmp_path / "train")), tmp_path / "train", 0)
 
 
 def test_registry_init_then_the_reader_can_change_nothing(users, files, as_user, tmp_path, capsys):

@@ -100,7 +100,7 @@ def test_the_cli_refuses_what_the_served_model_refuses(tmp_path, capsys):
     long.write_bytes(base64.b64decode(clip_b64(40)))
     base = ["synthesize", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "x.wav")]
     assert main([*base, "--text", "hi", "--reference", str(long)]) == 1
-    assert "reference_audio of row 0: 40.0 s long; at most 30 s" in capsys.readouterr().err
+    assert f"synthesize.reference {long}: 40.0 s long; at most 30 s" in capsys.readouterr().err
     assert main([*base, "--text", "hi", "--reference", str(long), "--max-reference-seconds", "60"]) == 1
     assert "nor a checkpoint folder (no config.json)" in capsys.readouterr().err  # got past the check
     assert main([*base, "--text", "hi", "--set", "synthesize.cfg_value=.nan"]) == 1
@@ -178,6 +178,63 @@ def test_synthesize_says_what_it_spoke(tmp_path, monkeypatch, capsys):
     assert recorder.said[-1] == "It costs $12.50."
 
 
+# issue 34: a reference that is not a clip is refused, never dropped into the model's own voice
+NOT_A_CLIP = {  # what: (reference_audio, the one-line reason expected)
+    "a number": (12345, r"reference_audio of row 0: int 12345, not a string; .*base64, or null for the"),
+    "empty": ("", r"reference_audio of row 0: empty; send the clip's bytes in base64, or null"),
+    "blank": ("   ", r"reference_audio of row 0: empty"),
+    "bytes": (b"RIFF", r"reference_audio of row 0: bytes b'RIFF', not a string"),
+    "a list": ([1, 2], r"reference_audio of row 0: list \[1, 2\], not a string"),
+    "base64 of no audio": (base64.b64encode(b"\0" * 64).decode(), r"reference_audio of row 0: not decodable"),
+    "a wav of no samples": (clip_b64(0), r"reference_audio of row 0: the reference clip is empty"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NOT_A_CLIP))
+def test_a_reference_that_is_not_a_clip_is_refused(what):
+    value, reason = NOT_A_CLIP[what]
+    with pytest.raises(RequestError, match=reason) as refused:
+        parse_request(["hi"], [value], {}, Limits())
+    assert "\n" not in str(refused.value)
+
+
+def test_only_a_missing_reference_means_the_models_own_voice():
+    missing = [None, float("nan"), np.nan]
+    request = parse_request(["a", "b", "c", "d"], [*missing, clip_b64(1)], {}, Limits())
+    assert request.references[:3] == [None, None, None] and request.references[3].size == 16000
+
+
+def test_the_cli_refuses_an_empty_or_undecodable_reference_naming_the_file(tmp_path, capsys):
+    """`voxpipe synthesize --reference empty.wav` exited 0 and claimed that voice (issue 34)."""
+    base = ["synthesize", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "x.wav"),
+            "--text", "hi"]
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    assert main([*base, "--reference", str(empty)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"synthesize.reference {empty}: the file is empty (0 bytes)" in err
+    assert "leave --reference out to speak in the model's own voice" in err
+    garbage = tmp_path / "garbage.wav"
+    garbage.write_bytes(b"not audio at all" * 64)
+    assert main([*base, "--reference", str(garbage)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"synthesize.reference {garbage}: not decodable audio" in err
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_the_summary_names_the_voice_actually_used(tmp_path, capsys):
+    init_model(ModelParams(preset="tiny", out=str(tmp_path / "model")))
+    clip = tmp_path / "me.wav"
+    clip.write_bytes(base64.b64decode(clip_b64(1)))
+    common = ["synthesize", "--model", str(tmp_path / "model"), "--text", "hi", "--max-len", "2",
+              "--inference-timesteps", "1", "--device", "cpu"]
+    assert main([*common, "--out", str(tmp_path / "own.wav")]) == 0
+    assert "in the model's own voice" in capsys.readouterr().out
+    assert main([*common, "--out", str(tmp_path / "cloned.wav"), "--reference", str(clip)]) == 0
+    out = capsys.readouterr().out
+    assert f"in the voice of {clip}" in out and "own voice" not in out
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A registered tiny model served by `mlflow models serve --env-manager local` on 127.0.0.1."""
@@ -229,3 +286,8 @@ def test_a_served_model_answers_hostile_requests_with_a_4xx_and_one_line(served)
         message = answer["message"]
         assert "\n" not in message and len(message) < 400, (what, message[:500])
         assert re.search(reason, message), (what, message)
+    # issue 34: a number or an empty string as the reference was served in the model's own voice
+    for value in (12345, "", "AAAA"):
+        status, answer = invoke(served, [{"text": "hi", "reference_audio": value}], {"max_len": 4})
+        assert 400 <= status < 500, (value, status, answer)
+        assert "reference_audio of row 0" in answer["message"], (value, answer)

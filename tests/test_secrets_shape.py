@@ -5,6 +5,7 @@ numba's cache in a per-user folder)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,8 +17,8 @@ from servers import free_port
 from voxpipe.errors import StepError
 from voxpipe.launch.volcano import job_yaml, render_job
 from voxpipe.params import Params
-from voxpipe.secrets import REDACTED, is_secret_name, scrub, uri_passwords
-from voxpipe.track.tracking import redact_params, resolve_tracking_uri, run_secrets
+from voxpipe.secrets import REDACTED, ScrubFilter, allowing, is_secret_name, scrub, uri_passwords, value_shape
+from voxpipe.track.tracking import not_secret_values, redact_params, resolve_tracking_uri, run_secrets
 
 PG, MYSQL = "pg-Aa11-never-logged", "my-Bb22-never-logged"
 SENTRY_KEY = "5f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -105,3 +106,96 @@ def test_a_native_crash_leaves_a_python_stack(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "Fatal Python error: Segmentation fault" in done.stderr and "deep_in_native_code" in done.stderr
+
+
+# -- issue 34: secrets by the shape of the value, whatever the key is called ---------------------------------
+AZURE_KEY = "q3ZkV9x2LmN8pR4tW6yB1cD5fG7hJ0kM2nP4rS6uV8wX0zA3bC5dE7fH9jK1mN3pQ5sT7vW9yZ1aB3cD5eF7gH9jK1mA=="
+AZURE = (f"DefaultEndpointsProtocol=https;AccountName=voxpipedata;AccountKey={AZURE_KEY};"
+         "EndpointSuffix=core.windows.net")
+JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ2b3hwaXBlIiwiaWF0IjoxNzAwMDAwMDAwfQ."
+       "n0tAR3alS1gnatur3-but_shaped_like0ne")
+SAS = ("BlobEndpoint=https://voxpipedata.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02&ss=b&sp=rl"
+       "&se=2027-01-01&sig=AbCdEf0123456789ghIjKlmN%2Bop%3D")
+PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n"
+       "-----END PRIVATE KEY-----\n")
+DB = "Server=db.internal;Database=voices;User Id=voxpipe;Password=Pg9-never-logged;"
+OPAQUE = "xK9mQ2vL7pR4tW8yB3nZ6cF1hJ5gD0sA"  # a random-looking token with no prefix at all
+SHAPED = {"azure": (AZURE, AZURE_KEY), "jwt": (JWT, JWT), "sas": (SAS, "sig=AbCdEf0123456789ghIjKlmN"),
+          "pem": (PEM, "MIIEvQIBADANBgkqhkiG9w0BAQEF"), "db": (DB, "Pg9-never-logged"),
+          "token": (OPAQUE, OPAQUE)}
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPED))
+def test_launch_env_refuses_secret_shaped_values_under_plain_names(kind):
+    """Done-when of issue 34: an Azure connection string and a JWT under plain names are refused (and the
+    other shapes with them), in one paragraph that names the key and the ways out, never the value."""
+    value, secret = SHAPED[kind]
+    with pytest.raises(StepError) as err:
+        render_job(Params.model_validate({"launch": {"env": {"STORAGE": value}}}), "ml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("launch.env.STORAGE holds a secret by the shape of its")
+    assert "launch.secret_env.STORAGE=<secret-name>/<key>" in message and "launch.env_not_secret" in message
+    assert secret not in message
+    assert scrub(message) == message  # the CLI prints it scrubbed: naming the shapes is not one of them
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPED))
+def test_secret_shaped_values_are_redacted_from_params_and_logs_whatever_the_key(kind, caplog):
+    value, secret = SHAPED[kind]
+    params = Params.model_validate({"register": {"run_name": f"ft {value}"},
+                                    "launch": {"env": {"STORAGE": value}}})
+    logged = redact_params(params.flat(), run_secrets(params))
+    assert secret not in logged["register.run_name"] and REDACTED in logged["register.run_name"]
+    assert secret not in logged["launch.env.STORAGE"]
+    logger = logging.getLogger("voxpipe.test.shapes")
+    logger.addFilter(ScrubFilter())
+    with caplog.at_level(logging.INFO, logger="voxpipe.test.shapes"):
+        logger.info("connecting with %s", value)
+    assert secret not in caplog.text and REDACTED in caplog.text
+
+
+def test_a_short_password_is_redacted_where_it_stands_not_all_over_the_text():
+    text = "Server=db;Password=abc;Database=x; abc, a, b"
+    assert scrub(text) == "Server=db;Password=***;Database=x; abc, a, b"
+    assert scrub("Password=, Pwd=)") == "Password=, Pwd=)"  # no value: nothing to hide
+
+
+def test_ordinary_values_keep_their_shape():
+    ordinary = ["data/sample/wavs/SpkF0001/Take2/clip_0001.wav", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "9f1e2d3c4b5a69788796a5b4c3d2e1f09f1e2d3c4b5a69788796a5b4c3d2e1f0",  # a sha256
+                "3f2a6c1e-9b7d-4e2f-8a1c-5d6e7f8a9b0c", "voxpipe-voxcpm2-fresh-2026-12-02T03-00-00Z",
+                "openbmb/VoxCPM2/checkpoints/step-1000/model.safetensors", "ThisIsALongCamelCaseIdentifier2",
+                "/work/hC/.venv/lib/python3.11/site-packages/torch/FileSystemWriter.py",
+                "train.max_tokens=4096"]
+    assert [v for v in ordinary if value_shape(v) or scrub(v) != v] == []
+
+
+def test_a_value_that_only_looks_like_a_secret_is_let_through_when_listed():
+    """The allow path: launch.env_not_secret names the entries whose values look like secrets but are not;
+    the rendered Job carries them, and register's MLflow params keep them. A name that launch.env does not
+    set is an error; a secret-shaped name or a URI password is refused all the same."""
+    cert = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUPublicCertificate0\n-----END CERTIFICATE-----"
+    launch = {"env": {"BUILD_ID": OPAQUE, "CA_CERT": cert}, "env_not_secret": ["BUILD_ID", "CA_CERT"]}
+    params = Params.model_validate({"launch": launch})
+    rendered = job_yaml(render_job(params, "ml"))
+    assert OPAQUE in rendered and "PublicCertificate0" in rendered
+    with allowing(not_secret_values(params)):
+        logged = redact_params(params.flat(), run_secrets(params))
+    assert OPAQUE in logged["launch.env.BUILD_ID"] and "PublicCertificate0" in logged["launch.env.CA_CERT"]
+    assert OPAQUE not in redact_params(params.flat(), run_secrets(params))["launch.env.BUILD_ID"]  # without
+
+    with pytest.raises(StepError, match=r"^launch.env_not_secret names CA_BUNDLE, which launch.env does not"):
+        render_job(Params.model_validate({"launch": {"env": {"X": "1"}, "env_not_secret": ["CA_BUNDLE"]}}),
+                   "ml")
+    with pytest.raises(StepError, match="launch.env.API_TOKEN holds a secret .its name says so"):
+        render_job(Params.model_validate({"launch": {"env": {"API_TOKEN": OPAQUE},
+                                                     "env_not_secret": ["API_TOKEN"]}}), "ml")
+
+
+def test_a_secret_shaped_param_is_refused_in_the_rendered_job():
+    with pytest.raises(StepError) as err:
+        render_job(Params.model_validate({"train": {"out": f"runs/{JWT}"}}), "ml")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "secret in VOXPIPE_PARAMS by the shape of a value (a JSON Web Token" in message
+    assert JWT not in message

@@ -139,6 +139,22 @@ def _flag_name(key: str, own: str) -> str:
     return "--" + "-".join(parts).replace("_", "-")
 
 
+def _integer(text: str) -> int:
+    """An int flag's value; integral float notation (1e9) too, so the schema's bound names the problem
+    rather than argparse's "invalid int value"."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not value.is_integer() or abs(value) >= 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (or too large for one)")
+    return int(value)
+
+
 def _kwargs(key: Key) -> dict[str, Any] | None:
     """argparse settings for a key's type; None for mappings (those are set in a file or with --set)."""
     inner, _ = base_type(key.annotation)
@@ -155,7 +171,7 @@ def _kwargs(key: Key) -> dict[str, Any] | None:
         # --manifest a --manifest b: both
         return {"nargs": "+", "action": "extend", "type": item, "metavar": key.key.rsplit(".", 1)[-1].upper()}
     if inner in (str, int, float):
-        return {"type": inner, "metavar": key.key.rsplit(".", 1)[-1].upper()}
+        return {"type": _integer if inner is int else inner, "metavar": key.key.rsplit(".", 1)[-1].upper()}
     return None
 
 

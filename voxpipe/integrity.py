@@ -7,7 +7,9 @@ by a secret the workspace volume does not hold (env `VOXPIPE_CHECKPOINT_KEY`, fr
 Secret on a cluster), stops whoever can write to the volume from planting files and re-hashing
 them. Local runs without the env var use the user's own key file, outside every output folder
 (`$XDG_STATE_HOME/voxpipe/checkpoint.key`, else `~/.local/state/voxpipe/`, mode 0600 in a 0700
-folder): write access to the checkpoints is then not enough to forge a signature. A key file inside
+folder): write access to the checkpoints is then not enough to forge a signature. The key file and its
+folder must be the user's own and writable by nobody else (group or world), else another user could
+have swapped the key and signed what they planted. A key file inside
 a checkpoints folder (`.voxpipe-key`, what older voxpipe wrote) is never used: whoever could write
 the folder could have replaced it; the run stops with the way out.
 
@@ -72,6 +74,8 @@ def signing_key(key_dir: Path) -> bytes:
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _create_key_file(path)
+    _check_owner(path.parent, "folder of the checkpoint signing key", 0o022, f"chmod go-w {path.parent}")
+    _check_owner(path, "checkpoint signing key", 0o077, f"chmod 600 {path}")
     mode = path.stat().st_mode
     if mode & 0o077:
         raise StepError(
@@ -82,6 +86,21 @@ def signing_key(key_dir: Path) -> bytes:
     if len(key) < 16:
         raise StepError(f"{path}: the signing key is empty or too short; delete the file to make a new one")
     return key
+
+
+def _check_owner(path: Path, what: str, forbidden: int, fix: str) -> None:
+    """Refuse `path` unless the current user owns it and it has none of the `forbidden` mode bits."""
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise StepError(
+            f"{path}: the {what} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}), so its owner "
+            f"could have replaced the key and signed files they planted. Delete it (or `chown` it back to "
+            f"yourself if you know it is yours) and rerun, or set {KEY_ENV}")
+    if st.st_mode & forbidden:
+        raise StepError(
+            f"{path}: the {what} is writable or readable by others (mode {stat.filemode(st.st_mode)}), so "
+            f"another user could have replaced the key; run `{fix}` (and delete the key if you do not "
+            f"trust it) or set {KEY_ENV}")
 
 
 def _create_key_file(path: Path) -> None:
@@ -145,9 +164,14 @@ def listed_files(folder: Path) -> list[str]:
     )
 
 
-def _signature(key: bytes, payload: dict[str, Any]) -> str:
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+def signature(key: bytes, payload: dict[str, Any]) -> str:
+    """The HMAC-SHA256 of `payload`'s canonical JSON: what manifests and run identities carry."""
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def signature_matches(key: bytes, payload: dict[str, Any], claimed: object) -> bool:
+    return isinstance(claimed, str) and hmac.compare_digest(claimed, signature(key, payload))
 
 
 def write_manifest(
@@ -165,12 +189,10 @@ def write_manifest(
     if files is None:
         files = hash_files(folder, listed_files(folder))
     payload = {"version": _VERSION, "files": files, **(extra or {})}
-    manifest = {**payload, "hmac": _signature(key, payload)}
+    manifest = {**payload, "hmac": signature(key, payload)}
     path = folder / MANIFEST
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return path
-
-
 def read_manifest(folder: Path, key: bytes) -> dict[str, Any]:
     """The manifest's payload once its signature checks; nothing else in the folder is opened."""
     path = Path(folder) / MANIFEST
@@ -186,7 +208,7 @@ def read_manifest(folder: Path, key: bytes) -> dict[str, Any]:
         )
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise IntegrityError("bad-manifest", f"{path}: unreadable manifest ({e})") from e
-    if not isinstance(claimed, str) or not hmac.compare_digest(claimed, _signature(key, manifest)):
+    if not signature_matches(key, manifest, claimed):
         raise IntegrityError(
             "bad-signature",
             f"{path}: the signature does not match: the manifest was changed, or it was signed with "
@@ -195,8 +217,6 @@ def read_manifest(folder: Path, key: bytes) -> dict[str, Any]:
     if not entries_ok:
         raise IntegrityError("bad-manifest", f"{path}: malformed file entries")
     return manifest
-
-
 def verify_manifest(folder: Path, key: bytes, exact: bool = True) -> dict[str, Any]:
     """Check the signature, then every listed file's size, then every hash; return the payload.
 
@@ -205,12 +225,16 @@ def verify_manifest(folder: Path, key: bytes, exact: bool = True) -> dict[str, A
     """
     folder = Path(folder)
     manifest = read_manifest(folder, key)
-    files = manifest["files"]
+    check_files(folder, manifest["files"], exact, where=folder / MANIFEST)
+    return manifest
+def check_files(folder: Path, files: dict[str, dict[str, Any]], exact: bool = True, *,
+                where: Path, ignore: Iterable[str] = ()) -> None:
+    """Every listed file's size, then its hash; with `exact`, no unlisted file (but those in `ignore`)."""
     for name in files:
         if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise IntegrityError("bad-manifest", f"{folder / MANIFEST}: entry {name!r} leaves the folder")
+            raise IntegrityError("bad-manifest", f"{where}: entry {name!r} leaves the folder")
     if exact:
-        unlisted = sorted(set(listed_files(folder)) - set(files))
+        unlisted = sorted(set(listed_files(folder)) - set(files) - set(ignore))
         if unlisted:
             raise IntegrityError("unlisted-file", f"{folder}: not in the manifest: {', '.join(unlisted)}")
     for name, entry in files.items():  # sizes first: a truncated file fails without hashing anything
@@ -219,4 +243,3 @@ def verify_manifest(folder: Path, key: bytes, exact: bool = True) -> dict[str, A
     for name, entry in files.items():
         if actual[name]["sha256"] != entry["sha256"]:
             raise _bad_hash(folder / name)
-    return manifest

@@ -297,6 +297,13 @@ class LoraParams(Section):
         return self
 
 
+# bounds that keep a typo from taking the machine (`voxpipe plan --train-max-tokens 1e9` allocated 18 GB,
+# `--local-nproc 1e6` never returned): refused by the schema before anything is built
+MAX_TOKENS = 1 << 20  # LM positions per micro-batch: 250x the default, far past any device's memory
+MAX_LOCAL_NPROC = 64  # torchrun processes on one box: as many as a pod may have devices (MAX_DEVICES_PER_POD)
+MAX_DEVICE_MEMORY_GIB = 4096.0  # one device's (or one CPU rank's) memory: 4 TiB
+
+
 class TrainParams(Section):
     """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
 
@@ -326,7 +333,8 @@ class TrainParams(Section):
     warmup_steps: int = Field(4, ge=0, description="linear warm-up steps (about 10 % of max_steps)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decay on matrices (not norms/biases)")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    max_tokens: int = Field(4096, gt=0, description="token budget: LM positions per micro-batch (padded)")
+    max_tokens: int = Field(4096, gt=0, le=MAX_TOKENS, description="token budget: LM positions per "
+                            f"micro-batch (padded); at most {MAX_TOKENS} (2^20)")
     clip_norm: float = Field(1.0, gt=0, description="gradient norm clipping threshold")
     max_bad_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row",
                                json_schema_extra={"result": False})
@@ -557,6 +565,12 @@ class LaunchParams(Section):
     env: dict[str, str] = Field(
         default_factory=dict, description="extra env, e.g. MLFLOW_TRACKING_URI; no secrets: see secret_env"
     )
+    env_not_secret: list[str] = Field(
+        default_factory=list,
+        description="names of launch.env entries whose values only look like secrets (a public certificate, "
+        "a random-looking build id): launch-train does not refuse them by value shape, and MLflow params "
+        "keep them; a secret-shaped name or a URI password is refused all the same (docs/security.md)",
+    )
     secret_env: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_SECRET_ENV),
         description="env from Kubernetes Secrets, by reference: {ENV_NAME: secret-name/key} (never a value)",
@@ -695,11 +709,17 @@ class PlanParams(Section):
         "table); cpu = this host's free RAM"
     )
     device_memory_gib: float = Field(
-        0.0, ge=0, description="memory of one device in GiB; 0 = plan.device's figure from the table"
+        0.0, ge=0, le=MAX_DEVICE_MEMORY_GIB, description="memory of one device in GiB, at most "
+        f"{MAX_DEVICE_MEMORY_GIB}; 0 = plan.device's figure from the table"
     )
     headroom: float = Field(
         0.1, ge=0, lt=1, description="fraction of the device memory kept free (allocator fragmentation, "
         "the CUDA/HCCL context, communication buffers): fits = peak <= (1 - headroom) x device memory"
+    )
+    missing_base: Literal["error", "preset"] = Field(
+        "error", description="when model.base does not exist: error (a mistyped folder is not planned as "
+        "another model), or preset = plan model.preset's shape (a recipe planned before its checkpoint is "
+        "downloaded)"
     )
     launcher: Literal["local", "launch"] = Field(
         "local", description="whose world size the plan uses: local = local.nproc (torchrun on one box, "
@@ -715,8 +735,9 @@ class LocalParams(Section):
     """This machine under `dvc repro` / make (not the cluster: that is `launch`)."""
 
     nproc: int = Field(
-        2, ge=1, description="torchrun processes per step (train, encode): CPU processes here, one per "
-        "GPU/NPU on an accelerator box. The world size changes the data order, so DVC tracks it"
+        2, ge=1, le=MAX_LOCAL_NPROC, description="torchrun processes per step (train, encode): CPU processes "
+        "here, one per GPU/NPU on an accelerator box; at most "
+        f"{MAX_LOCAL_NPROC}. The world size changes the data order, so DVC tracks it"
     )
 
 

@@ -14,7 +14,14 @@ artifacts) passes through `scrub`, which replaces every secret VALUE it knows of
   variables a caller declares (`launch.secret_env`'s names), except user names (`*_USERNAME`,
   `*_USER`): an account name such as "voxpipe" would blank every model and experiment name;
 - every password inside a URI (`scheme://user:password@host`) and every secret-named query value
-  (`?token=...`, `&sig=...`), in the environment or in the text.
+  (`?token=...`, `&sig=...`), in the environment or in the text;
+- every value that has a secret's shape, whatever its key or variable is called (`value_shapes`): the
+  secret of a connection string (`AccountKey=`, `SharedAccessKey=`, `SharedAccessSignature=`,
+  `Password=`, `Pwd=`), a JWT (`eyJ...`, three dot-separated parts), a PEM block (`-----BEGIN ...`),
+  and a high-entropy token (24+ characters of the base64 alphabet that mix upper case, lower case and
+  digits the way random strings do; hex digests, paths and identifiers are not). `launch-train` refuses
+  them in `launch.env` too. A value that only looks like one (a public certificate) is let through
+  where its name is listed in `launch.env_not_secret`: `allowing` passes such values to `scrub`.
 
 `ScrubFilter` applies the same to every log record (the CLI installs it), so a library's retry
 warnings that print a URL cannot leak its token.
@@ -26,10 +33,14 @@ wreck the record and hide nothing worth hiding.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 
 REDACTED = "***"
 SECRET_ENV_NAMES = "VOXPIPE_REDACT_ENV"
@@ -45,6 +56,101 @@ _QUERY_SECRET = re.compile(
 )
 _IDENTITY = re.compile(r"(?:^|_)USER(?:NAME)?$", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)([^/\s:@]*):([^/\s@]+)@", re.IGNORECASE)
+
+
+# -- secrets by the shape of the value (the group named "secret" is what is redacted)
+_SHAPES = (
+    ("a connection string's key or password (AccountKey=, SharedAccessKey=, Password=, Pwd=)",
+     re.compile(r"\b(?:AccountKey|SharedAccessKey|Password|Pwd)=(?P<secret>[\w+/%.!@#$^*~-][^;\s\"'&]*)",
+                re.IGNORECASE)),
+    ("a connection string's shared access signature (SharedAccessSignature=)",
+     re.compile(r"\bSharedAccessSignature=(?P<secret>[\w+/%.-][^;\s\"']*)", re.IGNORECASE)),
+    ("a JSON Web Token (eyJ...)",
+     re.compile(r"(?P<secret>\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)")),
+    ("a PEM block (-----BEGIN ...-----)",
+     re.compile(r"(?P<secret>-----BEGIN [A-Z0-9 ]+-----[\s\S]*?(?:-----END [A-Z0-9 ]+-----|$))")),
+)
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/]{24,}={0,2}")
+_WORD = re.compile(r"^[A-Z]?[a-z]{3,}$")  # a path's `runs` or `Export`: not part of a token
+TOKEN_CHARS = 24
+HIGH_ENTROPY = "a high-entropy token (a random-looking string of 24+ characters)"
+_ALLOWED: ContextVar[tuple[str, ...]] = ContextVar("voxpipe_not_secret", default=())
+
+
+def _char_class(ch: str) -> int:
+    return 0 if ch.isupper() else 1 if ch.islower() else 2 if ch.isdigit() else 3
+
+
+def _random_looking(body: str) -> bool:
+    """Upper, lower and digits, a high character entropy, and the class changing from one character to the
+    next about as often as in a random string (0.62 for base62; CamelCase words and paths far less)."""
+    if len(body) < TOKEN_CHARS or not (any(c.isupper() for c in body) and any(c.islower() for c in body)
+                                       and any(c.isdigit() for c in body)):
+        return False
+    counts = Counter(body)
+    entropy = -sum(n / len(body) * math.log2(n / len(body)) for n in counts.values())
+    changes = sum(_char_class(a) != _char_class(b) for a, b in zip(body, body[1:], strict=False))
+    return entropy >= 3.8 and changes / (len(body) - 1) >= 0.45
+
+
+def _tokens(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of every high-entropy token in text; a path's segments are judged one by one."""
+    for m in _TOKEN_RUN.finditer(text):
+        body = m.group().rstrip("=")
+        segments = body.split("/")
+        if len(segments) > 1 and any(_WORD.match(s) for s in segments):
+            start = m.start()
+            for s in segments:
+                if _random_looking(s):
+                    yield start, start + len(s)
+                start += len(s) + 1
+        elif _random_looking(body):
+            yield m.start(), m.end()
+
+
+def value_shapes(text: str) -> list[tuple[str, str]]:
+    """(what it looks like, the secret part) for every secret-shaped value in `text`."""
+    found = [(what, m.group("secret")) for what, pattern in _SHAPES for m in pattern.finditer(text)]
+    covered = "\0".join(s for _, s in found)
+    found += [(HIGH_ENTROPY, text[a:b]) for a, b in _tokens(text) if text[a:b] not in covered]
+    return [(what, s) for what, s in found if s and s != REDACTED]
+
+
+def value_shape(text: str, allowed: Iterable[str] = ()) -> str | None:
+    """What the first secret-shaped value in `text` looks like (never the value), or None."""
+    allowed = tuple(allowed)
+    return next((what for what, s in value_shapes(text) if not any(s in a for a in allowed)), None)
+
+
+@contextlib.contextmanager
+def allowing(values: Iterable[str]) -> Iterator[None]:
+    """Within it, `scrub` keeps secret-shaped parts of these values (`launch.env_not_secret`'s values)."""
+    token = _ALLOWED.set(tuple(v for v in values if v))
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
+
+
+def scrub_shapes(text: str, allowed: Iterable[str] | None = None) -> str:
+    """`text` with every secret-shaped value (`value_shapes`) replaced by ***, except inside `allowed`
+    values (default: those of the enclosing `allowing`)."""
+    allowed = _ALLOWED.get() if allowed is None else tuple(allowed)
+
+    def kept(secret: str) -> bool:
+        return secret == REDACTED or any(secret in a for a in allowed)
+
+    def redact(m: re.Match[str]) -> str:  # in place: a short password is not replaced all over the text
+        if kept(m.group("secret")):
+            return m.group(0)
+        start, end = m.start("secret") - m.start(), m.end("secret") - m.start()
+        return m.group(0)[:start] + REDACTED + m.group(0)[end:]
+
+    for _, pattern in _SHAPES:
+        text = pattern.sub(redact, text)
+    for start, end in reversed([(a, b) for a, b in _tokens(text) if not kept(text[a:b])]):
+        text = text[:start] + REDACTED + text[end:]
+    return text
 
 
 def is_secret_name(name: str) -> bool:
@@ -84,13 +190,14 @@ def secret_values(
 
 
 def scrub(text: str, values: Iterable[str] | None = None) -> str:
-    """`text` with every URI password and every secret value replaced by ***. `values`: the secrets to
+    """`text` with every URI password, every secret value and every secret-shaped value (`scrub_shapes`)
+    replaced by ***. `values`: the secrets to
     hide (default: `secret_values()`); pass a precomputed list when scrubbing many texts."""
     text = _URI_USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
     text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     for value in secret_values() if values is None else values:
         text = text.replace(value, REDACTED)
-    return text
+    return scrub_shapes(text)
 
 
 class ScrubFilter(logging.Filter):

@@ -7,6 +7,8 @@ voice metrics against the same baseline) and the promotion rule picks one: among
 pass it the lowest loss; when none passes, the lowest loss among those that keep the voice; else
 the lowest loss. `eval.json` records the whole table and the choice; `exports.png` plots it.
 Only the exports of the run in the folder are scored (`own_exports`); the others are listed, with why.
+Whose export it is, is what its signed `voxpipe-run.json` says once it verifies (voxpipe/train/identity.py):
+one copied from another export, edited or unsigned is never taken as this run's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, Verdict
 from voxpipe.files import step_folders
-from voxpipe.train.identity import folder_run, read_identity
+from voxpipe.integrity import KEY_ENV, signing_key
+from voxpipe.train.identity import IDENTITY_FILE, folder_run, identity_or_why
 
 
 @dataclass(frozen=True)
@@ -67,27 +70,53 @@ def own_exports(path: Path) -> RunExports:
     """`find_candidates`, less the exports that another run wrote (voxpipe/train/identity.py).
 
     A folder of step-N exports belongs to the run in its parent folder (its newest checkpoint, else its
-    report.json); without one, to the run of its newest export. One checkpoint folder is scored as named."""
+    report.json); without one, to the run of its newest export. One checkpoint folder is scored as named,
+    unless it carries a voxpipe-run.json that does not verify."""
     candidates = find_candidates(path)
+    # the key only where something claims a run (a folder of plain checkpoints needs none)
+    claims = [c.path / IDENTITY_FILE for c in candidates]
+    if candidates[0].step is not None:
+        claims += [path.parent / "checkpoints", path.parent / "report.json"]
+    key = signing_key(path) if any(p.exists() for p in claims) else b""
     if candidates[0].step is None:
-        found = read_identity(path)
-        return RunExports(candidates, [], found and found["run"], "the checkpoint named by evaluate.model")
-    identity, source = folder_run(path.parent)
+        if not (path / IDENTITY_FILE).is_file():
+            return RunExports(candidates, [], None, "the checkpoint named by evaluate.model")
+        found, why = identity_or_why(path, key)
+        if found is None:
+            raise StepError(
+                f"{path}: not scored, since its {IDENTITY_FILE} does not verify: {why}. Scoring it would "
+                "credit these weights to a run that did not write them. Point evaluate.model at the export "
+                f"your train wrote (its export/ or exports/), rerun train to write it again, or, to score "
+                f"the folder as an anonymous checkpoint, delete its {IDENTITY_FILE}")
+        return RunExports(candidates, [], found["run"], "the checkpoint named by evaluate.model")
+    identity, source = folder_run(path.parent, key)
+    checked = {c.path: identity_or_why(c.path, key) for c in candidates}
     if identity is None:
-        newest = read_identity(candidates[-1].path)
-        identity, source = newest, f"the newest export ({candidates[-1].path.name}): no run folder around it"
+        for c in reversed(candidates):
+            if (found := checked[c.path][0]) is not None:
+                identity = found
+                source = f"the newest export that verifies ({c.path.name}): no run folder around it"
+                break
     if identity is None:
+        claimed = [c for c in candidates if (c.path / IDENTITY_FILE).is_file()]
+        if claimed:
+            raise StepError(
+                f"{path}: not scored, since no export's {IDENTITY_FILE} verifies (the first: "
+                f"{checked[claimed[0].path][1]}) and nothing else names the run, so these weights cannot "
+                "be credited to any run. Point evaluate.model at the exports your train wrote, run evaluate "
+                f"with the key that signed them ({KEY_ENV}, else the local key file), or rerun train to "
+                "write them again")
         return RunExports(candidates, [], None, "nothing records a run identity (exports written before "
                                                 "voxpipe recorded one): all are scored")
     kept, skipped = [], []
     for c in candidates:
-        mine = read_identity(c.path)
+        mine, why = checked[c.path]
         if mine is not None and mine["run"] == identity["run"]:
             kept.append(c)
             continue
-        why = ("it records no run identity (not written by this run's train)" if mine is None else
-               f"written by another run ({mine['run']}, not {identity['run']}): "
-               + _differences(mine, identity))
+        if mine is not None:
+            why = (f"written by another run ({mine['run']}, not {identity['run']}): "
+                   + _differences(mine, identity))
         skipped.append({"path": str(c.path), "step": c.step, "run": mine and mine["run"], "why": why})
     if not kept:
         raise StepError(

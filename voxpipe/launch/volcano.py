@@ -27,7 +27,7 @@ from voxpipe.errors import StepError
 from voxpipe.integrity import KEY_ENV
 from voxpipe.launch.workspace import inside_workspace
 from voxpipe.params import LaunchParams, Params
-from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords
+from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords, value_shape
 
 GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 JOB_NAME_LABEL = "volcano.sh/job-name"  # Volcano puts it on every pod of a job
@@ -161,13 +161,26 @@ def _plain_env(launch: LaunchParams) -> list[dict[str, Any]]:
     both = sorted(launch.env.keys() & launch.secret_env.keys())
     if both:
         raise StepError(f"{both} are in both launch.env and launch.secret_env: keep the secret_env entry")
+    unknown = sorted(set(launch.env_not_secret) - launch.env.keys())
+    if unknown:
+        raise StepError(
+            f"launch.env_not_secret names {', '.join(unknown)}, which launch.env does not set: list only the "
+            "names of launch.env entries whose values look like secrets but are not (or remove them)")
     for name, value in launch.env.items():
-        if is_secret_name(name) or uri_passwords(value):
+        shape = None if name in launch.env_not_secret else value_shape(value)
+        if is_secret_name(name) or (uri_passwords(value) and not shape):
             raise StepError(
                 f"launch.env.{name} holds a secret (its name says so, or a URI password): a plain value "
                 "would sit in the Job spec for anyone who can read Jobs. Store it in a Kubernetes Secret "
                 f"and reference it instead: launch.secret_env.{name}=<secret-name>/<key> (docs/security.md)."
             )
+        if shape:
+            raise StepError(
+                f"launch.env.{name} holds a secret by the shape of its value ({shape}), whatever its name: a "
+                "plain value would sit in the Job spec for anyone who can read Jobs. Store it in a "
+                "Kubernetes Secret and reference it instead: "
+                f"launch.secret_env.{name}=<secret-name>/<key>; if the value only looks like a secret (a "
+                f"public certificate), add {name} to launch.env_not_secret (docs/security.md).")
     return [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
 
 
@@ -304,17 +317,44 @@ def render_job(
             "tasks": tasks,
         },
     }
-    _refuse_secret_values(rendered)
+    _refuse_secret_values(rendered, launch.env_not_secret)
     return rendered
 
 
-def _refuse_secret_values(job: dict[str, Any]) -> None:
+def _strings(node: Any, where: str, skip: set[str]) -> Any:
+    """(where, text) of every string in a rendered job, but the env entries named in `skip`; an env
+    entry's value is where its name says."""
+    if isinstance(node, str):
+        yield where, node
+    elif isinstance(node, dict):
+        if isinstance(node.get("name"), str) and isinstance(node.get("value"), str):
+            if node["name"] in skip:
+                return
+            where = node["name"]
+        for value in node.values():
+            yield from _strings(value, where, skip)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value, where, skip)
+
+
+def _refuse_secret_values(job: dict[str, Any], not_secret: list[str]) -> None:
     """No secret value the launcher knows (its environment's, URI passwords) may be in the spec: a params
     or env value holding one must come from a Secret instead."""
     text = job_yaml(job)
+    env = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
+    # by value shape: every string of the spec but the launch.env values launch.env_not_secret lets through
+    strings = _strings(job, "the spec", set(not_secret))
+    found = ((where, shape) for where, value in strings if (shape := value_shape(value)))
+    where, shape = next(found, (None, None))
+    if shape:
+        raise StepError(
+            f"the Volcano job would carry a secret in {where} by the shape of a value ({shape}): anyone who "
+            "can read Jobs would see it. Pass secrets only by reference (launch.secret_env, "
+            "docs/security.md), never in params; a launch.env value that only looks like one goes in "
+            "launch.env_not_secret.")
     for value in secret_values(texts=[text]):
         if value in text:
-            env = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
             where = next((e["name"] for e in env if value in e.get("value", "")), "the spec")
             raise StepError(
                 f"the Volcano job would carry a secret value in {where} (a password in a URI, or the value "

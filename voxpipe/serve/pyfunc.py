@@ -12,10 +12,11 @@ Each text is normalized as ingest normalized the training transcripts (serve/req
 request's params say `"normalize": false`; `spoken_text` is the text the model was given.
 
 Voice cloning: an optional `reference_audio` column holds, per row, a clip of the voice to speak
-in: the audio file's bytes in base64; empty = the voice the model learned. A path is accepted only
-inside the folder the deployment names in $VOXPIPE_REFERENCE_DIR. The same seed gives the same
-audio. Every request is checked (serve/request.py); a refused one is an HTTP 400 whose message is
-one line naming the field.
+in: the audio file's bytes in base64; null (or no column) = the voice the model learned. An empty
+string, a number or bytes that do not decode are refused (HTTP 400), never taken as "no reference".
+A path is accepted only inside the folder the deployment names in $VOXPIPE_REFERENCE_DIR. The same
+seed gives the same audio. Every request is checked (serve/request.py); a refused one is an HTTP 400
+whose message is one line naming the field.
 
 Load-time options (`model_config`): device ("auto" = cuda when available, else cpu; or "npu", ...),
 dtype of the model parameters ("float32" or "bfloat16"; the VAE stays float32), kernels

@@ -15,7 +15,9 @@ is decoded, so a 10-minute clip costs nothing).
 Over serving, `reference_audio` is the clip's bytes in base64. A path is taken only when the
 deployment names a folder (`reference_dir`, $VOXPIPE_REFERENCE_DIR) and it resolves inside it; a path
 outside, or any path without a folder, gets the same answer whether or not the file exists (no
-existence oracle). The local CLI reads the user's file itself and sends its bytes.
+existence oracle). The local CLI reads the user's file itself and sends its bytes. A row without a
+reference is a missing value (null, None, NaN): it speaks in the model's own voice. Anything else that
+is not a clip (an empty string, a number, bytes that do not decode) is refused, never dropped.
 """
 
 from __future__ import annotations
@@ -171,10 +173,23 @@ def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any
     checked = [check_text(t, f"text of row {i}") for i, t in enumerate(texts)]
     normalize = _normalize_flag(params)
     gen = generation({k: v for k, v in (params or {}).items() if k != "normalize"})
-    refs = [reference_waveform(r, f"reference_audio of row {i}", limits) if isinstance(r, str) and r.strip()
-            else None for i, r in enumerate(references)]
+    refs = [reference(r, f"reference_audio of row {i}", limits) for i, r in enumerate(references)]
     spoken = [spoken_form(t)[0] if normalize else t for t in checked]
     return Request(checked, spoken, refs, gen)
+
+
+def reference(value: Any, where: str, limits: Limits) -> np.ndarray | None:
+    """A row's reference clip; None only for a missing value (null/None/NaN: the model's own voice)."""
+    if value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if not isinstance(value, str):
+        shown = repr(value)[:40]
+        raise RequestError(f"{where}: {type(value).__name__} {shown}, not a string; send the clip's bytes in "
+                           "base64, or null for the model's own voice")
+    if not value.strip():
+        raise RequestError(f"{where}: empty; send the clip's bytes in base64, or null (leave it out) for the "
+                           "model's own voice")
+    return reference_waveform(value, where, limits)
 
 
 def encode_file(path: str | Path) -> str:

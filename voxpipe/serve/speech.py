@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def speak(model: VoxCPM2, texts: list[Any], references: list[Any], params: dict[str, Any] | None,
           limits: Limits) -> tuple[list[str], GeneratedSpeech]:
-    """(the texts as spoken, one batch of generation); row i in the voice of references[i] (None or
-    "": the learned voice)."""
+    """(the texts as spoken, one batch of generation); row i in the voice of references[i] (None: the
+    learned voice)."""
     request = parse_request(texts, references, params, limits)
     return request.spoken, model.generate(request.spoken, request.references, **request.generation)

@@ -26,6 +26,7 @@ from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
+from voxpipe.serve.request import reference as check_reference
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 
@@ -49,7 +50,7 @@ def _request_params(p: SynthesizeParams) -> dict[str, int | float | bool]:
     return {**{k: getattr(p, k) for k in GENERATION_KEYS}, "normalize": p.normalize}
 
 
-def _from_registry(params: Params, uri: str, reference: str
+def _from_registry(params: Params, uri: str, reference: str | None
                    ) -> tuple[np.ndarray, int, bool, str | None, str]:
     """The served model's answer and the version spoken with (`models:/NAME/N`); the spoken text is None
     from a version registered before serving normalized text (its signature drops `normalize` and it
@@ -68,7 +69,7 @@ def _from_registry(params: Params, uri: str, reference: str
     return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0]), spoken, pinned
 
 
-def _from_folder(p: SynthesizeParams, reference: str) -> tuple[np.ndarray, int, bool, str]:
+def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray, int, bool, str]:
     from voxpipe.device import resolve_device_type
     from voxpipe.model.io import from_pretrained
     from voxpipe.serve.speech import speak
@@ -87,13 +88,14 @@ def synthesize(params: Params) -> SynthesizeResult:
     p = params.synthesize
     if not p.text.strip():
         raise StepError("synthesize.text is empty: give --text 'what to say'")
-    reference = ""
+    reference = None
     if p.reference:
-        if not Path(p.reference).is_file():
-            raise StepError(f"synthesize.reference {p.reference}: no such audio file")
-        reference = encode_file(p.reference)  # its bytes, as a serving client sends them
+        reference = _reference_file(p)  # its bytes, as a serving client sends them
     try:  # refused here as the served model refuses it, before any model loads
-        parse_request([p.text], [reference], _request_params(p), Limits(p.max_reference_seconds))
+        limits = Limits(p.max_reference_seconds)
+        if reference is not None:  # the served model's checks, naming the file rather than a request row
+            check_reference(reference, f"synthesize.reference {p.reference}", limits)
+        parse_request([p.text], [None], _request_params(p), limits)
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
     uri = model_uri(p.model, params.registered_model_name())
@@ -108,5 +110,17 @@ def synthesize(params: Params) -> SynthesizeResult:
         spoken, how = p.text, "as written: this model version predates text normalization"
     out = Path(p.out)
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
-    source += f" in the voice of {p.reference}" if p.reference else ""
+    source += f" in the voice of {p.reference}" if reference is not None else " in the model's own voice"
     return SynthesizeResult(out, audio.size / rate, rate, hit, source, spoken, how)
+
+
+def _reference_file(p: SynthesizeParams) -> str:
+    """--reference's bytes in base64; an empty file is an error, never "no reference"."""
+    path = Path(p.reference)
+    if not path.is_file():
+        raise StepError(f"synthesize.reference {p.reference}: no such audio file")
+    if path.stat().st_size == 0:
+        raise StepError(f"synthesize.reference {p.reference}: the file is empty (0 bytes), so there is no "
+                        "voice to clone; give a WAV or FLAC clip of a few seconds of the voice, or leave "
+                        "--reference out to speak in the model's own voice")
+    return encode_file(path)

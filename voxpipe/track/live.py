@@ -9,7 +9,8 @@ Which run: $MLFLOW_RUN_ID (an orchestrator made it), else on resume the run `<ou
 names if it was started in the same place with the same params, else a new one (recorded there). A
 rejoined run gets only the steps after the last one it holds: steps redone after a crash keep their
 first values in MLflow (metrics.jsonl has the redone ones). MLflow errors at the start stop training
-(tracking was asked for); later ones warn once and end live logging, since metrics.jsonl is the
+(tracking was asked for), and so does an experiment that another user owns or can edit
+(ownership.py, as for `register`); later ones warn once and end live logging, since metrics.jsonl is the
 record and `register` logs what the run lacks. The run stays RUNNING until `register` finishes it.
 """
 
@@ -23,6 +24,7 @@ from mlflow.exceptions import MlflowException
 
 from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import write_json
+from voxpipe.track.ownership import check_experiment_owned
 from voxpipe.track.record import flatten, log_metrics, log_params, numbers
 from voxpipe.track.tracking import (
     RUN_FILE,
@@ -53,6 +55,8 @@ class LiveRun:
         with session(self.uri) as client:
             root = local_artifact_root(self.uri, work)
             place["experiment_id"] = experiment_id(client, tracking.experiment, root)
+            # as register does: never log into an experiment another user owns or can edit
+            check_experiment_owned(self.uri, place["experiment_id"], tracking.experiment)
             self.run_id = _join_or_create(client, folder / RUN_FILE, place, resume_step)
             log_params(client, self.run_id, params)
             held = client.get_metric_history(self.run_id, EVERY_STEP)

@@ -12,7 +12,8 @@ the server's trust root, not a threat this can detect.
 Reading other users' permissions takes an MLflow admin account; a pipeline account that is not one
 cannot verify anything and is refused with the way out. Servers without the auth app (a local sqlite
 store, a plain `mlflow server`) have no accounts: nothing to check, and a warning for a plain server.
-`voxpipe registry-init` lowers every other user's direct EDIT grant to READ.
+`voxpipe registry-init` lowers every other user's direct EDIT grant to READ. Train's live run
+(`train.track`) checks the experiment the same way before it creates or joins a run there.
 """
 
 from __future__ import annotations
@@ -82,31 +83,31 @@ def current_account(uri: str) -> Account | None:
     return Account(user["username"], bool(user["is_admin"]))
 
 
-def _others(uri: str, me: Account) -> list[str]:
+def _others(uri: str, me: Account, who: str = "register") -> list[str]:
     response = _request(uri, "/api/2.0/mlflow/users/list")
     if response.status_code != 200:
         raise StepError(f"MLflow at {_host(uri)}: listing users gave HTTP {response.status_code} for the "
-                        f"pipeline's account {me.username!r}: {_way_out(me)}")
+                        f"pipeline's account {me.username!r}: {_way_out(me, who)}")
     return sorted(u["username"] for u in response.json()["users"]
                   if u["username"] != me.username and not u["is_admin"])
 
 
-def _way_out(me: Account) -> str:
-    return (f"register cannot verify that nobody else can edit what it writes. Make {me.username!r} an "
-            "MLflow admin (AuthServiceClient.update_user_admin), the account register runs as")
+def _way_out(me: Account, who: str = "register") -> str:
+    return (f"{who} cannot verify that nobody else can edit what it writes. Make {me.username!r} an "
+            f"MLflow admin (AuthServiceClient.update_user_admin), the account {who} runs as")
 
 
-def editors(uri: str, me: Account, resource: Resource) -> dict[str, str]:
+def editors(uri: str, me: Account, resource: Resource, who: str = "register") -> dict[str, str]:
     """Every other non-admin user whose effective permission on `resource` is above READ: {user: perm}."""
     from mlflow.exceptions import MlflowException
     from mlflow.server.auth.client import AuthServiceClient
 
     if not me.is_admin:
         raise StepError(f"MLflow at {_host(uri)}: the pipeline's account {me.username!r} is no admin and may "
-                        f"not read other users' permissions on the {resource.label}, so {_way_out(me)}")
+                        f"not read other users' permissions on the {resource.label}, so {_way_out(me, who)}")
     auth = AuthServiceClient(uri)
     found = {}
-    for user in _others(uri, me):
+    for user in _others(uri, me, who):
         try:
             permission = auth.get_user_permission(user, resource.kind, resource.id).permission
         except MlflowException as e:
@@ -116,12 +117,13 @@ def editors(uri: str, me: Account, resource: Resource) -> dict[str, str]:
     return found
 
 
-def refuse_foreign(uri: str, me: Account, resource: Resource, lower: bool = False) -> list[str]:
+def refuse_foreign(uri: str, me: Account, resource: Resource, lower: bool = False,
+                   who: str = "register") -> list[str]:
     """StepError naming the owner when another non-admin user holds MANAGE on `resource`; one naming them
     when others hold EDIT, unless `lower` (registry-init): then their direct grants become READ.
     Returns who was lowered. Someone else's MANAGE is never taken over: what they own may hold their
     versions and aliases already."""
-    found = editors(uri, me, resource)
+    found = editors(uri, me, resource, who)
     owners = [u for u, p in found.items() if p == "MANAGE"]
     who = ", ".join(f"{u!r} ({p})" for u, p in sorted(found.items()))
     if owners:
@@ -167,6 +169,15 @@ def check_owned(uri: str, experiment_id: str, experiment: str, model: str, locks
         return None
     for resource in resources(experiment_id, experiment, model, locks):
         refuse_foreign(uri, me, resource)
+    return me
+
+
+def check_experiment_owned(uri: str, experiment_id: str, experiment: str) -> Account | None:
+    """`check_owned` for the experiment alone: train's live run (voxpipe/track/live.py) writes no model."""
+    me = current_account(uri)
+    if me is not None:
+        experiment_resource = resources(experiment_id, experiment, "")[0]
+        refuse_foreign(uri, me, experiment_resource, who="train's live run (train.track)")
     return me
 
 

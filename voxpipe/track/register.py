@@ -19,6 +19,7 @@ from typing import Any
 from voxpipe.lineage import kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
+from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
@@ -28,6 +29,7 @@ from voxpipe.track.tracking import (
     experiment_id,
     local_artifact_root,
     locks_experiment,
+    not_secret_values,
     orchestrator_run,
     pipeline_key,
     pipeline_run,
@@ -59,6 +61,11 @@ class RegisterResult:
 
 
 def register(params: Params) -> RegisterResult:
+    with allowing(not_secret_values(params)):  # launch.env values that only look like secrets
+        return _register(params)
+
+
+def _register(params: Params) -> RegisterResult:
     p, tracking = params.register_, params.tracking
     name = params.registered_model_name()
     start = time.perf_counter()

@@ -68,6 +68,11 @@ def run_secrets(params: Params, logged: dict[str, Any] | None = None) -> list[st
     return secret_values(params.launch.secret_env, [_as_text(v) for v in values], [params.launch.env])
 
 
+def not_secret_values(params: Params) -> list[str]:
+    """The launch.env values `launch.env_not_secret` lets through: look like secrets, are not (`allowing`)."""
+    return [params.launch.env[n] for n in params.launch.env_not_secret if n in params.launch.env]
+
+
 def redact_params(flat: dict[str, Any], values: list[str] | None = None) -> dict[str, str]:
     """Params as MLflow strings with every secret value scrubbed (keys are never judged by name).
     `values`: the secrets to hide (default: the environment's and the URI passwords in `flat`)."""

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from voxpipe.errors import StepError
+from voxpipe.integrity import signing_key
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.npu import resolve_kernels
@@ -40,7 +41,7 @@ from voxpipe.train.export import export_checkpoint
 from voxpipe.train.exports import EXPORTS, due, export_step
 from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
-from voxpipe.train.identity import foreign_exports, run_identity, write_identity
+from voxpipe.train.identity import foreign_exports, run_identity, sign_report_identity, write_identity
 from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
 from voxpipe.train.plan import plan_verdict
 from voxpipe.train.resume import Refusal, result_params, why_not_resume
@@ -193,7 +194,8 @@ class Trainer:
             return
         path = pick_checkpoint(self.ckpt_root, self.rt)
         if path is None:
-            if self.rt.is_main and foreign_exports(self.out / EXPORTS, self.identity):
+            key = signing_key(self.ckpt_root) if self.rt.is_main else b""
+            if self.rt.is_main and foreign_exports(self.out / EXPORTS, self.identity, key):
                 set_aside_all(self.out / EXPORTS, "exports of another run, no checkpoint of it")
             return
         saved = json.loads((path / "trainer.json").read_text())  # verified by pick_checkpoint
@@ -328,7 +330,7 @@ class Trainer:
             dtype=torch.float32 if self.p.export_dtype == "float32" else torch.bfloat16, step=self.step,
         )
         if self.rt.is_main:
-            write_identity(folder, self.identity, self.step)
+            write_identity(folder, self.identity, self.step, signing_key(self.ckpt_root))
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -397,6 +399,9 @@ class Trainer:
             "mlflow_run_id": run_id,  # train.track: the live MLflow run that `register` completes
             "params": self.p.model_dump(),
             "identity": self.identity,
+            # signed: evaluate takes the run's identity from report.json only with it (train/identity.py)
+            "identity_hmac": sign_report_identity(self.identity, signing_key(self.ckpt_root))
+            if self.rt.is_main else None,
         }
         if self.rt.is_main:
             write_report(self.out, report)

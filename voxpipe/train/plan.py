@@ -367,8 +367,17 @@ def largest_max_tokens(setup: Setup, usable: int) -> int | None:
 
 # -- the step -------------------------------------------------------------------------------------
 def model_config(params: Params) -> VoxCPM2Config:
-    """model.base's config.json when it is there, else model.preset (the plan needs no weights)."""
-    path = Path(params.model.base) / "config.json"
+    """model.base's config.json when it is there, else model.preset (the plan needs no weights). A
+    model.base that does not exist is an error (a mistyped folder would be planned as the preset's
+    model), unless plan.missing_base is preset (a recipe planned before its checkpoint is downloaded)."""
+    base = Path(params.model.base)
+    if not base.exists() and params.plan.missing_base == "error":
+        raise StepError(
+            f"model.base {params.model.base}: no such folder, so there is no model to plan. Point "
+            "--model-base at the checkpoint folder (or run `voxpipe init-model` to make the default one); "
+            f"to plan model.preset's shape ({params.model.preset}) before the checkpoint is there, set "
+            "plan.missing_base: preset (--set plan.missing_base=preset)")
+    path = base / "config.json"
     return VoxCPM2Config.from_file(path) if path.is_file() else preset(params.model.preset)
 
 
