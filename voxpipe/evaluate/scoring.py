@@ -49,6 +49,7 @@ def scoring_text(text: str, language: str) -> str:
     text = strip_punctuation(text)
     if language in CHARACTER_LANGUAGES:
         return " ".join(ch for ch in text if not ch.isspace())
+    # jiwer's default transform, which run_wer.py's text goes through: 2+ whitespace become one space
     return re.sub(r"\s\s+", " ", text.lower()).strip()
 
 
