@@ -8,9 +8,14 @@ accuracy. No Chinese ASR weights exist on PyPI, so paraformer-zh is checked up t
 
 from __future__ import annotations
 
+import string
+
+import jiwer
 import numpy as np
 import pytest
 import torch
+import zhconv
+from zhon.hanzi import punctuation
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import ParaformerZh, Recognisers
@@ -42,6 +47,65 @@ def test_chinese_is_cer_over_characters_with_hanzi_punctuation_deleted():
     rate = utterance_rate("你好，世界！", "你好 世界 啊", "zh")
     assert (rate.insertions, rate.rate) == (1, 0.25)
     assert utterance_rate("你好", "", "zh").rate == 1.0  # nothing heard: every character deleted
+
+
+def _run_wer(truth: str, hypo: str, lang: str) -> float:
+    """Seed-TTS-eval's run_wer.py on one pair, as it reads: zhconv on a zh hypothesis (done there right
+    after paraformer), then process_one (its jiwer compute_measures is process_words in jiwer 4)."""
+    if lang == "zh":
+        hypo = zhconv.convert(hypo, "zh-cn")
+    for x in punctuation + string.punctuation:
+        if x != "'":
+            truth, hypo = truth.replace(x, ""), hypo.replace(x, "")
+    truth, hypo = truth.replace("  ", " "), hypo.replace("  ", " ")
+    if lang == "zh":
+        truth, hypo = " ".join(list(truth)), " ".join(list(hypo))
+    else:
+        truth, hypo = truth.lower(), hypo.lower()
+    return jiwer.process_words(truth, hypo).wer
+
+
+# (reference, hypothesis, language, rate worked by hand from run_wer.py's rules)
+SEED_TTS_PAIRS = [
+    ("我们的朋友。", "我們的朋友", "zh", 0.0),  # the hypothesis goes to simplified: 們 -> 们
+    ("这个软件很好用", "這個軟體很好用", "zh", 0.0),  # zh-cn conversion is by phrase: 軟體 -> 软件
+    ("我們", "我們", "zh", 0.5),  # only the hypothesis is converted: 們 vs 们, 1 of 2
+    ("他说：“好的”", "他说好的", "zh", 0.0),  # hanzi punctuation ignored
+    ("用AI写诗", "用ai写诗", "zh", 0.4),  # letters are characters in zh and keep their case: 2 of 5
+    ("你 好", "你好", "zh", 0.0),  # spaces are not characters
+    ("Hello, World!", "hello world", "en", 0.0),  # English: punctuation and case ignored
+    ("It's here.", "its here", "en", 0.5),  # the ASCII apostrophe is kept: 1 of 2
+    ("A well-known fact", "a well known fact", "en", 2 / 3),  # wellknown vs well known: 1 sub + 1 ins of 3
+    ("Hello\u00a0world", "hello world", "en", 2.0),  # a lone no-break space joins: 1 sub + 1 ins of 1
+    ("hello  world", "hello\tworld", "en", 1.0),  # so does a lone tab in the hypothesis: 1 sub + 1 del of 2
+    ("我們", "我們", "en", 0.0),  # no zhconv outside Chinese
+]
+
+
+@pytest.mark.parametrize(("reference", "hypothesis", "language", "expected"), SEED_TTS_PAIRS)
+def test_rates_follow_seed_tts_eval_run_wer(reference, hypothesis, language, expected):
+    assert _run_wer(reference, hypothesis, language) == pytest.approx(expected)  # the hand-worked figure
+    assert utterance_rate(reference, hypothesis, language).rate == pytest.approx(expected)
+
+
+class _Traditional:
+    """A recogniser that writes traditional characters, as Whisper often does for Mandarin."""
+
+    backend, model = "fake", "fake"
+
+    def covers(self, language: str) -> bool:
+        return True
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return "我們說「你好」"
+
+
+def test_every_chinese_hypothesis_is_simplified_whichever_recogniser_heard_it():
+    recognisers = Recognisers([], None, None)
+    recognisers.loaded = [_Traditional()]
+    heard, rate = intelligibility(np.zeros(16000, np.float32), "我们说：“你好”。", "zh", recognisers)
+    assert heard["transcript"] == "我們說「你好」"  # recorded as heard; scored as simplified
+    assert (rate.rate, heard["cer"]) == (0.0, 0.0)
 
 
 def test_the_figure_is_the_mean_of_per_utterance_rates_and_an_empty_reference_has_none():

@@ -208,8 +208,9 @@ def _store(x: np.ndarray, checks: RowChecks) -> tuple[str, str]:
 @cache
 def _scorer() -> Dnsmos:
     """One DNSMOS session per worker process, on one thread: the pool is the parallelism, and the
-    scores must not depend on the machine's core count."""
-    return Dnsmos(threads=1)
+    scores must not depend on the machine's core count. A short clip is scored on one tiled window:
+    a screen, a seventh of the reference's cost at 2 s (voxpipe/data/quality.py)."""
+    return Dnsmos(threads=1, short="tile")
 
 
 def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, dict[str, Any]] | Rejected:

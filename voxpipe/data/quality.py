@@ -1,20 +1,27 @@
 """A per-clip speech quality score (DNSMOS P.835: SIG, BAK, OVRL), shared by ingest and evaluate.
 
 The network is Microsoft's non-personalized P.835 DNSMOS model, the `sig_bak_ovr.onnx` that ships
-inside the `speechmos` wheel, so nothing downloads. We run it with onnxruntime ourselves and do not
-call speechmos' own path, which also runs the P.808 model on a mel spectrogram for every window
-(twice the cost, for a score nobody here reads).
+inside the `speechmos` wheel (byte for byte the one in microsoft/DNS-Challenge), so nothing
+downloads. We run it with onnxruntime ourselves and do not call speechmos' own path, which also
+runs the P.808 model on a mel spectrogram for every window (twice the cost, for a score nobody here
+reads).
 
-Behaviour (learnt from the DNSMOS reference, re-implemented): the model scores 16 kHz windows of
-9.01 s. A clip shorter than a window is tiled (repeated end to end) up to one window; a longer clip
-is scored in windows that start every second (as many as whole seconds past the first nine, as
-the reference counts them), and the raw scores of each window are mapped through
-the model's published polynomial calibration, then averaged. Unlike the reference, a short clip
-is tiled to exactly one window rather than doubled until it is at least one window long: the same
-content is scored, once instead of up to twice. And the reference cuts its windows at float
-offsets (`int((i + 9.01) * 16000)`), which come out one sample short from the eighth window on and
-are then skipped: a long clip there is scored on its first seven seconds and its tail only. We score
-every window; for clips up to 16 s the two agree exactly (tests/test_quality.py).
+Which windows are scored, learnt from the reference (DNS-Challenge `DNSMOS/dnsmos_local.py`) and
+re-implemented here so that evaluate's figure is the one papers publish: the model takes 16 kHz
+windows of 9.01 s. A shorter clip is doubled (appended to itself) until it is at least one window
+long. The result is cut into windows a second apart, `int(floor(seconds) - 9.01) + 1` of them. Each
+window's raw scores go through the model's polynomial calibration, and the calibrated scores are
+averaged. The reference computes each window's end as the float `int((i + 9.01) * 16000)`. For
+windows 7 to 23 and 119 to 122 (of the first 2000) that comes out one sample short, and the
+reference skips such windows. So does voxpipe: a 40 s clip is scored on its windows 0-6 and 24-30
+only. Following the rounding keeps the
+figure equal to the reference's: within 2e-7 from 1 to 40 s (tests/test_quality.py).
+
+Doubling multiplies the cost of a short clip: up to seven windows instead of one (a 2 s clip
+becomes 16 s). Ingest only screens clips against `min_quality`, which was set on one window per
+clip (docs/data-quality.md), and DNSMOS already dominates its cost. So ingest asks for
+`short="tile"`: a short clip is repeated end to end to exactly one window and scored once. That
+figure is not the reference's (0.1 or more off at 2 s); evaluate's is.
 
 One onnxruntime session per process with a fixed intra-op thread count: the result must not depend
 on how many cores the machine has (a sharded ingest gives the same bytes as one pod).
@@ -27,8 +34,10 @@ import importlib.resources
 import numpy as np
 
 SAMPLE_RATE = 16_000
-WINDOW = int(9.01 * SAMPLE_RATE)  # samples per scored window
+SECONDS = 9.01  # the model's input length
+WINDOW = int(SECONDS * SAMPLE_RATE)  # samples per scored window
 HOP = SAMPLE_RATE  # a new window every second
+SHORT_RULES = ("double", "tile")  # how a clip shorter than a window is filled: the reference's, ingest's
 
 # The P.835 model's calibration (non-personalized): raw network output -> MOS, per dimension,
 # polynomial coefficients highest power first.
@@ -45,23 +54,31 @@ def model_path() -> str:
     return str(importlib.resources.files("speechmos") / "dnsmos_models" / "sig_bak_ovr.onnx")
 
 
-def windows(wav: np.ndarray) -> np.ndarray:
-    """The (N, WINDOW) float32 windows DNSMOS scores for a 16 kHz mono clip."""
+def windows(wav: np.ndarray, short: str = "double") -> np.ndarray:
+    """The (N, WINDOW) float32 windows DNSMOS scores for a 16 kHz mono clip; `short` is one of
+    SHORT_RULES (the module docstring says what each does and who uses it)."""
+    if short not in SHORT_RULES:
+        raise ValueError(f"DNSMOS short-clip rule {short!r} is not one of {', '.join(SHORT_RULES)}")
     wav = np.asarray(wav, dtype=np.float32).reshape(-1)
     if wav.size == 0:
         raise ValueError("DNSMOS cannot score an empty clip")
-    if wav.size < WINDOW:
-        wav = np.resize(wav, WINDOW)  # tiles the clip end to end
-    count = max(1, wav.size // SAMPLE_RATE - 9)  # the reference's count: whole seconds past nine
-    return np.stack([wav[i * HOP: i * HOP + WINDOW] for i in range(count)])
+    if short == "tile" and wav.size < WINDOW:
+        wav = np.resize(wav, WINDOW)  # repeats the clip end to end, cut at one window
+    while wav.size < WINDOW:
+        wav = np.concatenate([wav, wav])
+    count = int(np.floor(wav.size / SAMPLE_RATE) - SECONDS) + 1
+    # the reference's window ends, float rounding included: a window that comes out short is skipped
+    starts = [i * HOP for i in range(count) if int((i + SECONDS) * HOP) - i * HOP == WINDOW]
+    return np.stack([wav[s:s + WINDOW] for s in starts])
 
 
 class Dnsmos:
     """DNSMOS P.835 scorer; build one per process (the session loads once) and call `score`."""
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, short: str = "double"):
         import onnxruntime as ort
 
+        self.short = short
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -73,7 +90,7 @@ class Dnsmos:
         """{"sig", "bak", "ovrl"} MOS (1..5) of a mono clip at 16 kHz (DNSMOS' only rate)."""
         if sr != SAMPLE_RATE:
             raise ValueError(f"DNSMOS scores {SAMPLE_RATE} Hz audio, got {sr} Hz: resample first")
-        batch = windows(np.clip(wav, -1.0, 1.0))
+        batch = windows(np.clip(wav, -1.0, 1.0), self.short)
         # one window per run: a batch would change onnxruntime's kernels and so the last bits
         raw = np.concatenate([self._session.run(None, {self._input: w[None, :]})[0] for w in batch])
         return {

@@ -8,8 +8,10 @@
   English); the language is forced per row; any language its generation config lists.
 - `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`evaluate.paraformer_model`:
   `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
-  what Seed-TTS-eval uses for Chinese); Chinese only. Hypotheses go to simplified Chinese (zhconv), as
-  Seed-TTS-eval does.
+  what Seed-TTS-eval uses for Chinese); Chinese only.
+
+A transcript is returned as the recogniser wrote it: scoring converts every Chinese hypothesis to
+simplified characters, whichever backend made it (voxpipe/evaluate/scoring.py).
 
 No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and sherpa-onnx models all
 download at run time), so the last two need a folder the user provides. A language no configured
@@ -117,12 +119,10 @@ class ParaformerZh:
         path = _folder("paraformer_model", folder, (weights, "tokens.txt"))
         try:
             import sherpa_onnx
-            import zhconv
         except ImportError as e:
-            raise StepError(f"evaluate.asr paraformer-zh needs sherpa-onnx and zhconv ({e}): "
-                            "`pip install -e '.[eval]'`") from e
+            raise StepError(f"evaluate.asr paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
+                            ) from e
         self.model = str(path / weights)
-        self._to_simplified = zhconv.convert
         self._recognizer = sherpa_onnx.OfflineRecognizer.from_paraformer(
             paraformer=str(path / weights), tokens=str(path / "tokens.txt"), num_threads=threads,
             sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search",
@@ -135,7 +135,7 @@ class ParaformerZh:
         stream = self._recognizer.create_stream()
         stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
         self._recognizer.decode_stream(stream)
-        return self._to_simplified(stream.result.text, "zh-cn")
+        return stream.result.text
 
 
 BACKENDS = ("pocketsphinx", "whisper", "paraformer-zh")

@@ -1,11 +1,18 @@
-"""Error rates the way Seed-TTS-eval computes them, the protocol VoxCPM2 publishes its results on.
+"""Error rates the way Seed-TTS-eval computes them (its `run_wer.py`), the protocol VoxCPM2 publishes
+its results on.
 
-Per utterance, on both the reference text and the ASR transcript: every character of
-`zhon.hanzi.punctuation` and of ASCII punctuation is deleted (not replaced by a space), except the ASCII
-apostrophe; Chinese is then split into characters and scored as CER, every other language lowercased
-and scored as WER over whitespace-separated words. `jiwer` counts the edits (its default transform
-folds repeated spaces). A set's rate is the mean of its per-utterance rates, not total edits over
-total length. A reference with nothing left to score has no rate (None), never 0.
+Per utterance: a Chinese hypothesis, whichever recogniser made it, is first converted to simplified
+Chinese (`zhconv.convert(..., "zh-cn")`); the reference text is not converted, as in run_wer.py, so a
+reference written in traditional characters scores against simplified ones. Then, on both texts,
+every character of `zhon.hanzi.punctuation` and of ASCII punctuation is deleted (not replaced by a
+space), except the ASCII apostrophe. Chinese is split into characters, whitespace dropped, and
+scored as CER; English letters inside Chinese text are characters too, and keep their case. Every
+other language is lowercased and scored as WER over words. The words are what jiwer's default
+transform makes of the text, as in run_wer.py: runs of two or more whitespace characters and
+single spaces separate words, but a lone tab or no-break space does not ("a\u00a0b" is one word).
+A set's rate is the mean of its per-utterance rates, not total edits over total length. A
+reference with nothing left to score has no rate (None), never 0. run_wer.py scores only zh and en;
+voxpipe scores any other language as it scores English.
 
 The speaking rate (seconds per text unit, for the expected length of a clip) counts the same scoring
 text's characters, spaces left out, in every language: in English a character count follows duration
@@ -14,11 +21,13 @@ more closely than a word count, as word lengths vary.
 
 from __future__ import annotations
 
+import re
 import statistics
 import string
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import zhconv
 from zhon.hanzi import punctuation as HANZI_PUNCTUATION
 
 CHARACTER_LANGUAGES = frozenset({"zh"})  # scored as CER; every other language as WER
@@ -29,12 +38,19 @@ def strip_punctuation(text: str) -> str:
     return "".join(ch for ch in text if ch not in PUNCTUATION)
 
 
+def hypothesis_text(transcript: str, language: str) -> str:
+    """A recogniser's transcript as Seed-TTS-eval scores it: Chinese in simplified characters."""
+    return zhconv.convert(transcript, "zh-cn") if language in CHARACTER_LANGUAGES else transcript
+
+
 def scoring_text(text: str, language: str) -> str:
-    """What is compared: punctuation gone; zh one token per character, others lowercased words."""
+    """What is compared, tokens one space apart: punctuation gone; zh one token per character, others
+    lowercased words."""
     text = strip_punctuation(text)
     if language in CHARACTER_LANGUAGES:
         return " ".join(ch for ch in text if not ch.isspace())
-    return " ".join(text.lower().split())
+    # jiwer's default transform, which run_wer.py's text goes through: 2+ whitespace become one space
+    return re.sub(r"\s\s+", " ", text.lower()).strip()
 
 
 def metric_of(language: str) -> str:
@@ -60,15 +76,17 @@ class Rate:
 
 
 def utterance_rate(reference: str, hypothesis: str, language: str) -> Rate | None:
-    """One utterance's CER (zh) or WER (others); None when the reference has nothing to score."""
+    """One utterance's CER (zh) or WER (others) of a recogniser's transcript; None when the reference
+    has nothing to score."""
     import jiwer
 
-    ref, hyp = scoring_text(reference, language), scoring_text(hypothesis, language)
+    ref = scoring_text(reference, language)
+    hyp = scoring_text(hypothesis_text(hypothesis, language), language)
     if not ref:
         return None
     out = jiwer.process_words(ref, hyp)
     return Rate(metric_of(language), float(out.wer), out.substitutions, out.deletions, out.insertions,
-                len(ref.split()))
+                len(ref.split(" ")))
 
 
 def mean_rate(rates: list[Rate | None]) -> float | None:

@@ -403,7 +403,8 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
         "backends": {
             "speaker_similarity": {"backend": scorers.encoder.backend, "model": scorers.encoder.model},
             "asr": [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded],
-            "quality": {"backend": "dnsmos", "model": "DNSMOS P.835 sig_bak_ovr.onnx (speechmos 0.0.1.1)"},
+            "quality": {"backend": "dnsmos", "model": "DNSMOS P.835 sig_bak_ovr.onnx (speechmos 0.0.1.1), "
+                                                      "windows of dnsmos_local.py"},
             "speaking_rate": {plan.speaker: plan.seconds_per_unit for plan in plans},
         },
         "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
