@@ -218,7 +218,8 @@ def test_fresh_on_change_starts_fresh_on_changed_data_in_one_line(encoded_sample
         run(encoded_sample, copy, data=str(data), fresh_on_change=True, max_steps=2)
     assert report(copy)["resumed_from"] is None and report(copy)["steps_run"] == 2
     fresh = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
-    assert fresh and all("train.data: the encoded data" in m and "\n" not in m for m in fresh)
+    assert len(fresh) == 1 and "train.data: the encoded data" in fresh[0] and "\n" not in fresh[0]
+    assert "checkpoints and exports moved to" in fresh[0]
     aside = [p for p in copy.iterdir() if p.name.startswith("checkpoints.replaced-")]
     assert len(aside) == 1 and (aside[0] / "step-4" / MANIFEST).is_file()
 

@@ -139,16 +139,17 @@ def pick_checkpoint(root: Path, rt: Runtime) -> Path | None:
     return Path(box[0]) if box[0] else None
 
 
-def set_aside_all(root: Path, reason: str) -> Path | None:
-    """A fresh start moves the old checkpoints (and exports) aside so they are never mixed with new ones."""
-    if not root.is_dir() or not any(root.iterdir()):
-        return None
-    kept = set_aside(root, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
-    log.warning("starting fresh (%s): the previous %s were moved to %s", reason, root.name, kept)
+def set_aside_all(roots: list[Path], reason: str) -> list[Path]:
+    """A fresh start moves the old checkpoints (and exports) aside so they are never mixed with new ones;
+    one log line says why and where they went."""
+    stamp = time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = [set_aside(root, stamp) for root in roots if root.is_dir() and any(root.iterdir())]
+    if kept:
+        log.warning("starting fresh (%s): the previous %s moved to %s", reason,
+                    " and ".join(root.name for root in roots), ", ".join(map(str, kept)))
     return kept
 
 
-# -- RNG states as JSON (no pickle) ---------------------------------------------------------------
 def _tensor_b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.numpy().tobytes()).decode()
 

@@ -196,7 +196,7 @@ class Trainer:
         if path is None:
             key = signing_key(self.ckpt_root) if self.rt.is_main else b""
             if self.rt.is_main and foreign_exports(self.out / EXPORTS, self.identity, key):
-                set_aside_all(self.out / EXPORTS, "exports of another run, no checkpoint of it")
+                set_aside_all([self.out / EXPORTS], "exports of another run, no checkpoint of it")
             return
         saved = json.loads((path / "trainer.json").read_text())  # verified by pick_checkpoint
         refusal = self._why_not_resume(saved, path)
@@ -225,8 +225,8 @@ class Trainer:
         """Move old checkpoints aside (never mixed with this run's, never deleted)."""
         self.rt.barrier()  # every rank has finished reading them
         if self.rt.is_main:
-            set_aside_all(self.ckpt_root, reason)
-            set_aside_all(self.out / EXPORTS, reason)  # another run's exports are never scored as this one's
+            # another run's exports are never scored as this one's
+            set_aside_all([self.ckpt_root, self.out / EXPORTS], reason)
         self.rt.barrier()
 
     def _save(self) -> None:
