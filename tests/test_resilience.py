@@ -450,3 +450,23 @@ def test_disk_full_during_encode_names_the_folder(encoded_sample, tmp_path, monk
     message = str(err.value)
     assert "\n" not in message and f"writing into {out} failed (No space left on device" in message
     assert "rerun encode" in message
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_step_in_one_line_and_the_rerun_resumes(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole process group, workers included): one line, status 130,
+    no traceback; the same command then finishes the ingest."""
+    cmd = [sys.executable, "-m", "voxpipe.cli", "ingest", "--input", str(Path("data/sample").resolve()),
+           "--out", str(tmp_path / "ingest"), "--set", "ingest.score_quality=false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(4)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the ingest finished before the interrupt arrived")
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last == "voxpipe ingest: interrupted; what was done is kept, and the same command resumes"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]

@@ -331,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"voxpipe {step.name}: error: {scrub(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"voxpipe {step.name}: interrupted; what was done is kept, and the same command resumes",
-              file=sys.stderr)
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # under torchrun, its launcher says it once for all ranks
+            print(f"voxpipe {step.name}: interrupted; what was done is kept, and the same command resumes",
+                  file=sys.stderr)
         return 130
     summary = getattr(result, "summary", None)
     text = summary() if callable(summary) else ""

@@ -31,9 +31,17 @@ def _status(error: ChildFailedError) -> int:
     return 128 - failure.exitcode
 
 
+def _quiet_elastic() -> None:
+    """The agent's own failure and shutdown lines repeat what the workers said. Each of its loggers sets
+    its level itself (torch.distributed.elastic.utils.logging), so each is quieted, not their parent."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # it repeats the workers
+    _quiet_elastic()
     try:
         run(args)
     except ChildFailedError as e:
