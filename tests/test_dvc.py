@@ -63,9 +63,9 @@ def voxpipe_dvc_yaml(*args: str) -> subprocess.CompletedProcess:
 
 def test_dvc_yaml_is_what_voxpipe_dvc_yaml_generates():
     """Each stage's code deps are its step's import closure and its params the keys that change its
-    result; `voxpipe dvc-yaml` rewrites them when this fails."""
+    result; `make generate` rewrites them when this fails."""
     proc = voxpipe_dvc_yaml("--check")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, f"dvc.yaml is stale: run `make generate`. {proc.stderr}"
 
 
 def test_the_data_version_leaves_out_the_files_dvcignore_hides():
