@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv: voxpipe, its dev tools, DVC and the KFP SDK
 
-lint: $(STAMP)  ## ruff over the code, hadolint over images/
+lint: $(STAMP)  ## ruff over the code, the import layers (pyproject's import-linter contracts), hadolint over images/
 	$(BIN)/ruff check voxpipe components pipelines tests benchmarks tools data/sample
+	$(BIN)/lint-imports
 	$(BIN)/hadolint images/Dockerfile
 
 generate: $(STAMP)  ## rewrite every committed generated file that is stale (tools/generate.py lists them)
@@ -48,6 +49,7 @@ test: lint generate-check  ## ruff + the generated files + the whole pytest suit
 
 test-fast: generate-check  ## the inner loop: ruff + the generated files + every test not marked slow (no dvc repro, kfp.local, server, torchrun)
 	$(BIN)/ruff check voxpipe components pipelines tests benchmarks tools data/sample
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are
