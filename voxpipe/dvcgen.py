@@ -2,9 +2,10 @@
 
 DVC reruns a stage when a file in its `deps:` changes or a key in its `params:` does. So a stage's code
 deps are its step's import closure (voxpipe/cli.py + the step's module + what they import, lazily inside a
-function too, and package data a module names), found by reading the source with `ast`; the import layer
-contracts (pyproject.toml, `lint-imports`) check the same edges. Its params are the keys the step reads (the cli's
-`Step.reads`) that change its result: the schema marks the others (voxpipe/params.py, `result`).
+function too, and package data a module names), found by reading the source with `ast`; the import
+layer contracts (pyproject.toml, `lint-imports`) check the same edges. Its params are the keys the step
+reads (the cli's `Step.reads`) that change its result: the schema marks the others (voxpipe/params.py,
+`result`).
 
 The file is edited through ruamel.yaml's round trip, so only the code-dep items (`- voxpipe/...`) and the
 `params:` lists change: the comments and every other line stay as written (it reads any indentation and
