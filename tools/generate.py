@@ -9,7 +9,6 @@ differs into place, one by one in the list's order (params.yaml before the pipel
 from __future__ import annotations
 
 import argparse
-import filecmp
 import os
 import shutil
 import subprocess
@@ -70,11 +69,11 @@ GENERATED: dict[str, Callable[[Path], None]] = {
 }
 
 
-def same(fresh: Path, committed: Path) -> bool:
-    if fresh.is_dir():
-        compared = filecmp.dircmp(fresh, committed) if committed.is_dir() else None
-        return bool(compared) and not (compared.left_only or compared.right_only or compared.diff_files)
-    return committed.is_file() and filecmp.cmp(fresh, committed, shallow=False)
+def contents(path: Path) -> dict[str, bytes]:
+    """A file's bytes, or a folder's files' by their path in it; nothing for a path that is absent."""
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 def replace(fresh: Path, committed: Path) -> None:
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh = Path(scratch) / name
             fresh.parent.mkdir(parents=True, exist_ok=True)
             generate(fresh)
-            if not same(fresh, ROOT / name):
+            if contents(fresh) != contents(ROOT / name):
                 stale.append(name)
                 if not args.check:
                     replace(fresh, ROOT / name)
