@@ -18,7 +18,7 @@ HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$
 RECIPE ?=
 APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
 
-.PHONY: help install test test-fast lint demo repro compile images image-test mlflow-ui clean
+.PHONY: help install test test-fast lint generate generate-check demo repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -33,15 +33,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv: voxpipe, its dev tools, DVC and the KFP SDK
 
-lint: $(STAMP)  ## ruff over the code, hadolint over images/
-	$(BIN)/ruff check voxpipe components pipelines tests benchmarks data/sample
+lint: $(STAMP)  ## ruff over the code, the import layers (pyproject's import-linter contracts), hadolint over images/
+	$(BIN)/ruff check voxpipe components pipelines tests benchmarks tools data/sample
+	$(BIN)/lint-imports
 	$(BIN)/hadolint images/Dockerfile
 
-test: lint  ## ruff + the whole pytest suite
+generate: $(STAMP)  ## rewrite every committed generated file that is stale (tools/generate.py lists them)
+	$(BIN)/python tools/generate.py
+
+generate-check: $(STAMP)  ## fail, in one line, when a committed generated file is stale
+	@$(BIN)/python tools/generate.py --check
+
+test: lint generate-check  ## ruff + the generated files + the whole pytest suite
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-test-fast: $(STAMP)  ## the inner loop: ruff + every test not marked slow (no dvc repro, kfp.local, server, torchrun)
-	$(BIN)/ruff check voxpipe components pipelines tests benchmarks data/sample
+test-fast: generate-check  ## the inner loop: ruff + the generated files + every test not marked slow (no dvc repro, kfp.local, server, torchrun)
+	$(BIN)/ruff check voxpipe components pipelines tests benchmarks tools data/sample
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes; then where the results are

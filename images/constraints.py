@@ -1,9 +1,9 @@
 """Print the exact versions of voxpipe's runtime dependencies installed in this environment.
 
 The images install with `pip install --constraint images/constraints.txt`, so a build gets the
-versions the test suite ran with, not whatever PyPI serves that day. After changing dependencies:
-
-    .venv/bin/python images/constraints.py > images/constraints.txt
+versions the test suite ran with, not whatever PyPI serves that day. After changing dependencies,
+`make generate` rewrites it (tools/generate.py runs
+`.venv/bin/python images/constraints.py > images/constraints.txt`).
 """
 
 from __future__ import annotations

@@ -63,9 +63,9 @@ def voxpipe_dvc_yaml(*args: str) -> subprocess.CompletedProcess:
 
 def test_dvc_yaml_is_what_voxpipe_dvc_yaml_generates():
     """Each stage's code deps are its step's import closure and its params the keys that change its
-    result; `voxpipe dvc-yaml` rewrites them when this fails."""
+    result; `make generate` rewrites them when this fails."""
     proc = voxpipe_dvc_yaml("--check")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, f"dvc.yaml is stale: run `make generate`. {proc.stderr}"
 
 
 def test_the_data_version_leaves_out_the_files_dvcignore_hides():
@@ -90,6 +90,30 @@ def test_check_names_the_stage_and_the_difference_and_the_rewrite_keeps_comments
     assert path.read_text() == stale  # --check writes nothing
     assert voxpipe_dvc_yaml("--file", str(path)).returncode == 0
     assert path.read_text() == text  # every comment where it was
+
+
+def test_the_rewrite_reads_any_indentation_and_writes_the_file_whole(tmp_path, monkeypatch):
+    """A YAML round trip, not line patterns: a dvc.yaml indented four spaces a level is read too, its
+    comments kept; the file is replaced by a rename, never written in place."""
+    from ruamel.yaml import YAML
+
+    text = (ROOT / "dvc.yaml").read_text()
+    rt = YAML()
+    rt.indent(mapping=4, sequence=6, offset=4)
+    rt.width = 4096
+    wide = tmp_path / "wide.yaml"
+    rt.dump(rt.load(text), wide)
+    stale = wide.read_text().replace("\n            - voxpipe/train/loop.py\n", "\n", 1)
+    assert stale != wide.read_text()
+    path = tmp_path / "dvc.yaml"
+    path.write_text(stale)
+    renamed = []
+    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append(dst) or os.rename(src, dst))
+    assert dvcgen.dvc_yaml(path, STEPS, check=False) == ["stage train: deps lack ['voxpipe/train/loop.py'], "
+                                                         "hold [] they should not"]
+    assert renamed == [path] and yaml.safe_load(path.read_text()) == yaml.safe_load(text)
+    comments = [ln.split("#", 1)[1] for ln in text.splitlines() if "#" in ln]
+    assert all(c in path.read_text() for c in comments)
 
 
 def test_a_missing_dvc_yaml_is_one_paragraph(tmp_path):

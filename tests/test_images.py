@@ -28,7 +28,7 @@ DOCKERFILE = IMAGES / "Dockerfile"
 DEVICES = ("cpu", "cuda", "npu")
 PIPELINE = ROOT / "pipelines" / "finetune.yaml"
 CONSTRAINTS = "images/constraints.txt"
-REGENERATE = f"images/constraints.py > {CONSTRAINTS}"
+REGENERATE = "make generate"  # images/constraints.py > images/constraints.txt, with the others
 PIN = re.compile(r"\b(torch|torch_npu|torch-npu)==([0-9][0-9a-z.+]*)")
 IMAGE_PARAMETER = re.compile(r"\{\{\$\.inputs\.parameters\['pipelinechannel--(\w+)'\]\}\}")
 
@@ -221,7 +221,7 @@ def test_what_no_deps_packages_import_is_pinned():
             assert dists, f"{name} imports {module}, which no installed distribution provides"
             assert pinned & {canonicalize_name(d) for d in dists}, (
                 f"{name} imports {module} ({', '.join(dists)}), not in {CONSTRAINTS}: add it to an extra "
-                f"the images install, then `.venv/bin/python {REGENERATE}`"
+                f"the images install, then `{REGENERATE}`"
             )
 
 
@@ -234,7 +234,7 @@ def test_constraints_cover_the_extras_the_images_install():
 def test_constraints_txt_is_what_constraints_py_writes(capsys):
     constraints_module().main()
     written = capsys.readouterr().out
-    assert written == (ROOT / CONSTRAINTS).read_text(), f"stale: run `.venv/bin/python {REGENERATE}`"
+    assert written == (ROOT / CONSTRAINTS).read_text(), f"stale: run `{REGENERATE}`"
 
 
 def test_torch_pin_is_one_exact_version_that_pyproject_allows():
@@ -269,5 +269,5 @@ def test_constraints_satisfy_pyproject():
     pinned = constraints()
     for req in project_requirements(constraints_module().EXTRAS):
         key = canonicalize_name(req.name)
-        assert key in pinned, f"{req.name} unpinned: run `.venv/bin/python {REGENERATE}`"
+        assert key in pinned, f"{req.name} unpinned: run `{REGENERATE}`"
         assert Version(pinned[key]) in req.specifier, f"{req.name}=={pinned[key]} violates pyproject's {req}"

@@ -39,7 +39,7 @@ def test_committed_yaml_is_the_compiled_pipeline(tmp_path):
     subprocess.run([sys.executable, "-m", "pipelines.finetune", str(tmp_path / "finetune.yaml")], cwd=ROOT,
                    check=True)
     assert (tmp_path / "finetune.yaml").read_text() == COMPILED.read_text(), (
-        "pipelines/finetune.yaml is stale: run `make compile` and commit it"
+        "pipelines/finetune.yaml is stale: run `make generate` and commit it"
     )
 
 

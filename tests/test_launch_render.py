@@ -1,6 +1,7 @@
 """The Volcano Job `voxpipe launch-train` renders: golden files, Kubernetes schemas, the pod's command.
 
-Regenerate the golden files after an intended change with VOXPIPE_UPDATE_GOLDEN=1.
+Regenerate the golden files after an intended change with `make generate` (it runs the golden tests with
+VOXPIPE_UPDATE_GOLDEN=1, writing into VOXPIPE_GOLDEN_DIR).
 """
 
 import os
@@ -18,7 +19,7 @@ from voxpipe.errors import StepError
 from voxpipe.launch.volcano import PARAMS_ENV, Owner, StepJob, job_yaml, render_job
 from voxpipe.params import LaunchParams, Params, TrainParams, load_params
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(os.environ.get("VOXPIPE_GOLDEN_DIR") or Path(__file__).parent / "golden")
 K8S_VERSION = kubernetes_validate.latest_version()
 
 
@@ -59,7 +60,7 @@ def test_rendered_job_matches_golden_file(variant):
     if os.environ.get("VOXPIPE_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
-    assert path.read_text() == text, f"{path} is stale; rerun with VOXPIPE_UPDATE_GOLDEN=1 if intended"
+    assert path.read_text() == text, f"{path} is stale: run `make generate` if the change is intended"
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

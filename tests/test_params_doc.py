@@ -9,7 +9,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "params.md"
 
 def test_params_reference_is_current():
     assert DOC.read_text(encoding="utf-8") == reference_markdown(), (
-        "docs/params.md is stale: run `.venv/bin/python -m voxpipe.paramspec docs/params.md`"
+        "docs/params.md is stale: run `make generate`"
     )
     assert all(f"## `{s}`" in DOC.read_text(encoding="utf-8") for s in sections())
 
@@ -20,5 +20,5 @@ def test_params_yaml_is_generated_with_every_key():
 
     path = DOC.parents[1] / "params.yaml"
     assert path.read_text(encoding="utf-8") == params_yaml(load_params(path)), (
-        "params.yaml is stale: run `.venv/bin/voxpipe params --write params.yaml`"
+        "params.yaml is stale: run `make generate`"
     )

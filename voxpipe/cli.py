@@ -62,7 +62,8 @@ STEPS: tuple[Step, ...] = (
          "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
-         ("ingest.input", "ingest.out", "ingest.shards")),
+         ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
+          "ingest.speaker_column")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
          "voxpipe.data.ingest_shards:ingest_shard", "ingest",
          ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
@@ -81,18 +82,21 @@ STEPS: tuple[Step, ...] = (
          "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
     Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
          "metrics.jsonl", "voxpipe.train.loop:train", None,
-         ("train", "model.base", "model.kernels", "tracking"),
-         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking",)),
+         ("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
+         # plan.headroom: the memory check before allocating refuses or goes on, it changes no weights
+         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking", "plan.headroom")),
     Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
          "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,
-         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora.enabled",
-          "model.base", "model.preset", "local.nproc", "launch.pods", "launch.devices_per_pod"),
+         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora",
+          "train.export_dtype", "model.base", "model.preset", "local.nproc", "launch.pods",
+          "launch.devices_per_pod"),
          out_folder=False),
     Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
-         "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
+         "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch", "train.out"),
+         ("train.out",)),
     Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
          "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
-         ("launch",)),
+         ("launch", "encode.out"), ("encode.out",)),
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", "voxpipe.evaluate.step:evaluate", None,
          ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
@@ -109,7 +113,10 @@ STEPS: tuple[Step, ...] = (
          out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
          "promotion rule passes)", "voxpipe.track.register:register", None,
-         ("register", "ingest.input", "tracking")),
+         ("register", "ingest.input", "tracking", "launch.env", "launch.secret_env", "launch.env_not_secret"),
+         # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
+         ("launch.env", "launch.secret_env", "launch.env_not_secret"),
+         untracked=("launch.env", "launch.secret_env", "launch.env_not_secret")),
     Step("promote", "move @champion to a version by hand (the rule decides only on the same data); who, when "
          "and why become tags of the version", "voxpipe.track.promote:promote", None,
          ("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),

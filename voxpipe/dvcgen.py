@@ -2,26 +2,33 @@
 
 DVC reruns a stage when a file in its `deps:` changes or a key in its `params:` does. So a stage's code
 deps are its step's import closure (voxpipe/cli.py + the step's module + what they import, lazily inside a
-function too, and package data a module names), found by reading the source with `ast`; the import layer
-test (tests/test_layers.py) walks the same edges. Its params are the keys the step reads (the cli's
-`Step.reads`) that change its result: the schema marks the others (voxpipe/params.py, `result`).
+function too, and package data a module names), found by reading the source with `ast`; the import
+layer contracts (pyproject.toml, `lint-imports`) check the same edges. Its params are the keys the step
+reads (the cli's `Step.reads`) that change its result: the schema marks the others (voxpipe/params.py,
+`result`).
 
-The file is rewritten in place: only the code-dep lines (`- voxpipe/...`) and the `params:` lists change,
-so the comments and every other line stay as written. `--check` writes nothing and names each difference.
+The file is edited through ruamel.yaml's round trip, so only the code-dep items (`- voxpipe/...`) and the
+`params:` lists change: the comments and every other line stay as written (it reads any indentation and
+writes dvc.yaml's own). It is written whole or not at all (a temp file renamed over it). `--check` writes
+nothing and names each difference.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedSeq
 
 from voxpipe.errors import StepError
+from voxpipe.files import atomic_write_text
 from voxpipe.paramspec import fields
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo (an editable install): dvc.yaml, voxpipe/, components/
@@ -163,45 +170,47 @@ def tracked_params(step: StepLike, cmd: str) -> list[str]:
 
 
 # -- dvc.yaml, rewritten in place ------------------------------------------------------------------------
-STAGE = re.compile(r"^  ([\w-]+):(\s*#.*)?\s*$")
-CODE_DEP = re.compile(r"^      - voxpipe/")
-LIST_ITEM = re.compile(r"^      - ([^\s#]+)(\s*#.*)?$")
-KEY = re.compile(r"^    (\w+):")
+def _round_trip() -> YAML:
+    """dvc.yaml's own layout (lists indented under their key), so an unchanged file dumps byte for byte."""
+    rt = YAML()  # round trip: comments, key order and quoting stay as written
+    rt.indent(mapping=2, sequence=4, offset=2)
+    rt.preserve_quotes = True
+    rt.width = 4096  # no long line is folded
+    return rt
+
+
+def _set_items(seq: CommentedSeq, items: list[str]) -> None:
+    """Make `seq` hold `items`, each kept item with its comment (a comment sits on its item's index)."""
+    comments = {seq[i]: c for i, c in seq.ca.items.items() if isinstance(seq[i], str)}
+    seq.ca.items.clear()
+    list.__delitem__(seq, slice(None))
+    list.extend(seq, items)
+    for i, item in enumerate(items):
+        if item in comments:
+            seq.ca.items[i] = comments[item]
 
 
 def render(text: str, steps: Iterable[StepLike], root: Path = ROOT) -> str:
-    """dvc.yaml's text with each stage's code deps and params as the code and schema say. A param line's
-    comment is kept with its key."""
+    """dvc.yaml's text with each stage's code deps (`voxpipe/...`, where the first of them was) and params
+    as the code and schema say; every comment and every other line as written, a param's comment with its
+    key."""
     by_name = {s.name: s for s in steps}
-    stages = yaml.safe_load(text)["stages"]
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    stage, block, i = None, None, 0
-    while i < len(lines):
-        line = lines[i]
-        if m := STAGE.match(line):
-            stage, block = m.group(1), None
-        elif re.match(r"^\S", line) and not line.startswith("#"):  # `plots:`: past the stages
-            stage = None
-        elif m := KEY.match(line):
-            block = m.group(1)
-        step = by_name.get(step_of(stages[stage]["cmd"]) or "") if stage in stages else None
-        if step is not None and block == "deps" and CODE_DEP.match(line):
-            while i < len(lines) and CODE_DEP.match(lines[i]):
-                i += 1
-            out += [f"      - {dep}\n" for dep in compact(step_closure(step), root)]
+    rt = _round_trip()
+    doc = rt.load(text)
+    for stage in doc["stages"].values():
+        step = by_name.get(step_of(stage["cmd"]) or "")
+        if step is None:
             continue
-        if step is not None and block == "params" and LIST_ITEM.match(line):
-            comments = {}
-            while i < len(lines) and (m := LIST_ITEM.match(lines[i])):
-                comments[m.group(1)] = m.group(2) or ""
-                i += 1
-            keys = tracked_params(step, stages[stage]["cmd"])
-            out += [f"      - {key}{comments.get(key, '')}\n" for key in keys]
-            continue
-        out.append(line)
-        i += 1
-    return "".join(out)
+        deps = stage.get("deps") or []
+        code = [i for i, d in enumerate(deps) if isinstance(d, str) and d.startswith("voxpipe/")]
+        if code:
+            others = [d for i, d in enumerate(deps) if i not in code]
+            _set_items(deps, others[:code[0]] + compact(step_closure(step), root) + others[code[0]:])
+        if stage.get("params"):
+            _set_items(stage["params"], tracked_params(step, stage["cmd"]))
+    out = io.StringIO()
+    rt.dump(doc, out)
+    return out.getvalue()
 
 
 def differences(old: str, new: str) -> list[str]:
@@ -230,5 +239,5 @@ def dvc_yaml(path: Path, steps: Iterable[StepLike], check: bool) -> list[str]:
     if not problems and new != old:
         problems = [f"{path}: the same deps and params, in another order: run `voxpipe dvc-yaml`"]
     if not check and new != old:
-        path.write_text(new, encoding="utf-8")
+        atomic_write_text(path, new)
     return problems
