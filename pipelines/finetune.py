@@ -24,7 +24,7 @@ from components import steps
 from components.shared import CPU_IMAGE
 from voxpipe import paramspec
 from voxpipe.integrity import KEY_ENV
-from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
+from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL
 from voxpipe.params import LaunchParams, Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
 

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import render_job
+from voxpipe.launch.pod import render_job
 from voxpipe.launch.watch import run_job
 from voxpipe.params import LaunchParams, Params
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import Owner, StepJob, job_yaml, render_job
+from voxpipe.launch.pod import Owner, StepJob, job_yaml, render_job
 from voxpipe.params import Params
 
 if TYPE_CHECKING:

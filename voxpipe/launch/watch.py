@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from voxpipe.launch.pod import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
 
 FAILED_PHASES = frozenset({"Failed", "Aborted", "Terminated"})
 TASK_LABEL = "volcano.sh/task-spec"  # Volcano's label with the pod's task name (master / worker)
