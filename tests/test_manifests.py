@@ -9,7 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL, StepJob, render_job
+from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL, StepJob
+from voxpipe.launch.volcano import render_job
 from voxpipe.params import DEFAULT_SECRET_ENV, LaunchParams, Params
 from voxpipe.secrets import is_secret_name
 

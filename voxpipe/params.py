@@ -521,8 +521,14 @@ DEFAULT_SECRET_ENV = {
 
 
 class LaunchParams(Section):
-    """`launch-train`: the `train` section run as a gang-scheduled Volcano Job, torchrun in every pod."""
+    """`launch-train` / `launch-encode`: the step run on a cluster as gang-scheduled pods, torchrun in every
+    pod, through launch.backend (a Volcano Job or a Kubeflow Trainer TrainJob)."""
 
+    backend: Literal["volcano"] = Field(
+        "volcano", description="what runs the pods: volcano = a Volcano Job (batch.volcano.sh, "
+        "docs/cluster.md)",
+        json_schema_extra={"wired": True},
+    )
     namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
     queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml)")
     image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)",
@@ -586,7 +592,7 @@ class LaunchParams(Section):
     log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
     hccl_connect_timeout: int = Field(1200, gt=0, description="HCCL_CONNECT_TIMEOUT seconds (Ascend)")
     hccl_exec_timeout: int = Field(1800, gt=0, description="HCCL_EXEC_TIMEOUT seconds (Ascend)")
-    dry_run: bool = Field(False, description="print the Job YAML, submit nothing",
+    dry_run: bool = Field(False, description="print the YAML of what would be created, submit nothing",
                           json_schema_extra={"wired": True})
 
     @field_validator("cpu", "memory", "shm_size")

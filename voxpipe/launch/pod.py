@@ -1,16 +1,17 @@
-"""Render `voxpipe train` (or `encode`) as a Volcano Job: gang-scheduled pods, one torchrun per pod.
+"""The restricted pod every launcher runs a step in, and the checks every rendered object passes.
 
-Volcano's pytorch plugin gives every pod MASTER_ADDR (the master task's pod, resolvable through the
-svc plugin's headless service), MASTER_PORT, WORLD_SIZE (= pods) and RANK (master 0, workers 1..);
-torchrun turns them into one training process per device. An evicted or failed pod restarts the
-whole job (FSDP cannot go on with a rank missing); every restart runs the same command, and
-`voxpipe train` resumes from the newest complete checkpoint under train.out on the shared PVC.
-`encode` runs the same way with its own device count (`StepJob`), and resumes from its shard index.
+One builder for both backends (voxpipe/launch/volcano.py and what comes next), so a launcher cannot drift
+from the security rules: the pods meet the "restricted" Pod Security Standard (non-root, no privilege
+escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem with /tmp an emptyDir,
+no service account token: training never calls the API). Secrets arrive by reference only
+(`launch.secret_env` as secretKeyRef); a rendered object that would carry a secret value is refused.
+The params the step reads travel whole in the pod's env, so the run reproduces whatever params.yaml
+the image has, and every workspace path is checked to stay on the shared volume.
 
-The pods meet the "restricted" Pod Security Standard (non-root, no privilege escalation, no
-capabilities, RuntimeDefault seccomp, read-only root filesystem with /tmp an emptyDir, no service
-account token: training never calls the API). Secrets arrive by reference only (`launch.secret_env`
-as secretKeyRef); a rendered job that would carry a secret value is refused.
+Each pod runs one torchrun (one process per device); the launcher supplies its rendezvous arguments.
+An evicted or failed pod restarts the whole gang (FSDP cannot go on with a rank missing); every
+restart runs the same command, and `voxpipe train` resumes from the newest complete checkpoint under
+train.out on the shared PVC; `encode` resumes from its shard index.
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ from voxpipe.launch.workspace import inside_workspace
 from voxpipe.params import LaunchParams, Params
 from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords, value_shape
 
-GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
-JOB_NAME_LABEL = "volcano.sh/job-name"  # Volcano puts it on every pod of a job
-MASTER_PORT = 23456
 # KFP v2 sets these on every task pod from the downward API (metadata.name, metadata.uid)
 POD_NAME_ENV, POD_UID_ENV = "KFP_POD_NAME", "KFP_POD_UID"
 PARAMS_ENV = "VOXPIPE_PARAMS"
@@ -40,7 +38,8 @@ PARAMS_FILE = f"{SCRATCH}/voxpipe-params.yaml"
 ASCEND_RESOURCE_PREFIX = "huawei.com/Ascend"
 # keys holding workspace paths: relative to the PVC mount, and never outside it
 WORKSPACE_PATHS = ("train.data", "train.out", "model.base", "tracking.work")
-# set by the pytorch plugin or by us: a user value would silently lose or break the rendezvous
+# set by a launcher (Volcano's pytorch plugin) or by us: a user value would
+# silently lose or break the rendezvous
 RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", PARAMS_ENV, "HCCL_IF_IP", "HOME", SECRET_ENV_NAMES}
 )
@@ -104,18 +103,16 @@ class StepJob:
                    launch.encode_devices // per_pod, per_pod)
 
 
-def train_script(launch: LaunchParams, job: StepJob | None = None) -> str:
+def torchrun_script(launch: LaunchParams, job: StepJob, rendezvous: str) -> str:
     """The pod's shell command: write the params the job carries, then exec torchrun on `voxpipe <step>`.
 
-    torchrun passes SIGTERM on to its workers but SIGKILLs them after its shutdown timeout (30 s by
-    default); raised to the pod's grace period so the trainer can finish its SIGTERM checkpoint.
+    `rendezvous` holds the launcher's torchrun arguments (nodes, rank, processes per node, master), from
+    the env its controller sets. torchrun passes SIGTERM on to its workers but SIGKILLs them after its
+    shutdown timeout (30 s by default); raised to the pod's grace period so the trainer can finish its
+    SIGTERM checkpoint.
     """
-    job = job or StepJob.train(launch)
     return (
-        f'printf \'%s\' "${PARAMS_ENV}" > {PARAMS_FILE} && exec torchrun'
-        " --nnodes=$WORLD_SIZE --node_rank=$RANK"
-        f" --nproc_per_node={job.devices_per_pod}"
-        " --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT"
+        f'printf \'%s\' "${PARAMS_ENV}" > {PARAMS_FILE} && exec torchrun {rendezvous}'
         f" --shutdown_timeout={launch.grace_seconds}"
         f" -m voxpipe.cli {job.step} --params {PARAMS_FILE}"
     )
@@ -130,11 +127,38 @@ def train_params_yaml(params: Params, carried: tuple[str, ...] = CARRIED) -> str
     return yaml.safe_dump(params.model_dump(by_alias=True, include=set(carried)), sort_keys=False)
 
 
-def _check_paths(params: Params, keys: tuple[str, ...]) -> None:
+def check_paths(params: Params, job: StepJob) -> None:
+    """The step's workspace paths stay on the shared volume, whatever runs it."""
     flat = params.flat()
-    for key in keys:
+    for key in job.paths:
         for path in flat[key] if isinstance(flat[key], list) else [flat[key]]:
             inside_workspace(params.launch.mount_path, key, path)
+
+
+def check_signing_key(params: Params, job: StepJob) -> None:
+    """Training pods sign checkpoints with a key from a Secret, whatever runs them."""
+    if job.step == "train" and KEY_ENV not in params.launch.secret_env:
+        raise StepError(
+            f"launch.secret_env has no {KEY_ENV}: the training pods would sign and verify checkpoints with a "
+            "key file on the shared volume, which anyone who can write the checkpoints could replace. Create "
+            f"a Secret (`kubectl create secret generic voxpipe-checkpoint --from-literal=key=$(openssl rand "
+            f"-hex 32)`) and set launch.secret_env.{KEY_ENV}=voxpipe-checkpoint/key (docs/cluster.md)")
+
+
+def metadata(job: StepJob, namespace: str, owner: Owner | None) -> dict[str, Any]:
+    """A launched object's metadata: a server-picked name (generateName), voxpipe's labels, and the
+    launcher pod as its owner, so deleting the pod (a deleted KFP run) garbage-collects the run."""
+    meta: dict[str, Any] = {
+        "generateName": f"voxpipe-{job.step}-", "namespace": namespace, "labels": labels(job)
+    }
+    if owner is not None:
+        if owner.namespace != namespace:
+            raise StepError(
+                f"launch.namespace={namespace!r} differs from the launcher pod's namespace "
+                f"{owner.namespace!r}: an ownerReference cannot cross namespaces (leave it empty)"
+            )
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}]
+    return meta
 
 
 def _secret_env(launch: LaunchParams) -> list[dict[str, Any]]:
@@ -157,7 +181,8 @@ def _secret_env(launch: LaunchParams) -> list[dict[str, Any]]:
 def _plain_env(launch: LaunchParams) -> list[dict[str, Any]]:
     clash = RESERVED_ENV & (launch.env.keys() | launch.secret_env.keys())
     if clash:
-        raise StepError(f"launch.env / launch.secret_env set {sorted(clash)}: Volcano or voxpipe sets them")
+        raise StepError(f"launch.env / launch.secret_env set {sorted(clash)}: the launcher or voxpipe sets "
+                       "them; leave them out")
     both = sorted(launch.env.keys() & launch.secret_env.keys())
     if both:
         raise StepError(f"{both} are in both launch.env and launch.secret_env: keep the secret_env entry")
@@ -184,7 +209,8 @@ def _plain_env(launch: LaunchParams) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
 
 
-def _env(launch: LaunchParams, params: Params, job: StepJob) -> list[dict[str, Any]]:
+def container_env(launch: LaunchParams, params: Params, job: StepJob) -> list[dict[str, Any]]:
+    """The step's env: its params, a writable HOME, the HCCL settings on Ascend, launch.env and secrets."""
     plain = _plain_env(launch)
     env: list[dict[str, Any]] = [
         {"name": PARAMS_ENV, "value": train_params_yaml(params, job.carried)},
@@ -201,7 +227,7 @@ def _env(launch: LaunchParams, params: Params, job: StepJob) -> list[dict[str, A
     return env + plain + _secret_env(launch)
 
 
-def _resources(launch: LaunchParams, job: StepJob) -> dict[str, Any]:
+def resources(launch: LaunchParams, job: StepJob) -> dict[str, Any]:
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if launch.accelerator:
@@ -214,16 +240,17 @@ def _resources(launch: LaunchParams, job: StepJob) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def pod_template(launch: LaunchParams, params: Params, job: StepJob | None = None) -> dict[str, Any]:
-    job = job or StepJob.train(launch)
+def pod_template(launch: LaunchParams, params: Params, job: StepJob, script: str,
+                 container_name: str = "") -> dict[str, Any]:
+    """The restricted pod running `script` (torchrun_script's) with the workspace, /dev/shm and /tmp."""
     container: dict[str, Any] = {
-        "name": job.step,
+        "name": container_name or job.step,
         "image": launch.image,
         "imagePullPolicy": launch.image_pull_policy,
         # args, not command: the image's entrypoint stays (the CANN image's sources set_env.sh)
-        "args": ["/bin/sh", "-c", train_script(launch, job)],
+        "args": ["/bin/sh", "-c", script],
         "workingDir": launch.mount_path,
-        "env": _env(launch, params, job),
+        "env": container_env(launch, params, job),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "workspace", "mountPath": launch.mount_path},
@@ -231,11 +258,11 @@ def pod_template(launch: LaunchParams, params: Params, job: StepJob | None = Non
             {"name": "scratch", "mountPath": SCRATCH},
         ],
     }
-    resources = _resources(launch, job)
-    if resources:
-        container["resources"] = resources
+    needs = resources(launch, job)
+    if needs:
+        container["resources"] = needs
     spec: dict[str, Any] = {
-        # a failed container must fail the pod, so Volcano restarts the whole gang (PodFailed)
+        # a failed container must fail the pod, so the launcher restarts the whole gang
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": launch.grace_seconds,
         "automountServiceAccountToken": False,  # training never calls the Kubernetes API
@@ -251,74 +278,11 @@ def pod_template(launch: LaunchParams, params: Params, job: StepJob | None = Non
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:
         spec["tolerations"] = [dict(t) for t in launch.tolerations]
-    return {"metadata": {"labels": {**_labels(job), **MLFLOW_CLIENT_LABEL}}, "spec": spec}
+    return {"metadata": {"labels": {**labels(job), **MLFLOW_CLIENT_LABEL}}, "spec": spec}
 
 
-def _labels(job: StepJob) -> dict[str, str]:
+def labels(job: StepJob) -> dict[str, str]:
     return {**LABELS, "app.kubernetes.io/component": job.step}
-
-
-def render_job(
-    params: Params, namespace: str, owner: Owner | None = None, job: StepJob | None = None
-) -> dict[str, Any]:
-    """The Volcano Job for one training run (params.launch runs params.train); the server picks the name
-    (generateName)."""
-    launch = params.launch
-    job = job or StepJob.train(launch)
-    _check_paths(params, job.paths)
-    metadata: dict[str, Any] = {
-        "generateName": f"voxpipe-{job.step}-",
-        "namespace": namespace,
-        "labels": _labels(job),
-    }
-    if owner is not None:
-        if owner.namespace != namespace:
-            raise StepError(
-                f"launch.namespace={namespace!r} differs from the launcher pod's namespace "
-                f"{owner.namespace!r}: an ownerReference cannot cross namespaces (leave it empty)"
-            )
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}
-        ]
-    template = pod_template(launch, params, job)
-    if job.step == "train" and KEY_ENV not in launch.secret_env:
-        raise StepError(
-            f"launch.secret_env has no {KEY_ENV}: the training pods would sign and verify checkpoints with a "
-            "key file on the shared volume, which anyone who can write the checkpoints could replace. Create "
-            f"a Secret (`kubectl create secret generic voxpipe-checkpoint --from-literal=key=$(openssl rand "
-            f"-hex 32)`) and set launch.secret_env.{KEY_ENV}=voxpipe-checkpoint/key (docs/cluster.md)")
-    tasks: list[dict[str, Any]] = [
-        {
-            "name": "master",
-            "replicas": 1,
-            # only the master's completion ends the job: workers may finish while rank 0 still
-            # writes the export, and a job-level TaskCompleted would kill it then
-            "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-            "template": template,
-        }
-    ]
-    if job.pods > 1:
-        tasks.append({"name": "worker", "replicas": job.pods - 1, "template": copy.deepcopy(template)})
-    rendered = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Job",
-        "metadata": metadata,
-        "spec": {
-            "schedulerName": "volcano",
-            "queue": launch.queue,
-            "minAvailable": job.pods,  # gang: all pods start together or none does
-            "maxRetry": launch.max_retry,
-            "ttlSecondsAfterFinished": launch.ttl_seconds,
-            "plugins": {
-                "pytorch": ["--master=master", "--worker=worker", f"--port={MASTER_PORT}"],
-                "svc": [],
-            },
-            "policies": [{"events": ["PodEvicted", "PodFailed"], "action": "RestartJob"}],
-            "tasks": tasks,
-        },
-    }
-    _refuse_secret_values(rendered, launch.env_not_secret)
-    return rendered
 
 
 def _strings(node: Any, where: str, skip: set[str]) -> Any:
@@ -338,27 +302,28 @@ def _strings(node: Any, where: str, skip: set[str]) -> Any:
             yield from _strings(value, where, skip)
 
 
-def _refuse_secret_values(job: dict[str, Any], not_secret: list[str]) -> None:
-    """No secret value the launcher knows (its environment's, URI passwords) may be in the spec: a params
-    or env value holding one must come from a Secret instead."""
-    text = job_yaml(job)
-    env = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
+def refuse_secret_values(objects: list[dict[str, Any]], env: list[dict[str, Any]], not_secret: list[str],
+                         kind: str) -> None:
+    """No secret value the launcher knows (its environment's, URI passwords) may be in what it creates
+    (`kind`, e.g. "the Volcano job"): a params or env value holding one must come from a Secret instead.
+    `env` is the step container's, to name the entry that holds one."""
+    text = manifests_yaml(objects)
     # by value shape: every string of the spec but the launch.env values launch.env_not_secret lets through
-    strings = _strings(job, "the spec", set(not_secret))
+    strings = _strings(objects, "the spec", set(not_secret))
     found = ((where, shape) for where, value in strings if (shape := value_shape(value)))
     where, shape = next(found, (None, None))
     if shape:
         raise StepError(
-            f"the Volcano job would carry a secret in {where} by the shape of a value ({shape}): anyone who "
-            "can read Jobs would see it. Pass secrets only by reference (launch.secret_env, "
+            f"{kind} would carry a secret in {where} by the shape of a value ({shape}): anyone who can "
+            "read it would see it. Pass secrets only by reference (launch.secret_env, "
             "docs/security.md), never in params; a launch.env value that only looks like one goes in "
             "launch.env_not_secret.")
     for value in secret_values(texts=[text]):
         if value in text:
             where = next((e["name"] for e in env if value in e.get("value", "")), "the spec")
             raise StepError(
-                f"the Volcano job would carry a secret value in {where} (a password in a URI, or the value "
-                "of a secret environment variable of this process): anyone who can read Jobs would see it. "
+                f"{kind} would carry a secret value in {where} (a password in a URI, or the value of a "
+                "secret environment variable of this process): anyone who can read it would see it. "
                 "Pass secrets only by reference (launch.secret_env, docs/security.md), never in params."
             )
 
@@ -375,3 +340,8 @@ _BlockStrDumper.add_representer(
 
 def job_yaml(job: dict[str, Any]) -> str:
     return yaml.dump(job, Dumper=_BlockStrDumper, sort_keys=False, width=1000)
+
+
+def manifests_yaml(objects: list[dict[str, Any]]) -> str:
+    """The objects a launcher creates, in order, as one multi-document YAML (`kubectl apply -f -`)."""
+    return "---\n".join(job_yaml(obj) for obj in objects)
