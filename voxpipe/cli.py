@@ -88,9 +88,10 @@ STEPS: tuple[Step, ...] = (
          ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora.enabled",
           "model.base", "model.preset", "local.nproc", "launch.pods", "launch.devices_per_pod"),
          out_folder=False),
-    Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
-         "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch",)),
-    Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
+    Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
+         "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
+         "voxpipe.launch.step:launch_train", None, ("launch",)),
+    Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
          "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
          ("launch",)),
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "

@@ -1,6 +1,6 @@
 """The restricted pod every launcher runs a step in, and the checks every rendered object passes.
 
-One builder for both backends (voxpipe/launch/volcano.py and what comes next), so a launcher cannot drift
+One builder for both backends (voxpipe/launch/volcano.py, trainjob.py), so a launcher cannot drift
 from the security rules: the pods meet the "restricted" Pod Security Standard (non-root, no privilege
 escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem with /tmp an emptyDir,
 no service account token: training never calls the API). Secrets arrive by reference only
@@ -38,10 +38,11 @@ PARAMS_FILE = f"{SCRATCH}/voxpipe-params.yaml"
 ASCEND_RESOURCE_PREFIX = "huawei.com/Ascend"
 # keys holding workspace paths: relative to the PVC mount, and never outside it
 WORKSPACE_PATHS = ("train.data", "train.out", "model.base", "tracking.work")
-# set by a launcher (Volcano's pytorch plugin) or by us: a user value would
+# set by a launcher (Volcano's pytorch plugin, Trainer's torch plugin) or by us: a user value would
 # silently lose or break the rendezvous
 RESERVED_ENV = frozenset(
-    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", PARAMS_ENV, "HCCL_IF_IP", "HOME", SECRET_ENV_NAMES}
+    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", PARAMS_ENV, "HCCL_IF_IP", "HOME", SECRET_ENV_NAMES,
+     "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 )
 POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {
