@@ -29,9 +29,11 @@ class Resource:
     plural: str
     kind: str  # in messages: "Volcano job", "TrainJob"
     kubectl: str  # its short name for `kubectl delete`
-    pod_label: str  # the label naming the job on each of its pods
-    first_pod: tuple[str, str]  # (label, value) of the pod to blame when none failed (rank 0)
     missing_hint: str  # what a 404 on create means
+    # a followed job's pods: the label naming the job on each, and the (label, value) of the pod to
+    # blame when none failed (rank 0); empty for an object only created (a TrainingRuntime)
+    pod_label: str = ""
+    first_pod: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,7 @@ TRAINJOB = Resource(
 )
 RUNTIME = Resource(
     group=GROUP, version=VERSION, plural="trainingruntimes", kind="TrainingRuntime",
-    kubectl="trainingruntime",
-    pod_label="", first_pod=("", ""), missing_hint=INSTALL_HINT,
+    kubectl="trainingruntime", missing_hint=INSTALL_HINT,
 )
 NODE = "node"  # the replicated job and container Trainer configures
 ANCESTOR = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
