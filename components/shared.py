@@ -59,7 +59,7 @@ def wire(section: str, values: dict[str, Any], **paths: Any) -> dict[str, Any]:
 
 def run_voxpipe(step: str, workspace: str, sections: dict[str, Any]) -> None:
     """`voxpipe <step>` in this process, in the workspace (relative paths land on the PVC, as in the
-    Volcano job), with a params file holding exactly these sections."""
+    launched pods), with a params file holding exactly these sections."""
     import os
     import tempfile
 
@@ -78,16 +78,18 @@ def run_voxpipe(step: str, workspace: str, sections: dict[str, Any]) -> None:
         raise RuntimeError(f"voxpipe {step} failed with exit code {code} (its message is above)")
 
 
-def run_here_or_on_volcano(step: str, workspace: str, sections: dict[str, Any], volcano: bool,
-                           launch: dict[str, Any], image: str, accelerator: str, node_selector: dict,
-                           tolerations: list, pvc_name: str) -> None:
-    """`voxpipe launch-<step>` (a gang-scheduled Volcano Job, torchrun in every pod, watched from here) when
-    `volcano`, else `voxpipe <step>` in this process (kfp.local, a one-node CPU cluster)."""
-    if not volcano:
+def run_here_or_launch(step: str, workspace: str, sections: dict[str, Any], backend: str,
+                       launch: dict[str, Any], image: str, accelerator: str, node_selector: dict,
+                       tolerations: list, pvc_name: str) -> None:
+    """`voxpipe launch-<step>` through launch.backend=`backend` (`volcano`: a Volcano Job, `trainjob`: a
+    Kubeflow Trainer TrainJob; gang-scheduled, torchrun in every pod, watched from here), or, for
+    `in-task`, `voxpipe <step>` in this process (kfp.local, a one-node CPU cluster)."""
+    if backend == "in-task":
         run_voxpipe(step, workspace, sections)
         return
-    cluster = wire("launch", launch, image=image, accelerator=accelerator, node_selector=node_selector,
-                   tolerations=tolerations, pvc=pvc_name, mount_path=workspace, dry_run=False)
+    cluster = wire("launch", launch, backend=backend, image=image, accelerator=accelerator,
+                   node_selector=node_selector, tolerations=tolerations, pvc=pvc_name, mount_path=workspace,
+                   dry_run=False)
     run_voxpipe(f"launch-{step}", workspace, {**sections, "launch": cluster})
 
 
@@ -114,4 +116,4 @@ def log_numbers(metrics: Any, figures: dict[str, Any]) -> None:
             metrics.log_metric(key, value)
 
 
-HELPERS = [step_folder, wire, run_voxpipe, run_here_or_on_volcano, publish, log_numbers]
+HELPERS = [step_folder, wire, run_voxpipe, run_here_or_launch, publish, log_numbers]

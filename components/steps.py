@@ -15,7 +15,7 @@ from components.shared import (
     HELPERS,
     log_numbers,
     publish,
-    run_here_or_on_volcano,
+    run_here_or_launch,
     run_voxpipe,
     step_folder,
     wire,
@@ -133,30 +133,30 @@ def validate(workspace: str, ingest: dict, manifest: Input[Dataset], report: Out
 
 
 @component
-def encode(workspace: str, params: dict, launch: dict, volcano: bool, image: str, accelerator: str,
+def encode(workspace: str, params: dict, launch: dict, backend: str, image: str, accelerator: str,
            node_selector: dict, tolerations: list, pvc_name: str, manifest: Input[Dataset],
            base_model: Input[Model], encoded: Output[Dataset]):
-    """Manifests → AudioVAE latents + token ids (safetensors shards). `volcano`: as a Volcano Job on
-    launch.encode_devices accelerators (`voxpipe launch-encode`), torchrun in every pod; else in this
-    process (kfp.local, a one-node CPU cluster)."""
+    """Manifests → AudioVAE latents + token ids (safetensors shards). `backend` volcano / trainjob: as a
+    job on launch.encode_devices accelerators (`voxpipe launch-encode`), torchrun in every pod; in-task:
+    in this process (kfp.local, a one-node CPU cluster)."""
     import os
 
     folder = step_folder(workspace, "encode", encoded.uri)
     rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
     sections = {"encode": wire("encode", params, manifest=rows, out=folder),
                 "model": {"base": base_model.metadata["path"]}}
-    run_here_or_on_volcano("encode", workspace, sections, volcano, launch, image, accelerator, node_selector,
-                           tolerations, pvc_name)
+    run_here_or_launch("encode", workspace, sections, backend, launch, image, accelerator, node_selector,
+                       tolerations, pvc_name)
     publish(encoded, folder)
 
 
 @component
-def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_uri: str, volcano: bool,
+def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_uri: str, backend: str,
           image: str, accelerator: str, node_selector: dict, tolerations: list, pvc_name: str,
           encoded: Input[Dataset], base_model: Input[Model], model: Output[Model], metrics: Output[Metrics]):
-    """FSDP2 fine-tuning. `volcano`: as a gang-scheduled Volcano Job (`voxpipe launch-train`: submit,
-    watch, fail with the failing pod's log), torchrun in every pod; else in this process (kfp.local,
-    a one-node CPU cluster)."""
+    """FSDP2 fine-tuning. `backend` volcano / trainjob: as a gang-scheduled Volcano Job or Kubeflow
+    Trainer TrainJob (`voxpipe launch-train`: submit, watch, fail with the failing pod's log), torchrun
+    in every pod; in-task: in this process (kfp.local, a one-node CPU cluster)."""
     import os
 
     folder = step_folder(workspace, "train", model.uri)
@@ -165,8 +165,8 @@ def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_u
         "model": {"base": base_model.metadata["path"]},
         "tracking": wire("tracking", tracking, uri=tracking_uri, work=folder),
     }
-    run_here_or_on_volcano("train", workspace, sections, volcano, launch, image, accelerator, node_selector,
-                           tolerations, pvc_name)
+    run_here_or_launch("train", workspace, sections, backend, launch, image, accelerator, node_selector,
+                       tolerations, pvc_name)
     report = publish(model, folder, export=os.path.join(folder, "export"))
     val = report["val_curve"][-1] if report["val_curve"] else {}
     log_numbers(metrics, {**report["final"], **val, "steps": report["steps"],

@@ -4,7 +4,7 @@
 
 Its parameters mirror params.yaml: one dict per section, defaulting to params.yaml's values, minus
 the paths the pipeline wires between steps. Bulk data lives on the workspace PVC, mounted by every
-task at the same path as in the Volcano training pods. The data version (the dataset's DVC md5) is a
+task at the same path as in the launched training pods. The data version (the dataset's DVC md5) is a
 required parameter and `ingest` checks it against the files, so KFP's cache, which sees parameters
 and not the files behind a path, reruns the pipeline when the data changes.
 """
@@ -24,7 +24,7 @@ from components import steps
 from components.shared import CPU_IMAGE
 from voxpipe import paramspec
 from voxpipe.integrity import KEY_ENV
-from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL
+from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL
 from voxpipe.params import LaunchParams, Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
 
@@ -97,7 +97,7 @@ def finetune(
     cpu_image: str = CPU_IMAGE,
     node_selector: dict = NODE_SELECTOR,
     tolerations: list = TOLERATIONS,
-    volcano: bool = True,
+    launch_backend: str = LAUNCH.backend,
     mlflow_tracking_uri: str = MLFLOW_SERVICE,
     ingest: dict = INGEST,
     manifest: dict = MANIFEST,
@@ -113,8 +113,9 @@ def finetune(
     """data_version: the DVC md5 of ingest.input (`dvc add` records it); workspace: where the tasks
     see the PVC (change it only for kfp.local); base_model: a checkpoint folder on the workspace
     ("" = init-model); accelerator: `huawei.com/Ascend910` or `nvidia.com/gpu`, requested by evaluate
-    (one) and by every pod of the encode and train Volcano jobs; node_selector / tolerations: for those
-    pods; volcano: false encodes and trains inside their tasks (kfp.local, a small CPU cluster);
+    (one) and by every pod of the encode and train jobs; node_selector / tolerations: for those pods;
+    launch_backend: what runs encode and train, launch.backend's `volcano` (a Volcano Job) or `trainjob`
+    (a Kubeflow Trainer TrainJob), or `in-task`: inside their own tasks (kfp.local, a small CPU cluster);
     mlflow_tracking_uri: where register logs (credentials: the MLFLOW_TRACKING_* env of the pod, never
     a parameter)."""
     planned, shard, data = fan_out_ingest(workspace, data_version, ingest)
@@ -122,13 +123,13 @@ def finetune(
     checked = steps.validate(workspace=workspace, ingest=ingest, manifest=rows.outputs["manifest"])
     base = steps.init_model(workspace=workspace, params=model, base_model=base_model)
     encoded = steps.encode(
-        workspace=workspace, params=encode, launch=launch, volcano=volcano, image=accelerator_image,
+        workspace=workspace, params=encode, launch=launch, backend=launch_backend, image=accelerator_image,
         accelerator=accelerator, node_selector=node_selector, tolerations=tolerations, pvc_name=pvc_name,
         manifest=rows.outputs["manifest"], base_model=base.outputs["model"],
     ).after(checked)
     tuned = steps.train(
         workspace=workspace, params=train, launch=launch, tracking=tracking, tracking_uri=mlflow_tracking_uri,
-        volcano=volcano, image=accelerator_image,
+        backend=launch_backend, image=accelerator_image,
         accelerator=accelerator, node_selector=node_selector, tolerations=tolerations, pvc_name=pvc_name,
         encoded=encoded.outputs["encoded"], base_model=base.outputs["model"],
     )
@@ -151,10 +152,10 @@ def finetune(
         kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=WORKSPACE)
         # the rest of "restricted" (no escalation, drop ALL, RuntimeDefault seccomp) is KFP's default
         kubernetes.set_security_context(task, run_as_non_root=True)
-    for task in (tuned, registered):  # MLflow clients; train also signs checkpoints when not on Volcano
+    for task in (tuned, registered):  # MLflow clients; train also signs checkpoints when in-task
         with_secrets(task)
     with_signing_key(evaluation)  # verifies the exports' signed identities
-    for task in (evaluation,):  # generation runs on one accelerator (encode's run in its Volcano job)
+    for task in (evaluation,):  # generation runs on one accelerator (encode's run in its launched job)
         task.set_container_image(accelerator_image)
         task.set_accelerator_type(accelerator).set_accelerator_limit(1)
         kubernetes.add_node_selector_json(task, node_selector)
@@ -170,7 +171,7 @@ def finetune_pipeline() -> GraphComponent:
     return dsl.pipeline(
         name="voxpipe-finetune",
         description="Fine-tune VoxCPM2: ingest, manifest, validate, base model, encode, FSDP2 training (a "
-        "Volcano job), evaluate, MFU, MLflow registration.",
+        "Volcano Job or Kubeflow TrainJob), evaluate, MFU, MLflow registration.",
     )(finetune)
 
 
@@ -188,7 +189,8 @@ def recipe_arguments(recipe: str) -> dict[str, Any]:
                                                                                    "tracking")}
     launch = params.launch
     arguments.update(accelerator=launch.accelerator, accelerator_image=launch.image,
-                     node_selector=dict(launch.node_selector), tolerations=list(launch.tolerations))
+                     launch_backend=launch.backend, node_selector=dict(launch.node_selector),
+                     tolerations=list(launch.tolerations))
     if params.model.base != params.model.out:  # a real checkpoint, not init-model's
         arguments["base_model"] = params.model.base
     return arguments

@@ -2,9 +2,10 @@
 
 No API server, container engine or kind/k3s/envtest runs on these machines, so the submit/watch
 code is exercised through the official kubernetes client against this HTTP server on 127.0.0.1:
-create/get/delete of a Volcano Job (status phases scripted per test), list pods by label, and a
-pod's log with tailLines. It checks what a real server would reject in these calls (wrong paths,
-a missing name, bad label selectors); it does not run Volcano.
+create/get/delete of a Volcano Job or a Kubeflow Trainer TrainJob (status scripted per test), create
+of a TrainingRuntime, list pods by label, and a pod's log with tailLines. It checks what a real
+server would reject in these calls (wrong paths, a missing name, bad label selectors, a kind posted
+to another kind's path); it runs no controller.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-JOBS = re.compile(r"^/apis/batch\.volcano\.sh/v1alpha1/namespaces/([a-z0-9-]+)/jobs(?:/([a-z0-9.-]+))?$")
+JOBS = re.compile(r"^/apis/(batch\.volcano\.sh|trainer\.kubeflow\.org)/v1alpha1/namespaces/([a-z0-9-]+)/"
+                  r"(jobs|trainjobs|trainingruntimes)(?:/([a-z0-9.-]+))?$")
+# the kind each path takes, and the label its controller puts on the job's pods
+KINDS = {("batch.volcano.sh", "jobs"): ("Job", "volcano.sh/job-name"),
+         ("trainer.kubeflow.org", "trainjobs"): ("TrainJob", "jobset.sigs.k8s.io/jobset-name"),
+         ("trainer.kubeflow.org", "trainingruntimes"): ("TrainingRuntime", None)}
 PODS = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)/pods$")
 LOG = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)/pods/([a-z0-9.-]+)/log$")
 
@@ -31,6 +37,7 @@ class FakeCluster:
     logs: dict[str, str] = field(default_factory=dict)  # pod name -> full log
     create_error: int | None = None
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)  # TrainingRuntimes by name
     deleted: list[str] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     _gets: int = 0
@@ -55,12 +62,21 @@ class FakeCluster:
 
     # --- the API ---------------------------------------------------------------------------------
 
-    def create_job(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def create_job(self, group: str, plural: str, namespace: str,
+                   body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if self.create_error:
             return self.create_error, _status(self.create_error, "scripted failure")
         meta = body.get("metadata", {})
-        if body.get("kind") != "Job" or body.get("apiVersion") != "batch.volcano.sh/v1alpha1":
-            return 400, _status(400, "not a batch.volcano.sh/v1alpha1 Job")
+        kind, pod_label = KINDS[(group, plural)]
+        if body.get("kind") != kind or body.get("apiVersion") != f"{group}/v1alpha1":
+            return 400, _status(400, f"not a {group}/v1alpha1 {kind}")
+        if plural == "trainingruntimes":
+            if not meta.get("name"):
+                return 422, _status(422, "name is required")
+            if meta["name"] in self.runtimes:
+                return 409, _status(409, f'trainingruntimes "{meta["name"]}" already exists')
+            self.runtimes[meta["name"]] = body
+            return 201, body
         if meta.get("namespace", namespace) != namespace:
             return 400, _status(400, "the object's namespace does not match the request's")
         name = meta.get("name") or (meta.get("generateName", "") + f"{len(self.jobs):05d}")
@@ -72,7 +88,7 @@ class FakeCluster:
         created["metadata"] = {**meta, "name": name, "namespace": namespace, "uid": f"uid-{name}"}
         self.jobs[name] = created
         for pod in self.pods:
-            pod["metadata"].setdefault("labels", {})["volcano.sh/job-name"] = name
+            pod["metadata"].setdefault("labels", {})[pod_label] = name
         return 201, created
 
     def get_job(self, name: str) -> tuple[int, dict[str, Any]]:
@@ -130,9 +146,9 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             with cluster._lock:
                 cluster.requests.append((method, url.path))
                 if m := JOBS.match(url.path):
-                    namespace, name = m.groups()
+                    group, namespace, plural, name = m.groups()
                     if method == "POST" and name is None:
-                        return self._reply(*cluster.create_job(namespace, json.loads(body)))
+                        return self._reply(*cluster.create_job(group, plural, namespace, json.loads(body)))
                     if method == "GET" and name:
                         return self._reply(*cluster.get_job(name))
                     if method == "DELETE" and name:
@@ -179,7 +195,10 @@ def pod(name: str, task: str, phase: str, exit_code: int | None = None, finished
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "labels": {"volcano.sh/task-spec": task}},
+        # Volcano's task label; a JobSet pod's completion index (rank 0 for the master)
+        "metadata": {"name": name, "namespace": "ml", "labels": {
+            "volcano.sh/task-spec": task,
+            "batch.kubernetes.io/job-completion-index": "0" if task == "master" else "1"}},
         "spec": {"containers": [{"name": "train", "image": "voxpipe"}]},
         "status": status,
     }

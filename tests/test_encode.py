@@ -360,7 +360,8 @@ def test_deleted_truncated_or_altered_shards_are_encoded_again(encoded_sample, t
 
 
 def _encode_job(**launch) -> dict:
-    from voxpipe.launch.volcano import StepJob, render_job
+    from voxpipe.launch.pod import StepJob
+    from voxpipe.launch.volcano import render_job
     from voxpipe.params import LaunchParams
 
     params = Params(launch=LaunchParams(accelerator="nvidia.com/gpu", devices_per_pod=8, **launch),
@@ -405,7 +406,8 @@ def test_encode_job_runs_torchrun_on_voxpipe_encode_with_its_own_devices(tmp_pat
 def test_encode_job_refuses_partial_pods_and_paths_off_the_workspace():
     with pytest.raises(StepError, match="encode_devices=12 does not fill whole pods"):
         _encode_job(encode_devices=12)
-    from voxpipe.launch.volcano import StepJob, render_job
+    from voxpipe.launch.pod import StepJob
+    from voxpipe.launch.volcano import render_job
 
     params = Params(encode=EncodeParams(manifest=["ok.jsonl", "/etc/elsewhere.jsonl"]))
     with pytest.raises(StepError, match="encode.manifest='/etc/elsewhere.jsonl'"):

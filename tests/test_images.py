@@ -53,7 +53,7 @@ NEEDS = {
     "manifest": KFP,
     "validate": KFP,
     "init-model": KFP,
-    "encode": KFP,  # launch-encode's kubernetes client (volcano: true): the cluster extra too
+    "encode": KFP,  # launch-encode's kubernetes client (launch_backend not in-task): the cluster extra too
     "train": KFP,  # launch-train's kubernetes client: the cluster extra too
     # pitch (librosa), ASR (pocketsphinx), the figure; the speaker encoder
     "evaluate": Needs(frozenset({"cluster", "eval"}), frozenset({"resemblyzer"})),

@@ -62,13 +62,14 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     assert "defaultValue" not in inputs["data_version"], "the data version must be given"
     assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
+    assert inputs["launch_backend"]["defaultValue"] == "volcano"  # the choice is compiled in (launch.backend)
     assert inputs["train"]["defaultValue"] == pipeline.TRAIN  # params.yaml's train section, unwired keys
     executors = spec["deploymentSpec"]["executors"]
     assert len(executors) == 11  # ingest is three: plan, shard (fanned out), merge
     for name, executor in executors.items():
         container = executor["container"]
         assert "pip install" not in " ".join(container["command"]), name  # nothing installed at run time
-        accelerated = name == "exec-evaluate"  # encode and train request theirs in their Volcano jobs
+        accelerated = name == "exec-evaluate"  # encode and train request theirs in their launched jobs
         image = "accelerator_image" if accelerated else "cpu_image"
         assert container["image"] == f"{{{{$.inputs.parameters['pipelinechannel--{image}']}}}}", name
         if accelerated:
@@ -120,7 +121,7 @@ def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
     run = pipeline.finetune_pipeline()(
         data_version=dvc_md5(data),
         workspace=str(workspace),
-        volcano=False,
+        launch_backend="in-task",
         ingest={**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
         encode={**pipeline.ENCODE, "device": "cpu"},
         train={**pipeline.TRAIN, **SMALL["train"]},

@@ -16,7 +16,8 @@ import yaml
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import PARAMS_ENV, Owner, StepJob, job_yaml, render_job
+from voxpipe.launch.pod import PARAMS_ENV, Owner, StepJob, job_yaml
+from voxpipe.launch.volcano import render_job
 from voxpipe.params import LaunchParams, Params, TrainParams, load_params
 
 GOLDEN = Path(os.environ.get("VOXPIPE_GOLDEN_DIR") or Path(__file__).parent / "golden")

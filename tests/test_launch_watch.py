@@ -11,10 +11,11 @@ from kubernetes import client
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import render_job
+from voxpipe.launch.volcano import VolcanoLauncher, render_job
 from voxpipe.launch.watch import run_job
 from voxpipe.params import LaunchParams, Params
 
+VOLCANO = VolcanoLauncher()
 NAME = "voxpipe-train-00000"  # the fake names generateName'd jobs with a counter
 FAST = {"timeout_s": 30, "poll_s": 0.01, "tail_lines": 5}
 
@@ -35,7 +36,7 @@ def test_completed_job_returns_its_outcome_and_logs_each_transition():
     statuses = [phase("Pending"), phase("Pending"), phase("Running"), phase("Running"), phase("Completed")]
     logged = []
     with FakeCluster(statuses=statuses) as cluster:
-        outcome = run_job(api_for(cluster), job(), log=logged.append, **FAST)
+        outcome = run_job(api_for(cluster), VOLCANO, [job()], log=logged.append, **FAST)
         assert cluster.jobs[NAME]["spec"] == job()["spec"]  # submitted as rendered
     assert (outcome.name, outcome.namespace, outcome.phase, outcome.restarts) == (NAME, "ml", "Completed", 0)
     assert [line.split(": ")[1].split(",")[0] for line in logged[1:]] == ["Pending", "Running", "Completed"]
@@ -55,7 +56,7 @@ def test_failed_job_names_the_pod_that_failed_first_and_shows_its_log_tail():
     statuses = [phase("Running"), phase("Restarting", 1), phase("Running", 1), phase("Failed", 3)]
     with FakeCluster(statuses=statuses, pods=pods, logs=logs) as cluster:
         with pytest.raises(StepError) as err:
-            run_job(api_for(cluster), job(3), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job(3)], **FAST)
         assert cluster.deleted == []  # a failed job is kept for `kubectl describe`; its TTL cleans up
     message = str(err.value)
     assert f"Volcano job ml/{NAME} ended Failed" in message and "after 3 restart(s)" in message
@@ -71,7 +72,7 @@ def test_aborted_job_without_a_failed_container_reports_the_master():
     expected = rf"(?s)ended Aborted \(suspended by vcctl\).*{NAME}-master-0 .*step 2"
     with FakeCluster(statuses=[aborted], pods=pods, logs=logs) as cluster:
         with pytest.raises(StepError, match=expected):
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
 
 
 def test_evicted_pod_is_blamed_with_its_reason():
@@ -82,7 +83,7 @@ def test_evicted_pod_is_blamed_with_its_reason():
     blamed = rf"(?s)pod {NAME}-worker-0 \(Evicted\).*log unavailable: HTTP 404"
     with FakeCluster(statuses=[phase("Terminated")], pods=pods) as cluster:
         with pytest.raises(StepError, match=blamed):
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
 
 
 def test_a_pod_that_cannot_start_fails_fast_and_deletes_the_job():
@@ -92,7 +93,7 @@ def test_a_pod_that_cannot_start_fails_fast_and_deletes_the_job():
             pod(f"{NAME}-worker-0", "worker", "Pending", waiting=("ContainerCreating", ""))]
     with FakeCluster(statuses=[phase("Pending")], pods=pods) as cluster:
         with pytest.raises(StepError) as err:
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
         assert cluster.deleted == [NAME]  # no half-started gang keeps holding accelerators
     message = str(err.value)
     assert f'pod {NAME}-master-0: CreateContainerConfigError: secret "voxpipe-mlflow" not found' in message
@@ -102,7 +103,7 @@ def test_a_pod_that_cannot_start_fails_fast_and_deletes_the_job():
 def test_timeout_deletes_the_job():
     with FakeCluster(statuses=[phase("Running")]) as cluster:
         with pytest.raises(StepError, match=f"ml/{NAME} timed out .*still Running.*deleted it"):
-            run_job(api_for(cluster), job(), timeout_s=0.1, poll_s=0.01, tail_lines=5)
+            run_job(api_for(cluster), VOLCANO, [job()], timeout_s=0.1, poll_s=0.01, tail_lines=5)
         assert cluster.deleted == [NAME]
 
 
@@ -112,7 +113,7 @@ def test_sigterm_from_a_cancelled_run_deletes_the_job():
     with FakeCluster(statuses=[phase("Running")]) as cluster:
         timer.start()
         with pytest.raises(StepError, match=f"cancelled by SIGTERM: Volcano job ml/{NAME}: deleted it"):
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
         assert cluster.deleted == [NAME]
     assert signal.getsignal(signal.SIGTERM) is before
 
@@ -120,10 +121,10 @@ def test_sigterm_from_a_cancelled_run_deletes_the_job():
 def test_transient_api_errors_are_ridden_out_but_a_lost_server_fails():
     flaky = [{"http_error": 503}, {"http_error": 500}, phase("Completed")]
     with FakeCluster(statuses=flaky) as cluster:
-        assert run_job(api_for(cluster), job(), **FAST).phase == "Completed"
+        assert run_job(api_for(cluster), VOLCANO, [job()], **FAST).phase == "Completed"
     with FakeCluster(statuses=[{"http_error": 503}]) as cluster:
         with pytest.raises(StepError, match="lost the API server"):
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_transient_api_errors_are_ridden_out_but_a_lost_server_fails():
 def test_create_failures_say_what_to_fix(code, hint):
     with FakeCluster(create_error=code) as cluster:
         with pytest.raises(StepError, match=f"HTTP {code}.*{hint}"):
-            run_job(api_for(cluster), job(), **FAST)
+            run_job(api_for(cluster), VOLCANO, [job()], **FAST)
 
 
 def test_cli_submits_with_the_kubeconfig_and_prints_the_outcome(tmp_path, monkeypatch, capsys):

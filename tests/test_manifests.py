@@ -9,7 +9,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from voxpipe.launch.volcano import MLFLOW_CLIENT_LABEL, StepJob, render_job
+from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL, StepJob
+from voxpipe.launch.trainjob import render_trainjob
+from voxpipe.launch.volcano import render_job
 from voxpipe.params import DEFAULT_SECRET_ENV, LaunchParams, Params
 from voxpipe.secrets import is_secret_name
 
@@ -84,8 +86,16 @@ def test_rbac_allows_exactly_what_the_launcher_calls():
         ("", "pods", "list"),
         ("", "pods/log", "get"),
     }
+    # voxpipe/launch/trainjob.py: the TrainJob as the Volcano job, and its TrainingRuntime, created only
+    trainer = {
+        ("trainer.kubeflow.org", "trainjobs", "create"),
+        ("trainer.kubeflow.org", "trainjobs", "get"),
+        ("trainer.kubeflow.org", "trainjobs", "delete"),
+        ("trainer.kubeflow.org", "trainingruntimes", "create"),
+    }
     assert needed <= allowed
-    assert {r for g, r, _ in allowed} == {"jobs", "pods", "pods/log"}  # nothing beyond that
+    assert {x for x in allowed if x[0] == "trainer.kubeflow.org"} == trainer  # exactly those
+    assert {r for g, r, _ in allowed} == {"jobs", "trainjobs", "trainingruntimes", "pods", "pods/log"}
     (binding,) = by_kind("RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert "voxpipe-pipeline" in {s["name"] for s in binding["subjects"]}
@@ -228,6 +238,20 @@ def volcano_pod_specs() -> dict[str, dict]:
             for name, job in jobs.items() for task in job["spec"]["tasks"]}
 
 
+def trainjob_pod_specs() -> dict[str, dict]:
+    """The pod of voxpipe's TrainingRuntime for each backend variant (the TrainJob adds image, args, env)."""
+    variants = {
+        "ascend": LaunchParams(backend="trainjob", pods=4),
+        "gpu": LaunchParams(backend="trainjob", accelerator="nvidia.com/gpu", pods=2),
+    }
+    specs = {}
+    for name, launch in variants.items():
+        runtime, _ = render_trainjob(Params(launch=launch), "ml")
+        (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        specs[f"trainjob {name}"] = replicated["template"]["spec"]["template"]["spec"]
+    return specs
+
+
 def manifest_pod_specs() -> dict[str, dict]:
     kinds = ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod")
     return {f"{path.relative_to(MANIFESTS)}": doc["spec"]["template"]["spec"] if doc["kind"] != "Pod"
@@ -240,8 +264,8 @@ def pipeline_platform() -> dict:
 
 
 def test_every_pod_meets_the_restricted_standard():
-    specs = {**volcano_pod_specs(), **manifest_pod_specs()}
-    assert len(specs) >= 6 and any(name.startswith("namespaced/mlflow") for name in specs)
+    specs = {**volcano_pod_specs(), **trainjob_pod_specs(), **manifest_pod_specs()}
+    assert len(specs) >= 8 and any(name.startswith("namespaced/mlflow") for name in specs)
     problems = {name: p for name, spec in specs.items() if (p := restricted_violations(spec))}
     assert problems == {}
     for name, spec in specs.items():  # a read-only root filesystem needs somewhere to write temporary files

@@ -14,7 +14,8 @@ import yaml
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import PARAMS_ENV, job_yaml, render_job
+from voxpipe.launch.pod import PARAMS_ENV, job_yaml
+from voxpipe.launch.volcano import render_job
 from voxpipe.params import Params, load_params, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]

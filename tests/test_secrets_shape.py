@@ -15,7 +15,8 @@ import pytest
 from servers import free_port
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import job_yaml, render_job
+from voxpipe.launch.pod import job_yaml
+from voxpipe.launch.volcano import render_job
 from voxpipe.params import Params
 from voxpipe.secrets import REDACTED, ScrubFilter, allowing, is_secret_name, scrub, uri_passwords, value_shape
 from voxpipe.track.tracking import not_secret_values, redact_params, resolve_tracking_uri, run_secrets

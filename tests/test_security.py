@@ -23,7 +23,8 @@ from servers import mlflow_server
 from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import job_yaml, render_job
+from voxpipe.launch.pod import job_yaml
+from voxpipe.launch.volcano import render_job
 from voxpipe.lineage import git_commit
 from voxpipe.params import ModelParams, Params
 from voxpipe.report import write_report

@@ -91,10 +91,10 @@ STEPS: tuple[Step, ...] = (
           "train.export_dtype", "model.base", "model.preset", "local.nproc", "launch.pods",
           "launch.devices_per_pod"),
          out_folder=False),
-    Step("launch-train", "run the train section on a cluster as a gang-scheduled Volcano Job (torchrun per "
-         "pod) and watch it", "voxpipe.launch.step:launch_train", None, ("launch", "train.out"),
-         ("train.out",)),
-    Step("launch-encode", "run the encode section on a cluster as a Volcano Job on launch.encode_devices "
+    Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
+         "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
+         "voxpipe.launch.step:launch_train", None, ("launch", "train.out"), ("train.out",)),
+    Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
          "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
          ("launch", "encode.out"), ("encode.out",)),
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "

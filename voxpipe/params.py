@@ -521,10 +521,22 @@ DEFAULT_SECRET_ENV = {
 
 
 class LaunchParams(Section):
-    """`launch-train`: the `train` section run as a gang-scheduled Volcano Job, torchrun in every pod."""
+    """`launch-train` / `launch-encode`: the step run on a cluster as gang-scheduled pods, torchrun in every
+    pod, through launch.backend (a Volcano Job or a Kubeflow Trainer TrainJob)."""
 
+    backend: Literal["volcano", "trainjob"] = Field(
+        "volcano", description="what runs the pods: volcano = a Volcano Job (batch.volcano.sh), trainjob = a "
+        "Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org) gang-scheduled by Volcano (docs/cluster.md)",
+        json_schema_extra={"wired": True},
+    )
+    runtime: str = Field(
+        "", description='trainjob only: the ClusterTrainingRuntime to train on ("" = voxpipe renders its '
+        "own TrainingRuntime next to the TrainJob); it must mount the workspace PVC and meet \"restricted\" "
+        "itself (docs/cluster.md)"
+    )
     namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
-    queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml)")
+    queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml), for both backends: the "
+                       "Job's spec.queue, the TrainJob's PodGroup (through a runtimePatches annotation)")
     image: str = Field("voxpipe:0.1.0-npu", description="training image (images/Dockerfile.npu, .cuda, .cpu)",
                        json_schema_extra={"wired": True})
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -575,10 +587,13 @@ class LaunchParams(Section):
         default_factory=lambda: dict(DEFAULT_SECRET_ENV),
         description="env from Kubernetes Secrets, by reference: {ENV_NAME: secret-name/key} (never a value)",
     )
-    max_retry: int = Field(3, ge=0, description="whole-job restarts after an evicted or failed pod")
+    max_retry: int = Field(3, ge=0, description="whole-job restarts after an evicted or failed pod (Volcano "
+                           "Job maxRetry; with trainjob, the JobSet failurePolicy.maxRestarts of voxpipe's "
+                           "own TrainingRuntime: refused with launch.runtime, whose own policy applies)")
     ttl_seconds: int = Field(
         86400, ge=60, description="a finished job (and its pods) is deleted after this; >= 60 so the watcher "
-        "still reads the final phase and the failed pod's log"
+        "still reads the final phase and the failed pod's log (Volcano Job, or the JobSet of voxpipe's own "
+        "TrainingRuntime: refused with launch.runtime)"
     )
     grace_seconds: int = Field(600, ge=0, description="SIGTERM-to-SIGKILL grace: time for a last checkpoint")
     timeout_seconds: int = Field(7 * 86400, gt=0, description="then the watcher deletes the job and fails")
@@ -586,7 +601,7 @@ class LaunchParams(Section):
     log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
     hccl_connect_timeout: int = Field(1200, gt=0, description="HCCL_CONNECT_TIMEOUT seconds (Ascend)")
     hccl_exec_timeout: int = Field(1800, gt=0, description="HCCL_EXEC_TIMEOUT seconds (Ascend)")
-    dry_run: bool = Field(False, description="print the Job YAML, submit nothing",
+    dry_run: bool = Field(False, description="print the YAML of what would be created, submit nothing",
                           json_schema_extra={"wired": True})
 
     @field_validator("cpu", "memory", "shm_size")

@@ -1,5 +1,6 @@
-"""Run `voxpipe train` on a cluster: render a gang-scheduled Volcano Job, submit it, watch it.
+"""Run a voxpipe step on a cluster: render gang-scheduled pods through a launcher, submit, watch.
 
-KFP cannot place its own task pods on Volcano, so the pipeline's train component calls
-`voxpipe launch-train`, which creates the Volcano Job next to itself and waits for it.
+KFP cannot place its own task pods on a gang scheduler, so the pipeline's train component calls
+`voxpipe launch-train`, which creates the job next to itself (a Volcano Job or a Kubeflow Trainer
+TrainJob, launch.backend) and waits for it. base.py is the interface, registry.py names the backends.
 """

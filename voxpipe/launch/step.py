@@ -1,4 +1,5 @@
-"""`voxpipe launch-train` / `launch-encode`: the step as a Volcano Job, rendered (--dry-run) or run."""
+"""`voxpipe launch-train` / `launch-encode`: the step through launch.backend's launcher, rendered
+(--dry-run) or run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import Owner, StepJob, job_yaml, render_job
+from voxpipe.launch.pod import Owner, StepJob, manifests_yaml
+from voxpipe.launch.registry import launcher
 from voxpipe.params import Params
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ def launch_train(params: Params) -> LaunchResult:
 
 
 def launch_encode(params: Params) -> LaunchResult:
-    """`encode` as a Volcano Job on launch.encode_devices accelerators; a restart resumes from the index."""
+    """`encode` on launch.encode_devices accelerators; a restart resumes from the shard index."""
     return _launch(params, StepJob.encode(params.launch), params.encode.out)
 
 
@@ -62,21 +64,24 @@ def _launch(params: Params, step: StepJob, out: str) -> LaunchResult:
     own_namespace = pod_namespace()
     namespace = launch.namespace or own_namespace or "default"
     owner = Owner.from_env(os.environ, own_namespace) if own_namespace else None
-    job = render_job(params, namespace, owner, step)
+    backend = launcher(launch.backend)
+    objects = backend.render(params, namespace, owner, step)
     if launch.dry_run:
-        return LaunchResult(job_yaml(job).rstrip("\n"))
+        return LaunchResult(manifests_yaml(objects).rstrip("\n"))
 
     api = _api_client()  # before importing watch: a clear message when the `cluster` extra is missing
     from voxpipe.launch.watch import run_job
 
     outcome = run_job(
         api,
-        job,
+        backend,
+        objects,
         timeout_s=launch.timeout_seconds,
         poll_s=launch.poll_seconds,
         tail_lines=launch.log_tail_lines,
     )
+    restarts = "" if outcome.restarts is None else f" after {outcome.restarts} restart(s)"
     return LaunchResult(
-        f"Volcano job {outcome.namespace}/{outcome.name} {outcome.phase} after {outcome.restarts} "
-        f"restart(s) in {outcome.seconds:.0f} s; outputs in {out} on PVC {launch.pvc}"
+        f"{backend.resource.kind} {outcome.namespace}/{outcome.name} {outcome.phase}{restarts} "
+        f"in {outcome.seconds:.0f} s; outputs in {out} on PVC {launch.pvc}"
     )

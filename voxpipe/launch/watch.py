@@ -1,4 +1,4 @@
-"""Submit a Volcano Job and follow it to its end, so the pipeline step fails when training fails.
+"""Submit a launcher's job and follow it to its end, so the pipeline step fails when training fails.
 
 Polling (not a watch stream): a status read every few seconds is cheap next to hours of training,
 and it survives API-server restarts and dropped connections without resume bookkeeping. On failure
@@ -6,7 +6,8 @@ the error carries the log tail of the pod that failed first: with collective tra
 ranks then die of communication timeouts, so the first failure is the cause. A timeout or a
 SIGTERM/SIGINT (the KFP run was cancelled) deletes the job, so no gang keeps holding accelerators;
 so does a pod that can never start (a Secret `launch.secret_env` names is missing, a bad image name),
-at once rather than after the timeout.
+at once rather than after the timeout. The same code for every backend: each says where its job lives
+and how to read its status (voxpipe/launch/base.py `Resource`, `State`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,10 +26,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from voxpipe.errors import StepError
-from voxpipe.launch.volcano import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from voxpipe.launch.base import Launcher, Outcome, Resource, State
 
-FAILED_PHASES = frozenset({"Failed", "Aborted", "Terminated"})
-TASK_LABEL = "volcano.sh/task-spec"  # Volcano's label with the pod's task name (master / worker)
 MAX_POLL_ERRORS = 5  # consecutive failed status reads before giving up on the API server
 # container states waiting never resolves: a missing Secret or key (launch.secret_env), a bad image name
 STUCK_REASONS = frozenset({"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"})
@@ -39,15 +37,6 @@ logger = logging.getLogger(__name__)
 
 def _stderr(message: str) -> None:
     logger.info("%s", message)
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    namespace: str
-    name: str
-    phase: str
-    restarts: int
-    seconds: float
 
 
 class _Cancelled(BaseException):
@@ -79,26 +68,29 @@ def _api_error(e: ApiException) -> str:
     return f"HTTP {e.status} {e.reason}".strip()
 
 
-def submit(api: client.ApiClient, job: dict[str, Any]) -> str:
-    """Create the job; returns the name the server gave it."""
-    namespace = job["metadata"]["namespace"]
+def create(api: client.ApiClient, resource: Resource, body: dict[str, Any], exists_ok: bool = False) -> str:
+    """Create one object of `resource`; returns the name the server gave it. `exists_ok`: a 409 (an
+    object named by its content, made by an earlier run) is the object wanted."""
+    namespace = body["metadata"]["namespace"]
     try:
         created = client.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, job
+            resource.group, resource.version, namespace, resource.plural, body
         )
     except ApiException as e:
+        if e.status == 409 and exists_ok:
+            return body["metadata"]["name"]
         hint = {
-            404: f"is Volcano installed (the {GROUP}/{VERSION} Job CRD), does the namespace exist?",
+            404: resource.missing_hint,
             403: "the pod's service account needs the Role in manifests/namespaced/rbac.yaml",
         }.get(e.status, e.body or "")
         raise StepError(
-            f"could not create the Volcano job in namespace {namespace!r}: {_api_error(e)}; {hint}"
+            f"could not create the {resource.kind} in namespace {namespace!r}: {_api_error(e)}; {hint}"
         ) from None
     return created["metadata"]["name"]
 
 
-def _failed_first(pods: list[client.V1Pod]) -> tuple[client.V1Pod, str] | None:
-    """The pod that failed earliest, and why; else the master pod (evicted or aborted gangs)."""
+def _failed_first(pods: list[client.V1Pod], first: tuple[str, str]) -> tuple[client.V1Pod, str] | None:
+    """The pod that failed earliest, and why; else rank 0's pod (`first`: evicted or aborted gangs)."""
     failures = []
     for pod in pods:
         for cs in pod.status.container_statuses or []:
@@ -111,19 +103,20 @@ def _failed_first(pods: list[client.V1Pod]) -> tuple[client.V1Pod, str] | None:
     if failures:
         _, _, pod, why = min(failures, key=lambda f: (f[0], f[1]))
         return pod, why
-    masters = [p for p in pods if (p.metadata.labels or {}).get(TASK_LABEL) == "master"]
+    label, value = first
+    masters = [p for p in pods if (p.metadata.labels or {}).get(label) == value]
     chosen = masters or sorted(pods, key=lambda p: p.metadata.name)
     return (chosen[0], f"phase {chosen[0].status.phase}") if chosen else None
 
 
-def pod_report(api: client.ApiClient, namespace: str, name: str, tail_lines: int) -> str:
+def pod_report(api: client.ApiClient, resource: Resource, namespace: str, name: str, tail_lines: int) -> str:
     """Which pod to blame and the tail of its log, as text for the error message."""
     core = client.CoreV1Api(api)
     try:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}").items
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{resource.pod_label}={name}").items
     except ApiException as e:
         return f"(could not list its pods: {_api_error(e)})"
-    found = _failed_first(pods)
+    found = _failed_first(pods, resource.first_pod)
     if found is None:
         return "(no pod of the job is left to read a log from)"
     pod, why = found
@@ -134,20 +127,23 @@ def pod_report(api: client.ApiClient, namespace: str, name: str, tail_lines: int
     return f"pod {pod.metadata.name} ({why}), last {tail_lines} log lines:\n{text.rstrip()}"
 
 
-def _delete(api: client.ApiClient, namespace: str, name: str) -> str:
+def delete(api: client.ApiClient, resource: Resource, namespace: str, name: str) -> str:
     try:
         client.CustomObjectsApi(api).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            resource.group, resource.version, namespace, resource.plural, name,
+            propagation_policy="Background",
         )
     except ApiException as e:
-        return f"deleting it failed ({_api_error(e)}): run `kubectl -n {namespace} delete vcjob {name}`"
+        return (f"deleting it failed ({_api_error(e)}): run "
+                f"`kubectl -n {namespace} delete {resource.kubectl} {name}`")
     return "deleted it"
 
 
-def _stuck_pod(api: client.ApiClient, namespace: str, name: str) -> str | None:
+def _stuck_pod(api: client.ApiClient, resource: Resource, namespace: str, name: str) -> str | None:
     """'pod X: reason: message' for a pod whose container is stuck in STUCK_REASONS, else None."""
     try:
-        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}")
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace,
+                                                         label_selector=f"{resource.pod_label}={name}")
     except ApiException:
         return None  # the status poll reports a lost API server
     for pod in pods.items:
@@ -158,13 +154,23 @@ def _stuck_pod(api: client.ApiClient, namespace: str, name: str) -> str | None:
     return None
 
 
-def _read_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
-    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+def _read_status(
+    custom: client.CustomObjectsApi, resource: Resource, namespace: str, name: str
+) -> dict[str, Any]:
+    obj = custom.get_namespaced_custom_object(
+        resource.group, resource.version, namespace, resource.plural, name
+    )
     return obj.get("status") or {}
 
 
-def watch(
+def _restarts(state: State) -> str:
+    return "" if state.restarts is None else f" after {state.restarts} restart(s)"
+
+
+def follow(
     api: client.ApiClient,
+    resource: Resource,
+    read: Callable[[dict[str, Any]], State],
     namespace: str,
     name: str,
     *,
@@ -172,18 +178,21 @@ def watch(
     poll_s: float,
     tail_lines: int,
     log: Callable[[str], None] = _stderr,
-) -> JobOutcome:
-    """Poll until Completed (returned) or Failed/Aborted/Terminated or timeout (StepError)."""
+) -> Outcome:
+    """Poll until the job is done (returned), has failed (StepError with the failing pod's log) or the
+    timeout passes (TimeoutError); a pod that can never start raises _Stuck."""
     custom = client.CustomObjectsApi(api)
     start = time.monotonic()
     last_phase, errors = None, 0
     while True:
         try:
-            status = _read_status(custom, namespace, name)
+            status = _read_status(custom, resource, namespace, name)
             errors = 0
         except ApiException as e:
             if e.status == 404:
-                raise StepError(f"Volcano job {namespace}/{name} disappeared (deleted by someone?)") from None
+                raise StepError(
+                    f"{resource.kind} {namespace}/{name} disappeared (deleted by someone?)"
+                ) from None
             errors += 1
             status = None
             log(f"{namespace}/{name}: status read failed ({_api_error(e)}), {errors}/{MAX_POLL_ERRORS}")
@@ -192,26 +201,24 @@ def watch(
             status = None
             log(f"{namespace}/{name}: API server unreachable ({e}), {errors}/{MAX_POLL_ERRORS}")
         if errors >= MAX_POLL_ERRORS:
-            raise StepError(f"lost the API server while watching Volcano job {namespace}/{name}")
+            raise StepError(f"lost the API server while watching {resource.kind} {namespace}/{name}")
         elapsed = time.monotonic() - start
         if status is not None:
-            state = status.get("state") or {}
-            phase = state.get("phase") or "Pending"
-            restarts = int(status.get("retryCount") or 0)
-            if phase != last_phase:
-                reason = f" ({state['reason']})" if state.get("reason") not in (None, "", phase) else ""
-                log(f"{namespace}/{name}: {phase}{reason}, {restarts} restart(s), {elapsed:.0f} s")
-                last_phase = phase
-            if phase == "Completed":
-                return JobOutcome(namespace, name, phase, restarts, elapsed)
-            if phase in FAILED_PHASES:
-                detail = "; ".join(x for x in (state.get("reason"), state.get("message")) if x and x != phase)
+            state = read(status)
+            if state.phase != last_phase:
+                reason = f" ({state.reason})" if state.reason not in ("", state.phase) else ""
+                count = "" if state.restarts is None else f", {state.restarts} restart(s)"
+                log(f"{namespace}/{name}: {state.phase}{reason}{count}, {elapsed:.0f} s")
+                last_phase = state.phase
+            if state.done:
+                return Outcome(namespace, name, state.phase, state.restarts, elapsed)
+            if state.failed:
                 raise StepError(
-                    f"Volcano job {namespace}/{name} ended {phase}" + (f" ({detail})" if detail else "")
-                    + f" after {restarts} restart(s). "
-                    + pod_report(api, namespace, name, tail_lines)
+                    f"{resource.kind} {namespace}/{name} ended {state.phase}"
+                    + (f" ({state.detail})" if state.detail else "") + f"{_restarts(state)}. "
+                    + pod_report(api, resource, namespace, name, tail_lines)
                 )
-            stuck = _stuck_pod(api, namespace, name)
+            stuck = _stuck_pod(api, resource, namespace, name)
             if stuck:
                 raise _Stuck(stuck)
         if elapsed >= timeout_s:
@@ -221,33 +228,36 @@ def watch(
 
 def run_job(
     api: client.ApiClient,
-    job: dict[str, Any],
+    launcher: Launcher,
+    objects: list[dict[str, Any]],
     *,
     timeout_s: float,
     poll_s: float,
     tail_lines: int,
     log: Callable[[str], None] = _stderr,
-) -> JobOutcome:
-    """Submit, watch to the end; delete the job on timeout or cancellation (then raise StepError)."""
-    namespace = job["metadata"]["namespace"]
-    name = submit(api, job)
-    log(f"submitted Volcano job {namespace}/{name}")
+) -> Outcome:
+    """Submit, watch to the end; cancel the job on timeout or cancellation (then raise StepError)."""
+    kind = launcher.resource.kind
+    namespace = objects[-1]["metadata"]["namespace"]
+    name = launcher.submit(api, objects)
+    log(f"submitted {kind} {namespace}/{name}")
     try:
         with _cancel_on_signals():
-            return watch(
+            return launcher.watch(
                 api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, tail_lines=tail_lines, log=log
             )
     except _Stuck as e:
         raise StepError(
-            f"Volcano job {namespace}/{name} cannot start its pods ({e}); "
-            f"{_delete(api, namespace, name)}. A missing Secret or key: create the Secrets launch.secret_env "
-            "names (docs/cluster.md) or fix the reference; a bad image name: fix launch.image."
+            f"{kind} {namespace}/{name} cannot start its pods ({e}); "
+            f"{launcher.cancel(api, namespace, name)}. A missing Secret or key: create the Secrets "
+            "launch.secret_env names (docs/cluster.md) or fix the reference; a bad image name: fix "
+            "launch.image."
         ) from None
     except TimeoutError as e:
-        report = pod_report(api, namespace, name, tail_lines)
+        report = launcher.logs(api, namespace, name, tail_lines)
         raise StepError(
-            f"Volcano job {namespace}/{name} timed out ({e}); {_delete(api, namespace, name)}. {report}"
+            f"{kind} {namespace}/{name} timed out ({e}); {launcher.cancel(api, namespace, name)}. {report}"
         ) from None
     except _Cancelled as e:
-        outcome = _delete(api, namespace, name)
-        raise StepError(f"cancelled by {e}: Volcano job {namespace}/{name}: {outcome}") from None
+        outcome = launcher.cancel(api, namespace, name)
+        raise StepError(f"cancelled by {e}: {kind} {namespace}/{name}: {outcome}") from None

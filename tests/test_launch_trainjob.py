@@ -1,0 +1,253 @@
+"""The `trainjob` launcher: a Kubeflow Trainer v2 TrainJob and its TrainingRuntime, checked against
+Trainer's own CRD schemas (tests/data/trainer-crds, SOURCE.md), rendered for every recipe, and
+followed through its conditions against tests/kube_fake.py."""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+import subprocess
+import typing
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kube_fake import FakeCluster, pod
+from kubernetes import client
+
+from voxpipe.cli import main
+from voxpipe.errors import StepError
+from voxpipe.launch.pod import PARAMS_ENV, StepJob
+from voxpipe.launch.registry import LAUNCHERS
+from voxpipe.launch.trainjob import QUEUE_ANNOTATION, TrainJobLauncher, render_trainjob
+from voxpipe.launch.watch import run_job
+from voxpipe.params import LaunchParams, Params, load_params, recipe_names
+
+ROOT = Path(__file__).resolve().parents[1]
+CRDS = Path(__file__).parent / "data" / "trainer-crds"
+K8S_VERSION = kubernetes_validate.latest_version()
+NAME = "voxpipe-train-00000"
+FAST = {"timeout_s": 30, "poll_s": 0.01, "tail_lines": 5}
+
+
+def _closed(schema: typing.Any) -> typing.Any:
+    """The CRD schema with unknown fields refused, as the API server prunes them (a misspelt key would
+    otherwise pass here and vanish there)."""
+    if isinstance(schema, dict):
+        schema = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    return [_closed(v) for v in schema] if isinstance(schema, list) else schema
+
+
+@cache
+def crd_schema(kind: str) -> dict:
+    plural = {"TrainJob": "trainjobs", "TrainingRuntime": "trainingruntimes"}[kind]
+    crd = yaml.safe_load((CRDS / f"trainer.kubeflow.org_{plural}.yaml").read_text())
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1"
+    return _closed(version["schema"]["openAPIV3Schema"])
+
+
+def validate(obj: dict) -> None:
+    jsonschema.validate(obj, crd_schema(obj["kind"]))
+
+
+def node_pod(runtime: dict, trainjob: dict) -> dict:
+    """The `node` pod as Trainer makes it: the runtime's pod, the TrainJob's image, args, env, resources."""
+    (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    spec = copy.deepcopy(replicated["template"]["spec"]["template"]["spec"])
+    trainer = trainjob["spec"]["trainer"]
+    container = spec["containers"][0]
+    container.update(image=trainer["image"], args=trainer["args"], env=trainer["env"])
+    if "resourcesPerNode" in trainer:
+        container["resources"] = trainer["resourcesPerNode"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j-node-0-0"}, "spec": spec}
+
+
+def test_the_registry_names_exactly_the_backends_the_schema_admits():
+    assert set(LAUNCHERS) == set(typing.get_args(LaunchParams.model_fields["backend"].annotation))
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_renders_a_trainjob_and_runtime_that_trainer_accepts(name):
+    params = load_params(ROOT / "params.yaml", recipe=name, overrides=["launch.backend=trainjob"])
+    launch = params.launch
+    runtime, trainjob = render_trainjob(params, "ml")
+    validate(runtime)
+    validate(trainjob)
+    kubernetes_validate.validate(node_pod(runtime, trainjob), K8S_VERSION, strict=True)
+    trainer = trainjob["spec"]["trainer"]
+    # Trainer counts only "gpu" resources: numProcPerNode always explicit, an int, the devices per pod
+    assert type(trainer["numProcPerNode"]) is int and trainer["numProcPerNode"] == launch.devices_per_pod
+    assert trainer["numNodes"] == launch.pods
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                              "name": runtime["metadata"]["name"]}
+    assert runtime["spec"]["podGroupPolicy"] == {"volcano": {}} and "torch" in runtime["spec"]["mlPolicy"]
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    annotations = patch["trainingRuntimeSpec"]["template"]["metadata"]["annotations"]
+    assert annotations == {QUEUE_ANNOTATION: launch.queue}
+    if launch.accelerator:
+        assert trainer["resourcesPerNode"]["limits"][launch.accelerator] == launch.devices_per_pod
+    env = {e["name"]: e for e in trainer["env"]}
+    assert ("HCCL_IF_IP" in env) == launch.accelerator.startswith("huawei.com/Ascend")
+    assert env[PARAMS_ENV]["value"]  # the params travel with the job
+    assert all("value" not in e for e in trainer["env"] if "valueFrom" in e)
+    assert env["VOXPIPE_CHECKPOINT_KEY"]["valueFrom"]["secretKeyRef"]  # secrets by reference
+
+
+def test_npu_recipes_carry_an_integer_process_count_and_a_volcano_gang():
+    for name in ("voxcpm2-full-npu16", "voxcpm2-lora-npu8"):
+        params = load_params(ROOT / "params.yaml", recipe=name, overrides=["launch.backend=trainjob"])
+        runtime, trainjob = render_trainjob(params, "ml")
+        assert trainjob["spec"]["trainer"]["numProcPerNode"] == params.launch.devices_per_pod == 8
+        assert "volcano" in runtime["spec"]["podGroupPolicy"]
+
+
+def test_the_crd_check_would_catch_a_broken_trainjob():
+    _, trainjob = render_trainjob(Params(launch=LaunchParams(backend="trainjob")), "ml")
+    validate(trainjob)
+    for breakage in ({"numProcPerNode": "auto"}, {"numProcsPerNode": 8}):  # a string; a misspelt key
+        broken = copy.deepcopy(trainjob)
+        broken["spec"]["trainer"].pop("numProcPerNode")
+        broken["spec"]["trainer"].update(breakage)
+        with pytest.raises(jsonschema.ValidationError):
+            validate(broken)
+    broken = copy.deepcopy(trainjob)
+    broken["spec"]["annotations"] = {QUEUE_ANNOTATION: "voxpipe"}  # TrainJob has no spec.annotations
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+
+
+def test_same_pod_shape_same_runtime_name_and_encode_renders_too():
+    a, _ = render_trainjob(Params(launch=LaunchParams(backend="trainjob")), "ml")
+    b, _ = render_trainjob(Params(launch=LaunchParams(backend="trainjob"), train={"lr": 3e-5}), "ml")
+    c, _ = render_trainjob(Params(launch=LaunchParams(backend="trainjob", shm_size="32Gi")), "ml")
+    assert a["metadata"]["name"] == b["metadata"]["name"] != c["metadata"]["name"]
+    encode = LaunchParams(backend="trainjob", encode_devices=16)
+    runtime, trainjob = render_trainjob(Params(launch=encode), "ml", job=StepJob.encode(encode))
+    validate(runtime)
+    validate(trainjob)
+    assert (trainjob["spec"]["trainer"]["numNodes"], trainjob["spec"]["trainer"]["numProcPerNode"]) == (2, 8)
+
+
+def test_a_named_cluster_runtime_gets_only_the_trainjob_and_refuses_runtime_keys():
+    launch = LaunchParams(backend="trainjob", runtime="torch-distributed")
+    (trainjob,) = render_trainjob(Params(launch=launch), "ml")
+    validate(trainjob)
+    assert trainjob["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+    refused = r"launch\.max_retry=7 cannot apply with launch\.runtime='torch-distributed'"
+    with pytest.raises(StepError, match=refused):
+        render_trainjob(Params(launch=launch.model_copy(update={"max_retry": 7})), "ml")
+
+
+def test_volcano_refuses_a_cluster_training_runtime(capsys):
+    code = main(["launch-train", "--dry-run", "--set", "launch.runtime=torch-distributed"])
+    assert code != 0
+    assert "launch.runtime='torch-distributed' names a Kubeflow Trainer ClusterTrainingRuntime" in \
+        capsys.readouterr().err
+
+
+def test_dry_run_prints_the_runtime_then_the_trainjob(capsys):
+    assert main(["launch-train", "--dry-run", "--recipe", "voxcpm2-full-npu16",
+                 "--set", "launch.backend=trainjob"]) == 0
+    runtime, trainjob = yaml.safe_load_all(capsys.readouterr().out)
+    assert (runtime["kind"], trainjob["kind"]) == ("TrainingRuntime", "TrainJob")
+    validate(runtime)
+    validate(trainjob)
+
+
+def test_the_pod_script_runs_torchrun_from_trainers_env(tmp_path):
+    _, trainjob = render_trainjob(Params(launch=LaunchParams(backend="trainjob", devices_per_pod=4)), "ml")
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    trainer = trainjob["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+    env |= {"PATH": f"{fake.parent}:{os.environ['PATH']}", "RECORD": str(tmp_path / "argv"),
+            # what Trainer's torch plugin sets on the node container
+            "PET_NNODES": "2", "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]), "PET_NODE_RANK": "1",
+            "PET_MASTER_ADDR": "voxpipe-train-x-node-0-0.voxpipe-train-x", "PET_MASTER_PORT": "29500"}
+    script = trainer["args"][-1].replace("/tmp/voxpipe-params.yaml", str(tmp_path / "params.yaml"))
+    subprocess.run(["/bin/sh", "-c", script], env=env, check=True)
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:5] == ["--nnodes=2", "--node_rank=1", "--nproc_per_node=4",
+                        "--master_addr=voxpipe-train-x-node-0-0.voxpipe-train-x", "--master_port=29500"]
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]
+
+
+# --- the watch, against tests/kube_fake.py ----------------------------------------------------------
+
+def objects() -> list[dict]:
+    return render_trainjob(Params(launch=LaunchParams(backend="trainjob")), "ml")
+
+
+def condition(kind: str, reason: str = "", message: str = "") -> dict:
+    return {"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": "2026-12-02T04:00:00Z"}
+
+
+def api_for(cluster: FakeCluster) -> client.ApiClient:
+    return client.ApiClient(client.Configuration(host=cluster.url))
+
+
+def test_completed_trainjob_creates_its_runtime_and_follows_the_conditions():
+    statuses = [{}, {"conditions": [condition("Created")]},
+                {"conditions": [condition("Created")], "jobsStatus": [{"name": "node", "active": 2}]},
+                {"conditions": [condition("Created"), condition("Complete", "JobSetCompleted")]}]
+    logged = []
+    rendered = objects()
+    with FakeCluster(statuses=statuses) as cluster:
+        outcome = run_job(api_for(cluster), TrainJobLauncher(), rendered, log=logged.append, **FAST)
+        assert list(cluster.runtimes) == [rendered[0]["metadata"]["name"]]
+        assert cluster.jobs[NAME]["spec"] == rendered[1]["spec"]
+    assert (outcome.name, outcome.phase, outcome.restarts) == (NAME, "Complete", None)
+    assert [line.split(": ")[1].split(",")[0].split(" ")[0] for line in logged[1:]] == \
+        ["Pending", "Created", "Running", "Complete"]
+
+
+def test_a_second_run_reuses_the_runtime_of_the_same_shape():
+    rendered = objects()
+    with FakeCluster(statuses=[{"conditions": [condition("Complete")]}]) as cluster:
+        cluster.runtimes[rendered[0]["metadata"]["name"]] = rendered[0]
+        assert run_job(api_for(cluster), TrainJobLauncher(), rendered, **FAST).phase == "Complete"
+
+
+def test_failed_trainjob_names_the_pod_that_failed_first_and_shows_its_log_tail():
+    pods = [
+        pod(f"{NAME}-node-0-0-a", "master", "Failed", exit_code=1, finished="2026-12-02T04:05:00Z"),
+        pod(f"{NAME}-node-0-1-b", "worker", "Failed", exit_code=1, finished="2026-12-02T04:01:00Z"),
+    ]
+    logs = {f"{NAME}-node-0-0-a": "NCCL timeout\n",
+            f"{NAME}-node-0-1-b": "".join(f"line {i}\n" for i in range(50)) + "RuntimeError: CUDA OOM\n"}
+    failed = {"conditions": [condition("Created"), condition("Failed", "JobSetFailed", "jobset failed")]}
+    statuses = [{"conditions": [condition("Created")]}, failed]
+    with FakeCluster(statuses=statuses, pods=pods, logs=logs) as cluster:
+        with pytest.raises(StepError) as err:
+            run_job(api_for(cluster), TrainJobLauncher(), objects(), **FAST)
+        assert cluster.deleted == []  # kept for `kubectl describe`
+    message = str(err.value)
+    assert f"TrainJob ml/{NAME} ended Failed (JobSetFailed; jobset failed)." in message
+    assert f"pod {NAME}-node-0-1-b (exit code 1, Error)" in message and "RuntimeError: CUDA OOM" in message
+    assert "line 44" not in message  # tail only
+
+
+def test_a_timeout_deletes_the_trainjob():
+    with FakeCluster(statuses=[{"conditions": [condition("Created")]}]) as cluster:
+        with pytest.raises(StepError, match=f"TrainJob ml/{NAME} timed out .*; deleted it"):
+            run_job(api_for(cluster), TrainJobLauncher(), objects(), timeout_s=0.1, poll_s=0.01, tail_lines=5)
+        assert cluster.deleted == [NAME]
+
+
+def test_a_missing_trainer_says_so():
+    with FakeCluster(create_error=404) as cluster:
+        with pytest.raises(StepError, match="is Kubeflow Trainer v2 installed"):
+            run_job(api_for(cluster), TrainJobLauncher(), objects(), **FAST)
