@@ -380,6 +380,29 @@ def test_train_param_change_reruns_train_and_what_follows(repo, first_repro, at_
     restore_commit(repo)
 
 
+def test_a_new_voice_trains_fresh_and_registers_as_a_model_of_its_own(repo, first_repro, at_commit):
+    """Your own voice right after the demo: a new ingest.input reruns every stage, train moves the demo's
+    checkpoints aside instead of refusing to resume them, and register makes version 1 of the voice's own
+    model, leaving the demo's model as it was (issue 28)."""
+    demo = json.loads((repo / "work/register/registered.json").read_text())
+    write_small_sample(repo / "data" / "my-voice", per_speaker=4)
+    write_params(repo, ingest={**TEST_SETTINGS["ingest"], "input": ["data/my-voice"]})
+    try:
+        out = dvc(repo, "repro")
+        assert ran(out) == STAGES[:3] + STAGES[4:], out[-3000:]  # the base model is the same one
+        assert "starting fresh (train.fresh_on_change: train.data: the encoded data" in out
+        assert "cannot resume" not in out and "Traceback" not in out
+        assert list((repo / "work/train").glob("checkpoints.replaced-*"))
+        mine = json.loads((repo / "work/register/registered.json").read_text())
+        assert (mine["name"], int(mine["version"])) == ("voxpipe-my-voice", 1)
+        client = MlflowClient(f"sqlite:///{repo / 'work/mlflow.db'}")
+        demo_version = client.get_model_version_by_alias("voxpipe-sample", "candidate").version
+        assert int(demo_version) == int(demo["version"])
+    finally:
+        shutil.rmtree(repo / "data" / "my-voice")
+        restore_commit(repo)
+
+
 # -- a real remote: moto's S3 server on 127.0.0.1 holds DVC's data and MLflow's artifacts ------------
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                   "AWS_DEFAULT_REGION": "us-east-1"}
