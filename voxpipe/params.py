@@ -439,7 +439,7 @@ class EvaluateParams(Section):
     )
     similarity_tolerance: float = Field(
         0.05, ge=0, description="promotion rule: a speaker's mean similarity may fall at most this far "
-        "below the baseline's (GE2E cosine)"
+        "below the baseline's (the evaluate.speaker encoder's cosine)"
     )
     max_len: int = Field(
         0, ge=0, description="generation limit in patches (160 ms each); 0 = twice the real clip + 2 s. "
