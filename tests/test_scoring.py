@@ -101,7 +101,7 @@ class _Traditional:
 
 
 def test_every_chinese_hypothesis_is_simplified_whichever_recogniser_heard_it():
-    recognisers = Recognisers([], None, None)
+    recognisers = Recognisers([])
     recognisers.loaded = [_Traditional()]
     heard, rate = intelligibility(np.zeros(16000, np.float32), "我们说：“你好”。", "zh", recognisers)
     assert heard["transcript"] == "我們說「你好」"  # recorded as heard; scored as simplified
@@ -117,10 +117,10 @@ def test_the_figure_is_the_mean_of_per_utterance_rates_and_an_empty_reference_ha
 
 def test_a_language_without_a_configured_recogniser_gets_null_with_the_reason():
     silence = np.zeros(16000, dtype=np.float32)
-    heard, rate = intelligibility(silence, "你好世界", "zh", Recognisers([], None, None))
+    heard, rate = intelligibility(silence, "你好世界", "zh", Recognisers([]))
     assert rate is None and heard["cer"] is None and heard["metric"] == "cer" and heard["asr"] is None
     assert "evaluate.asr is empty" in heard["asr_reason"]
-    recognisers = Recognisers(["pocketsphinx"], None, None)
+    recognisers = Recognisers(["pocketsphinx"])
     heard, rate = intelligibility(np.zeros(16000, dtype=np.float32), "你好世界", "zh", recognisers)
     assert rate is None and "no configured recogniser covers language 'zh'" in heard["asr_reason"]
     assert recognisers.for_language("en").recogniser.backend == "pocketsphinx"
@@ -165,7 +165,7 @@ def tiny_whisper(folder) -> None:
 
 def test_whisper_from_a_folder_hears_the_languages_its_generation_config_lists(tmp_path):
     tiny_whisper(tmp_path / "whisper")
-    recognisers = Recognisers(["pocketsphinx", "whisper"], str(tmp_path / "whisper"), None)
+    recognisers = Recognisers(["pocketsphinx", "whisper"], {"whisper_model": str(tmp_path / "whisper")})
     assert recognisers.for_language("en").recogniser.backend == "pocketsphinx"  # the first that covers it
     whisper = recognisers.for_language("zh").recogniser
     assert whisper.backend == "whisper" and whisper.model == str(tmp_path / "whisper")
@@ -175,7 +175,7 @@ def test_whisper_from_a_folder_hears_the_languages_its_generation_config_lists(t
     assert heard["cer"] is not None and heard["cer"] >= 0
     assert recognisers.for_language("ko").recogniser is None  # not in its lang_to_id
     with pytest.raises(StepError, match="evaluate.whisper_model is not set"):
-        Recognisers(["whisper"], None, None)
+        Recognisers(["whisper"], {})
 
 
 def test_paraformer_needs_its_folder_and_says_which_files(tmp_path):
@@ -204,3 +204,44 @@ def test_wavlm_from_a_folder_embeds_a_clip_and_not_silence(tmp_path):
     assert encoder.embed(np.zeros(16000, dtype=np.float32), 16000) is None
     with pytest.raises(StepError, match="evaluate.wavlm_model"):
         WavLMEncoder(str(tmp_path / "nothing"))
+
+
+def test_each_registered_backend_names_a_factory_and_params_fields_that_exist():
+    """voxpipe/backends.py is the one registration: its factories import, its fields are evaluate
+    params, and evaluate.asr / evaluate.speaker admit exactly its names."""
+    import importlib
+    import typing
+
+    from voxpipe.backends import ASR, QUALITY, QUALITY_BACKEND, SPEAKER
+    from voxpipe.params import EvaluateParams
+
+    for registry in (ASR, SPEAKER, QUALITY):
+        for name, backend in registry.items():
+            module, attr = backend.factory.split(":")
+            made = getattr(importlib.import_module(module), attr)
+            assert backend.name == name and getattr(made, "backend", name) == name
+            assert all(f in EvaluateParams.model_fields for f in backend.fields), backend
+    assert QUALITY_BACKEND in QUALITY
+    fields = EvaluateParams.model_fields
+    assert typing.get_args(typing.get_args(fields["asr"].annotation)[0]) == tuple(ASR)
+    assert typing.get_args(fields["speaker"].annotation) == tuple(SPEAKER)
+
+
+def test_a_backend_not_registered_is_a_one_line_error_naming_the_registered_ones():
+    from pydantic import ValidationError
+
+    from voxpipe.params import EvaluateParams
+
+    for key, value in (("asr", ["nemo"]), ("speaker", "ecapa")):
+        with pytest.raises(ValidationError) as e:
+            EvaluateParams(**{key: value})
+        line = e.value.errors()[0]["msg"]
+        assert "\n" not in line and all(f"'{n}'" in line for n in (
+            ("pocketsphinx", "whisper", "paraformer-zh") if key == "asr" else ("resemblyzer", "wavlm")))
+
+
+def test_speaker_encoder_loads_the_registered_one_with_its_fields(tmp_path):
+    from voxpipe.evaluate.speaker import speaker_encoder
+
+    with pytest.raises(StepError, match="evaluate.wavlm_model"):
+        speaker_encoder("wavlm", {"wavlm_model": str(tmp_path / "nothing")})

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
+from voxpipe.backends import ASR, SPEAKER, listed
 from voxpipe.errors import StepError
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -438,7 +439,7 @@ class EvaluateParams(Section):
     )
     similarity_tolerance: float = Field(
         0.05, ge=0, description="promotion rule: a speaker's mean similarity may fall at most this far "
-        "below the baseline's (GE2E cosine)"
+        "below the baseline's (the evaluate.speaker encoder's cosine)"
     )
     max_len: int = Field(
         0, ge=0, description="generation limit in patches (160 ms each); 0 = twice the real clip + 2 s. "
@@ -452,10 +453,11 @@ class EvaluateParams(Section):
         "(the speaker's speaking rate, seconds per character, times the text's characters) stopped "
         "prematurely: a stop failure, as is reaching max_len"
     )
-    asr: list[Literal["pocketsphinx", "whisper", "paraformer-zh"]] = Field(
+    # the choices are voxpipe/backends.py's registries: a backend registered there is a valid name here
+    asr: list[Literal[*ASR]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: ["pocketsphinx"], description="recognisers for WER/CER, each language takes "
-        "the first that covers it: pocketsphinx (bundled, English), whisper (whisper_model), paraformer-zh "
-        "(paraformer_model, Chinese); a language none covers gets null. true = [pocketsphinx], false = []"
+        f"the first that covers it: {listed(ASR)}; a language none covers gets null. "
+        "true = [pocketsphinx], false = []"
     )
     whisper_model: str | None = Field(
         None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
@@ -465,9 +467,8 @@ class EvaluateParams(Section):
         None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for asr "
         "paraformer-zh"
     )
-    speaker: Literal["resemblyzer", "wavlm"] = Field(
-        "resemblyzer", description="speaker-similarity encoder: resemblyzer (bundled GE2E) or wavlm "
-        "(WavLMForXVector from wavlm_model)"
+    speaker: Literal[*SPEAKER] = Field(  # type: ignore[valid-type]
+        "resemblyzer", description=f"speaker-similarity encoder: {listed(SPEAKER)}"
     )
     wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
     mos_tolerance: float = Field(

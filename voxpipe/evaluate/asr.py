@@ -1,5 +1,8 @@
 """Intelligibility: which recogniser hears each clip, per language (`evaluate.asr`, first that fits).
 
+The recognisers below are registered by name, with the evaluate.* fields they take, in
+voxpipe/backends.py's `ASR`; `Recognisers` loads the configured names from there.
+
 - `pocketsphinx`: bundled (its US-English model ships inside the wheel), English only. A small,
   old-style recogniser: on synthetic or accented voices it misses many words, so its rate is always
   reported next to its rate on the real recordings of the same texts (`*_real`).
@@ -20,12 +23,14 @@ backend covers gets no rate (null, with the reason), never a number.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from voxpipe.backends import ASR
 from voxpipe.errors import StepError
 
 SAMPLE_RATE = 16000
@@ -83,11 +88,11 @@ def _folder(key: str, value: str | None, needs: tuple[str, ...]) -> Path:
 class Whisper:
     backend = "whisper"
 
-    def __init__(self, folder: str | None, device: str = "cpu") -> None:
+    def __init__(self, whisper_model: str | None, device: str = "cpu") -> None:
         import torch
         from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
-        path = _folder("whisper_model", folder, ("config.json", "preprocessor_config.json"))
+        path = _folder("whisper_model", whisper_model, ("config.json", "preprocessor_config.json"))
         self.model = str(path)
         self._features = WhisperFeatureExtractor.from_pretrained(path)
         self._tokenizer = AutoTokenizer.from_pretrained(path)
@@ -112,7 +117,8 @@ class Whisper:
 class ParaformerZh:
     backend = "paraformer-zh"
 
-    def __init__(self, folder: str | None, threads: int = 1) -> None:
+    def __init__(self, paraformer_model: str | None, threads: int = 1) -> None:
+        folder = paraformer_model
         path = Path(folder) if folder else None
         weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
                        "model.onnx")
@@ -138,9 +144,6 @@ class ParaformerZh:
         return stream.result.text
 
 
-BACKENDS = ("pocketsphinx", "whisper", "paraformer-zh")
-
-
 @dataclass(frozen=True)
 class Choice:
     """The recogniser of one language, or why there is none."""
@@ -150,14 +153,14 @@ class Choice:
 
 
 class Recognisers:
-    """The configured backends, loaded once; `for_language` picks the first that covers a language."""
+    """The configured backends, loaded once; `for_language` picks the first that covers a language.
 
-    def __init__(self, names: list[str], whisper_model: str | None, paraformer_model: str | None,
-                 device: str = "cpu") -> None:
-        loaders = {"pocketsphinx": PocketSphinx, "whisper": lambda: Whisper(whisper_model, device),
-                   "paraformer-zh": lambda: ParaformerZh(paraformer_model)}
+    `config`: the evaluate params as a mapping (`model_dump()`); each backend takes its own fields.
+    """
+
+    def __init__(self, names: list[str], config: Mapping[str, Any] | None = None) -> None:
         self.names = list(names)
-        self.loaded: list[Recogniser] = [loaders[n]() for n in names]
+        self.loaded: list[Recogniser] = [ASR[n].load(config or {}) for n in names]
 
     def for_language(self, language: str) -> Choice:
         for r in self.loaded:

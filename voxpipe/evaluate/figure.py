@@ -21,7 +21,9 @@ def _values(records: list[dict[str, Any]], key: str) -> list[float]:
     return [math.nan if r[key] is None else r[key] for r in records]
 
 
-def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str, Voice]) -> None:
+def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str, Voice],
+         similarity: str = "GE2E") -> None:
+    """`similarity`: what the speaker encoder that made the similarities calls its scores."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from matplotlib.ticker import ScalarFormatter
 
@@ -42,7 +44,8 @@ def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str,
         if voice.f0_median_hz is not None:
             f0_ax.hlines(voice.f0_median_hz, lo, hi, colors="tab:green", linestyles="dashed")
     sim_ax.plot([], [], "--", color="tab:green", label="real clips of the speaker")
-    sim_ax.set_title("speaker similarity: GE2E cosine to the speaker's real voice", fontsize="medium")
+    sim_ax.set_title(f"speaker similarity: {similarity} cosine to the speaker's real voice",
+                     fontsize="medium")
     sim_ax.set_ylabel("cosine")
     sim_ax.grid(alpha=0.3)
     f0_ax.set_title("median F0 (pyin; no marker = no voiced frames)", fontsize="medium")

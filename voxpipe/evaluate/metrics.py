@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
-from voxpipe.data.quality import Dnsmos
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.generation import Generated, SpeakerPlan
 from voxpipe.evaluate.pitch import median_f0
+from voxpipe.evaluate.quality import DnsmosScorer
 from voxpipe.evaluate.scoring import Rate, metric_of, utterance_rate
 from voxpipe.evaluate.speaker import SpeakerEncoder, WavLMEncoder, cosine, unit_mean
 
@@ -79,7 +79,7 @@ class Scorers:
 
     encoder: SpeakerEncoder | WavLMEncoder
     recognisers: Recognisers
-    dnsmos: Dnsmos
+    dnsmos: DnsmosScorer  # a QUALITY backend of voxpipe/backends.py
     min_duration_ratio: float
 
 

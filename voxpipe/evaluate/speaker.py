@@ -1,5 +1,8 @@
 """Speaker embeddings (`evaluate.speaker`): Resemblyzer's GE2E encoder (bundled, the default), or WavLM.
 
+Both are registered by name, with the evaluate.* fields they take, in voxpipe/backends.py's `SPEAKER`;
+`speaker_encoder` loads the configured one from there.
+
 `wavlm`: transformers `WavLMForXVector` from a local folder (`evaluate.wavlm_model`, e.g. a download of
 microsoft/wavlm-base-plus-sv), for figures closer to Seed-TTS-eval's SIM (which uses WavLM-large with an
 ECAPA-TDNN head, a checkpoint outside transformers). Its x-vector of the 16 kHz clip is the embedding.
@@ -19,13 +22,15 @@ setuptools >= 81) and `typing` is a Python 2 backport.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from voxpipe.backends import SPEAKER
 from voxpipe.data.audio import to_mono_resampled
 from voxpipe.errors import StepError
 
@@ -90,9 +95,10 @@ class WavLMEncoder:
 
     backend = "wavlm"
 
-    def __init__(self, folder: str | None) -> None:
+    def __init__(self, wavlm_model: str | None) -> None:
         from transformers import AutoFeatureExtractor, WavLMForXVector
 
+        folder = wavlm_model
         if not folder or not (Path(folder) / "config.json").is_file():
             raise StepError(f"evaluate.speaker wavlm: evaluate.wavlm_model {folder!r} is not a model folder "
                             "(no config.json); name the local folder of a WavLMForXVector model (nothing "
@@ -114,8 +120,10 @@ class WavLMEncoder:
         return embedding / norm if np.isfinite(norm) and norm > 0 else None
 
 
-def speaker_encoder(name: str, wavlm_model: str | None) -> SpeakerEncoder | WavLMEncoder:
-    return WavLMEncoder(wavlm_model) if name == "wavlm" else SpeakerEncoder()
+def speaker_encoder(name: str, config: Mapping[str, Any] | None = None) -> SpeakerEncoder | WavLMEncoder:
+    """The `evaluate.speaker` encoder `name`, from its fields of `config` (the evaluate params)."""
+    encoder: SpeakerEncoder | WavLMEncoder = SPEAKER[name].load(config or {})
+    return encoder
 
 
 def unit_mean(embeddings: Sequence[np.ndarray]) -> np.ndarray:

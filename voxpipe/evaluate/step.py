@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import soundfile as sf
 import torch
 
+from voxpipe.backends import QUALITY, QUALITY_BACKEND, SPEAKER
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.data.quality import Dnsmos
 from voxpipe.device import resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
@@ -337,8 +337,9 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
     batches = val_loss_batches(val, config.patch_size, max(params.train.max_tokens, max(lengths)),
                                config.max_length)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
-    scorers = Scorers(speaker_encoder(p.speaker, p.wavlm_model),
-                      Recognisers(p.asr, p.whisper_model, p.paraformer_model), Dnsmos(), p.min_duration_ratio)
+    config = p.model_dump()  # each backend takes its own evaluate.* fields (voxpipe/backends.py)
+    scorers = Scorers(speaker_encoder(p.speaker, config), Recognisers(p.asr, config),
+                      QUALITY[QUALITY_BACKEND].load(config), p.min_duration_ratio)
     voices = {}
     with Progress(len(plans), "real voices", log, unit="speaker") as bar:
         for plan in plans:
@@ -403,8 +404,7 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
         "backends": {
             "speaker_similarity": {"backend": scorers.encoder.backend, "model": scorers.encoder.model},
             "asr": [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded],
-            "quality": {"backend": "dnsmos", "model": "DNSMOS P.835 sig_bak_ovr.onnx (speechmos 0.0.1.1), "
-                                                      "windows of dnsmos_local.py"},
+            "quality": {"backend": scorers.dnsmos.backend, "model": scorers.dnsmos.model},
             "speaking_rate": {plan.speaker: plan.seconds_per_unit for plan in plans},
         },
         "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
@@ -418,7 +418,8 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
         "settings": p.model_dump(),
     }
     write_json(out / "eval.json", document)
-    plot(out / "eval.png", records, voices)
+    encoder = SPEAKER[scorers.encoder.backend]
+    plot(out / "eval.png", records, voices, similarity=encoder.label or encoder.name)
     plot_exports(out / "exports.png", table, base_scores, chosen.step)
     write_report(out, {
         "model": p.model,
