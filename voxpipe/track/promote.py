@@ -20,9 +20,7 @@ from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import CHAMPION, alias_version
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import (
-    experiment_id,
-    local_artifact_root,
-    locks_experiment,
+    pipeline_experiments,
     redact_uri,
     resolve_tracking_uri,
     session,
@@ -57,9 +55,7 @@ def promote(params: Params) -> PromoteResult:
     from mlflow.exceptions import MlflowException
 
     with session(uri) as client:
-        root = local_artifact_root(uri, Path(tracking.work))
-        experiment = experiment_id(client, tracking.experiment, root)
-        locks = experiment_id(client, locks_experiment(tracking.experiment), root)
+        experiment, locks = pipeline_experiments(client, tracking.experiment, uri, Path(tracking.work))
         account = check_owned(uri, experiment, tracking.experiment, name, locks)
         try:
             client.get_model_version(name, str(p.version))

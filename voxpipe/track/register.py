@@ -26,11 +26,9 @@ from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params, run_title
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
 from voxpipe.track.tracking import (
-    experiment_id,
-    local_artifact_root,
-    locks_experiment,
     not_secret_values,
     orchestrator_run,
+    pipeline_experiments,
     pipeline_key,
     pipeline_run,
     redact_params,
@@ -82,8 +80,7 @@ def _register(params: Params) -> RegisterResult:
     if art.data is not None:
         extra["voxpipe.data_version"] = art.data.version
     with session(uri) as client:
-        experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
-        locks = experiment_id(client, locks_experiment(tracking.experiment), local_artifact_root(uri, work))
+        experiment, locks = pipeline_experiments(client, tracking.experiment, uri, work)
         ensure_registered_model(client, name)
         check_owned(uri, experiment, tracking.experiment, name, locks)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)

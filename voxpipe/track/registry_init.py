@@ -18,9 +18,7 @@ from voxpipe.track.ownership import current_account, refuse_foreign, resources
 from voxpipe.track.registry import ensure_registered_model
 from voxpipe.track.reglock import lock_runs
 from voxpipe.track.tracking import (
-    experiment_id,
-    local_artifact_root,
-    locks_experiment,
+    pipeline_experiments,
     redact_uri,
     resolve_tracking_uri,
     session,
@@ -50,8 +48,7 @@ def registry_init(params: Params) -> RegistryInitResult:
     uri = resolve_tracking_uri(tracking.uri, work)
     with session(uri) as client:
         me = current_account(uri)
-        experiment = experiment_id(client, tracking.experiment, local_artifact_root(uri, work))
-        locks = experiment_id(client, locks_experiment(tracking.experiment), local_artifact_root(uri, work))
+        experiment, locks = pipeline_experiments(client, tracking.experiment, uri, work)
         ensure_registered_model(client, name)
         lowered = {}
         if me is not None:

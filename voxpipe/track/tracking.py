@@ -154,6 +154,14 @@ def locks_experiment(experiment: str) -> str:
     return f"{experiment}-register-locks"
 
 
+def pipeline_experiments(client: MlflowClient, experiment: str, tracking_uri: str, work: Path
+                         ) -> tuple[str, str]:
+    """The ids of the runs' experiment and of its register locks' (`locks_experiment`), each created if
+    need be: register, promote and registry-init write in both."""
+    root = local_artifact_root(tracking_uri, work)
+    return experiment_id(client, experiment, root), experiment_id(client, locks_experiment(experiment), root)
+
+
 def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     """The experiment's id, created if need be, and tagged so the MLflow UI opens it in its model-training
     view (not the GenAI one: traces, judges, prompts)."""
