@@ -1,12 +1,14 @@
-"""The MLflow run's description (`mlflow.note.content`, shown at the top of the run page): the headline
-figures of the pipeline run, so a run list reads without opening every run's metrics."""
+"""The MLflow run's description (`mlflow.note.content`, shown at the top of the run page): the verdict in
+its first line, then the rule's reasons and the headline figures of the pipeline run, so a run list
+reads without opening every run's metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from voxpipe.evaluate.pages import headline_rows, verdict_lines
+from voxpipe.evaluate.pages import headline_rows
 from voxpipe.track.artifacts import PipelineArtifacts
+from voxpipe.track.headline import verdict_line
 
 NOTE_TAG = "mlflow.note.content"
 
@@ -18,8 +20,9 @@ def _num(value: Any, spec: str) -> str:
 def run_note(art: PipelineArtifacts) -> str:
     """Markdown: evaluation verdict and figures, training, MFU and data, from the files register read."""
     r, m = art.train_report, art.mfu
-    head, _ = verdict_lines(art.eval)
-    lines = [f"**Evaluation: {head}.** {art.eval.get('verdict', '')}".rstrip(), ""]
+    lines = [f"**Evaluation: {verdict_line(art.eval)}.**", ""]
+    if art.eval.get("verdict"):
+        lines += [str(art.eval["verdict"]), ""]
     lines += [f"- {label}: {model} (baseline {base})" for label, model, base in headline_rows(art.eval)]
     final = (r.get("final") or {}).get("loss")
     mode = "LoRA" if r.get("lora") else "full fine-tune"

@@ -7,7 +7,12 @@
   digest is its DVC md5; tags: git commit, KFP run id;
 - metrics: every numeric field of metrics.jsonl by step, the fixed-seed val curve (`val/*`, from
   step 0 = the base model), training totals (`train/*`), eval.json (`eval/*`), mfu.json (`mfu/*`);
-- artifacts: train report + metrics, eval and mfu folders, the samples (playable in the UI), and
+- the headline (headline.py): the figures a person decides by, once more under short names
+  (`val_loss`, `similarity`, `wer`, `mfu`, ...), the verdict and the val set as tags, and `set.<key>`
+  tags for the params that differ from the schema's defaults;
+- artifacts: train report + metrics, eval and mfu folders, the samples (playable in the UI), the
+  fine-tuned model's samples once more as `audio/<val row id>-<ref|noref>.wav` (the same name in
+  every run: MLflow's compare view and `compare.html` line the same sentence up), and
   plots/loss_curve.png.
 
 Each part is logged once: a `voxpipe.logged.<part>` tag holds the digest it was logged for, so
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -29,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
+from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, headline, recipe_changes, verdict
 from voxpipe.track.plots import loss_curve
-from voxpipe.track.tracking import active_run, scrub
+from voxpipe.track.tracking import active_run, redact_params, scrub
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -154,12 +161,42 @@ def unheld(
     return [(k, v, step) for k, v, step in points if step not in held[k]]
 
 
+def audio_by_text(art: PipelineArtifacts) -> dict[str, Path]:
+    """The fine-tuned model's samples by the name they are logged under: `<val row id>-<ref|noref>.wav`.
+    evaluate names a sample `model-<index>-<speaker>-<ref|noref>.wav`, and the index is its place in this
+    run's plan; the row id is the val text's, the same in every run scored on the same val set."""
+    by_file = {f.name: f for f in art.samples}
+    out = {}
+    for record in (art.eval.get("utterances") or {}).get("model") or []:
+        wav = by_file.get(f"model-{record.get('name')}.wav")
+        if wav is not None and record.get("row_id"):
+            out[f"{record['row_id']}-{'ref' if record.get('with_reference') else 'noref'}.wav"] = wav
+    return out
+
+
+def _log_renamed(client: MlflowClient, run_id: str, files: dict[str, Path], artifact_path: str) -> None:
+    if not files:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in files.items():
+            shutil.copyfile(path, Path(tmp) / name)
+        client.log_artifacts(run_id, tmp, artifact_path)
+
+
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     from mlflow.entities import Param
 
     items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
     for start in range(0, len(items), 100):
         client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
+
+
+def log_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(tags.items())]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, tags=items[start : start + 100], synchronous=True)
 
 
 def _log_dataset(data: DataLineage) -> None:
@@ -220,6 +257,8 @@ def log_pipeline_run(
         log_params(client, run_id, params)
         for k, v in run_tags(art).items():
             client.set_tag(run_id, k, scrub(v, secrets))
+        # the few choices of this run beside the 200-odd params: the compare view's tags read short
+        log_tags(client, run_id, recipe_changes(params, redact_params(Params().flat(), secrets)))
         if art.data is not None:
             with active_run(run_id):
                 _log_dataset(art.data)
@@ -241,6 +280,14 @@ def log_pipeline_run(
         samples = art.eval_path.parent / "samples"
         if art.samples:
             client.log_artifacts(run_id, str(samples), "eval/samples")
+            _log_renamed(client, run_id, audio_by_text(art), "audio")
+
+    def glance() -> None:
+        figures = [(k, v, 0) for k, v in headline(art).items() if v is not None]
+        log_metrics(client, run_id, figures)
+        client.set_tag(run_id, VERDICT_TAG, verdict(art.eval))
+        if isinstance(art.eval.get("val_digest"), str):
+            client.set_tag(run_id, VAL_SET_TAG, art.eval["val_digest"])
 
     def mfu() -> None:
         log_metrics(client, run_id, [(k, v, 0) for k, v in numbers(art.mfu, "mfu/").items()])
@@ -251,5 +298,6 @@ def log_pipeline_run(
         ("train", art.train_digest, train),
         ("eval", art.eval_digest, evaluation),
         ("mfu", md5_file(art.mfu_path), mfu),
+        ("headline", art.train_digest + art.eval_digest + md5_file(art.mfu_path), glance),
     )
     return [name for name, digest, log in parts if _once(client, run_id, name, digest, log)]
