@@ -121,8 +121,8 @@ STEPS: tuple[Step, ...] = (
          "and why become tags of the version", "voxpipe.track.promote:promote", None,
          ("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),
          ("register.model_name", "ingest.input"), out_folder=False),
-    Step("compare", "the runs of an experiment side by side (differing params, val loss, eval, MFU) + val "
-         "curves png", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
+    Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
+         "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
          "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
          None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),

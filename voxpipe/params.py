@@ -654,14 +654,18 @@ class PromoteParams(Section):
 
 
 class CompareParams(Section):
-    """`compare`: the runs of an experiment side by side, and their fixed-seed val curves overlaid."""
+    """`compare`: the runs of an experiment (or of one sweep) side by side: a table of the settings that
+    differ, the headline figures and the verdict, and compare.html to hear the same sentence from each."""
 
     format: Literal["table", "markdown", "csv", "json"] = Field(
-        "table", description="output format of compare.<format>"
+        "table", description="output format of compare.<format> (csv/json: every column on one line)"
     )
-    out: str = Field("work/compare", description="compare.<format> and val_curves.png",
+    out: str = Field("work/compare", description="compare.<format>, compare.html and val_curves.png",
                      json_schema_extra={"result": False})
     max_runs: int = Field(50, gt=0, description="newest runs compared")
+    sweep: str | None = Field(
+        None, description="compare only this sweep's runs: the MLflow run id of its parent (the children's "
+        "`mlflow.parentRunId`); the table and compare.html are also logged to the parent")
 
 
 class SynthesizeParams(Section):

@@ -160,14 +160,23 @@ def summary_markdown(figures: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _data_uri(path: Path, mime: str) -> str:
+def data_uri(path: Path, mime: str) -> str:
+    """The file as a base64 data URI: a page that embeds its media plays where it cannot fetch files."""
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def html_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def page_head(title: str) -> str:
+    """The start of a self-contained page (inline style), up to and including <body>."""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+            "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
+            "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left;vertical-align:top}"
+            "img{max-width:100%}</style></head><body>")
 
 
 def eval_page(folder: Path) -> str:
@@ -177,25 +186,22 @@ def eval_page(folder: Path) -> str:
     texts = {r["name"]: r.get("text", "") for records in (figures.get("utterances") or {}).values()
              for r in records if "name" in r}
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>voxpipe evaluation</title><style>"
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
-        "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}img{max-width:100%}"
-        "</style></head><body>",
+        page_head("voxpipe evaluation"),
         f"<h1>Evaluation: {html.escape(head)}</h1>",
         f"<p>{html.escape(str(figures.get('verdict', '')))}</p>",
-        _table(("figure", "fine-tuned", "baseline"), headline_rows(figures)),
+        html_table(("figure", "fine-tuned", "baseline"), headline_rows(figures)),
     ]
     if criteria:
-        parts += ["<h2>Promotion rule</h2>", _table(("criterion", "result", "detail"), criteria)]
+        parts += ["<h2>Promotion rule</h2>", html_table(("criterion", "result", "detail"), criteria)]
     for png in sorted(folder.glob("*.png")):
         parts += [f"<h2>{html.escape(png.stem)}</h2>",
-                  f"<img class='plot' alt='{html.escape(png.name)}' src='{_data_uri(png, 'image/png')}'>"]
+                  f"<img class='plot' alt='{html.escape(png.name)}' src='{data_uri(png, 'image/png')}'>"]
     samples = sorted((folder / "samples").glob("*.wav"))
     parts.append(f"<h2>Samples ({len(samples)})</h2>")
     for wav in samples:
         text = next((t for name, t in texts.items() if wav.stem.endswith(name)), "")  # <tag>-<name>.wav
         caption = html.escape(f"{wav.stem}: {text}".rstrip(": "))
         parts.append(f"<figure><figcaption>{caption}</figcaption>"
-                     f"<audio controls preload='none' src='{_data_uri(wav, 'audio/wav')}'></audio></figure>")
+                     f"<audio controls preload='none' src='{data_uri(wav, 'audio/wav')}'></audio></figure>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

@@ -1,9 +1,20 @@
-"""`voxpipe compare`: an experiment's runs side by side, and their fixed-seed val curves in one png.
+"""`voxpipe compare`: runs side by side as a person compares them, a table and a page to listen to.
 
-Columns: the run, the params that differ between the runs (params equal everywhere say nothing),
-then the figures that decide between runs: final fixed-seed val loss, the eval losses of the model
-and its base and their delta, speaker similarity and its delta to the base, MFU and tokens/s. A
-figure no run has is left out.
+Which runs: the experiment's newest `compare.max_runs`, or one sweep's children (`compare.sweep`: the
+parent run's id, found through MLflow's `mlflow.parentRunId` tag); never the register lock's run or a
+sweep's parent itself.
+
+The table (compare.<format>): one row per run, sorted by the promotion rule's verdict (promoted first)
+and then by fixed-seed val loss. Its columns: the run, then only the *settings* that differ between the
+runs (keys that change a result, voxpipe/paramspec.py: no output paths, folders, worker counts; no
+id- or hash-like values), then the headline figures (headline.py) a run has, WER/CER among them, and
+the verdict. Runs scored on different val sets (evaluate's val_digest) have losses that do not compare:
+the table says so and shows each val set's runs as a group of their own. A table wider than a
+terminal wraps into blocks; csv and json keep each run on one line.
+
+compare.html (compare_page.py) beside it: the figures, the val curves overlaid, and the same val
+sentence from every run in one row of players. With `compare.sweep`, the table, the page and the
+curves are also logged to the sweep's parent run (`compare/`).
 """
 
 from __future__ import annotations
@@ -11,20 +22,30 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxpipe.errors import StepError
 from voxpipe.params import Params
+from voxpipe.track.compare_page import compare_page, run_media
+from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, setting_keys
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
-FIGURES = (
-    "val_loss", "eval_loss", "base_loss", "loss_delta", "spk_sim", "spk_sim_delta", "mfu", "tokens_per_s",
-)
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under it
 SUFFIX = {"table": "txt", "markdown": "md", "csv": "csv", "json": "json"}
+WIDTH = 150  # characters of a table line before it wraps into another block
+KEY_COLUMNS = ("run", "id")
+_ID_LIKE = re.compile(r'^"?[0-9a-f]{12,}(\.dir)?"?$')  # md5s, run ids, digests
 
 
 @dataclass
@@ -32,46 +53,55 @@ class CompareResult:
     out: Path
     text: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    table: str = "compare.txt"
 
     def summary(self) -> str:
-        return f"{self.text.rstrip()}\ncompare: {len(self.rows)} runs -> {self.out}"
+        return (f"{self.text.rstrip()}\ncompare: {len(self.rows)} runs -> {self.out / self.table}, "
+                f"{self.out / 'compare.html'} (listen), {self.out / 'val_curves.png'}")
 
 
-def _delta(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
+def _is_setting_value(value: str | None) -> bool:
+    return value is None or not ("/" in value or _ID_LIKE.match(value))
 
 
-def figures(m: dict[str, float]) -> dict[str, float | None]:
-    """The deciding figures of one run from its latest metric values (None where it lacks one)."""
-    spk = m.get("eval/speaker_similarity_mean")
-    return {
-        "val_loss": m.get("val/loss"),  # the last point of the fixed-seed val curve
-        "eval_loss": m.get("eval/loss_model"),
-        "base_loss": m.get("eval/loss_baseline"),
-        "loss_delta": m.get("eval/loss_delta", _delta(m.get("eval/loss_model"), m.get("eval/loss_baseline"))),
-        "spk_sim": spk,
-        "spk_sim_delta": _delta(spk, m.get("eval/speaker_similarity_baseline")),
-        "mfu": m.get("mfu/mfu"),
-        "tokens_per_s": m.get("train/tokens_per_s"),
-    }
+def differing_settings(runs: list[dict[str, str]]) -> list[str]:
+    """The settings whose value is not the same in every run, id- and path-like values left out."""
+    settings = setting_keys()
+    found = sorted({k for r in runs for k in r if k in settings})
+    return [k for k in found if len({r.get(k) for r in runs}) > 1
+            and all(_is_setting_value(r.get(k)) for r in runs)]
 
 
-def differing_params(runs: list[dict[str, str]]) -> list[str]:
-    keys = sorted(set().union(*runs)) if runs else []
-    return [k for k in keys if len({r.get(k) for r in runs}) > 1]
+def _sort_key(row: dict[str, Any]) -> tuple[int, float]:
+    rank = {True: 0, False: 1, None: 2}[promoted(row["verdict"])]
+    loss = row.get("val_loss")
+    return rank, loss if isinstance(loss, float) else math.inf
 
 
-def build_rows(runs: list[Any]) -> list[dict[str, Any]]:
+def build_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """One row per run: run, differing settings, headline figures some run has, verdict, val set; sorted
+    by val set (the group with the best run first), then verdict, then loss."""
     params = [dict(r.data.params) for r in runs]
-    varying = differing_params(params)
+    varying = differing_settings(params)
     rows = []
     for run, p in zip(runs, params, strict=True):
-        row: dict[str, Any] = {"run": run.info.run_name, "run_id": run.info.run_id[:8]}
+        row: dict[str, Any] = {"run": run.info.run_name, "id": run.info.run_id[:8]}
         row.update({k: p.get(k) for k in varying})
-        row.update(figures(run.data.metrics))
+        row.update({name: run.data.metrics.get(name) for name in NAMES})
+        row["verdict"] = run.data.tags.get(VERDICT_TAG)
+        row["val_set"] = run.data.tags.get(VAL_SET_TAG)
         rows.append(row)
-    hidden = {name for name in FIGURES if all(r[name] is None for r in rows)}
-    return [{k: v for k, v in r.items() if k not in hidden} for r in rows]
+    hidden = {name for name in NAMES if all(r[name] is None for r in rows)}
+    rows = [{k: v for k, v in r.items() if k not in hidden} for r in rows]
+    best = {}
+    for row in sorted(rows, key=_sort_key):
+        best.setdefault(row["val_set"], len(best))
+    return sorted(rows, key=lambda r: (best[r["val_set"]], *_sort_key(r)))
+
+
+def val_sets(rows: list[dict[str, Any]]) -> list[str | None]:
+    """The val sets of the rows, in the rows' order."""
+    return list(dict.fromkeys(r["val_set"] for r in rows))
 
 
 def _cell(value: Any) -> str:
@@ -82,7 +112,39 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _blocks(columns: list[str], widths: dict[str, int]) -> list[list[str]]:
+    """The columns in blocks that fit WIDTH, each starting with the run's name and id."""
+    head = [c for c in columns if c in KEY_COLUMNS]
+    blocks: list[list[str]] = [list(head)]
+    for c in columns:
+        if c in KEY_COLUMNS:
+            continue
+        if len(blocks[-1]) > len(head) and sum(widths[x] + 2 for x in [*blocks[-1], c]) > WIDTH:
+            blocks.append(list(head))
+        blocks[-1].append(c)
+    return blocks
+
+
+def _plain(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    cells = [{c: _cell(r[c]) for c in columns} for r in rows]
+    widths = {c: max(len(c), *(len(row[c]) for row in cells)) for c in columns}
+    lines = []
+    for number, block in enumerate(_blocks(columns, widths)):
+        if number:
+            lines.append("")
+        lines.append("  ".join(c.ljust(widths[c]) for c in block).rstrip())
+        lines += ["  ".join(row[c].ljust(widths[c]) for c in block).rstrip() for row in cells]
+    return lines
+
+
+def _markdown(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    return lines + ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+
+
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
+    """The rows as table, markdown, csv or json. csv and json carry each run's val set in a column; the
+    table and markdown show one group per val set under a line that says which, when there are several."""
     if fmt == "json":
         return json.dumps(rows, indent=2) + "\n"
     columns = list(rows[0]) if rows else []
@@ -92,41 +154,60 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
         writer.writeheader()
         writer.writerows(rows)
         return buf.getvalue()
-    cells = [[_cell(r[c]) for c in columns] for r in rows]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    shown = [c for c in columns if c != "val_set"]
+    draw = _markdown if fmt == "markdown" else _plain
+    groups = val_sets(rows)
+    if len(groups) == 1:
+        return "\n".join(draw(rows, shown)) + "\n"
+    lines = [f"these runs were scored on {len(groups)} different val sets: their losses and figures compare "
+             "only within a group (re-run `evaluate` on one val set to line them all up)"]
+    for group in groups:
+        mine = [r for r in rows if r["val_set"] == group]
+        lines += ["", f"val set {group or 'unknown'} ({len(mine)} runs)", *draw(mine, shown)]
+    return "\n".join(lines) + "\n"
+
+
+def _runs(client: MlflowClient, experiment_id: str, max_runs: int, sweep: str | None) -> list[Run]:
+    """The runs compared, oldest first: a sweep's children, or the newest runs of the experiment."""
+    where = f"tags.`{PARENT_TAG}` = '{sweep}'" if sweep else ""
+    newest = client.search_runs([experiment_id], filter_string=where, max_results=max_runs,
+                                order_by=["attributes.start_time DESC"])
+    parents = {r.data.tags.get(PARENT_TAG) for r in newest}
+    return [r for r in reversed(newest) if LOCK_TAG not in r.data.tags and r.info.run_id not in parents]
+
+
+def _curve_label(row: dict[str, Any]) -> str:
+    return f"{row['run']} ({row['id']})"
 
 
 def compare(params: Params) -> CompareResult:
-    """`compare`: the runs of tracking.experiment, read where train and register logged them."""
+    """`compare`: the runs of tracking.experiment (or of one sweep), read where register logged them."""
     p, tracking = params.compare, params.tracking
+    out = Path(p.out)
+    out.mkdir(parents=True, exist_ok=True)
     with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
             raise StepError(
                 f"no MLflow experiment {tracking.experiment!r} there (`voxpipe register` creates it)"
             )
-        newest = client.search_runs([experiment.experiment_id], max_results=p.max_runs,
-                                    order_by=["attributes.start_time DESC"])
-        # oldest first, as they happened; the register lock's run (reglock.py) is no pipeline run
-        runs = [r for r in reversed(newest) if LOCK_TAG not in r.data.tags]
+        runs = _runs(client, experiment.experiment_id, p.max_runs, p.sweep)
         if not runs:
-            raise StepError(f"MLflow experiment {tracking.experiment!r} has no runs")
-        curves = {
-            f"{r.info.run_name} ({r.info.run_id[:8]})": sorted(
-                (m.step, m.value) for m in client.get_metric_history(r.info.run_id, "val/loss")
-            )
-            for r in runs
-        }
-    rows = build_rows(runs)
-    text = render(rows, p.format)
-    out = Path(p.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"compare.{SUFFIX[p.format]}").write_text(text)
-    val_curves(curves, out / "val_curves.png")
-    return CompareResult(out, text, rows)
+            which = f"sweep {p.sweep!r} (its parent run's id) has no child runs" if p.sweep else "has no runs"
+            raise StepError(f"MLflow experiment {tracking.experiment!r}: {which}")
+        rows = build_rows(runs)
+        full_id = {r.info.run_id[:8]: r.info.run_id for r in runs}
+        history = {row["id"]: client.get_metric_history(full_id[row["id"]], "val/loss") for row in rows}
+        curves = {_curve_label(row): sorted((m.step, m.value) for m in history[row["id"]]) for row in rows}
+        png = val_curves(curves, out / "val_curves.png")
+        with tempfile.TemporaryDirectory() as tmp:
+            media = {row["id"]: run_media(client, full_id[row["id"]], Path(tmp) / row["id"]) for row in rows}
+            page = compare_page(rows, media, png)
+        text = render(rows, p.format)
+        table = f"compare.{SUFFIX[p.format]}"
+        (out / table).write_text(text)
+        (out / "compare.html").write_text(page)
+        if p.sweep:
+            for name in (table, "compare.html", "val_curves.png"):
+                client.log_artifact(p.sweep, str(out / name), "compare")
+    return CompareResult(out, text, rows, table)
