@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 import soundfile as sf
 from mlflow import MlflowClient
+from test_ui import CHECK, needs_chromium, page_check, scrolled_text
 
 from voxpipe.cli import main
 from voxpipe.data.ingest_step import ingest
@@ -88,6 +89,9 @@ def write_training(folder: Path, lr: float, val_losses: list[float], steps: int 
     return folder
 
 
+VAL_ROW, VAL_TEXT = "9c3ae1728393ce65", "The painter mixed yellow and blue."  # the val text evaluate spoke
+
+
 def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity: float = 0.7,
                val_digest: str = "val-v1") -> Path:
     """eval.json as `evaluate` writes it: flat figures, the candidate's and baseline's scores and the
@@ -95,7 +99,7 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
     samples = folder / "samples"
     samples.mkdir(parents=True)
     t = np.arange(24000) / 48000
-    sf.write(samples / "000-spk-ref.wav", (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 48000)
+    sf.write(samples / "model-000-spk-ref.wav", (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 48000)
     model = Scores(loss_model, 0.01, {"spk": mean_ci([similarity - 0.02, similarity + 0.02])}, 0.0, [])
     base = Scores(loss_baseline, 0.01, {"spk": mean_ci([0.58, 0.62])}, 0.0, [])
     verdict = decide(model, base, None, tolerance=0.05)
@@ -106,7 +110,10 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
                "stop_failure_rate": 0.0,
                "verdict": verdict.sentence(), "loss": {"summary": {"model": {"total": {"mean": loss_model}}}},
                "promotion": {**verdict.as_dict(), "tolerance": 0.05},
-               "scores": {"model": model.as_dict(), "baseline": base.as_dict()}, "val_digest": val_digest}
+               "scores": {"model": model.as_dict(), "baseline": base.as_dict()}, "val_digest": val_digest,
+               "utterances": {"model": [{"name": "000-spk-ref", "row_id": VAL_ROW, "with_reference": True,
+                                         "text": VAL_TEXT}]},
+               "settings": {"generation_seed": 0}}
     (folder / "eval.json").write_text(json.dumps(figures))
     return folder / "eval.json"
 
@@ -195,9 +202,31 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert run.data.metrics["eval/loss_model"] == 1.90 and run.data.metrics["mfu/mfu"] == 0.01
     folders = ("eval/samples", "plots", "train", "mfu", "data")
     artifacts = {f.path for folder in folders for f in client.list_artifacts(a["run_id"], folder)}
-    expected = {"eval/samples/000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl", "mfu/mfu.md",
-                "data/data-report.html", "data/data-report.png"}  # the page ingest wrote
+    expected = {"eval/samples/model-000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl",
+                "mfu/mfu.md", "data/data-report.html", "data/data-report.png"}  # the page ingest wrote
     assert expected <= artifacts
+    # by the val text's id: the same name in every run (MLflow's compare view, compare.html)
+    assert [f.path for f in client.list_artifacts(a["run_id"], "audio")] == [f"audio/{VAL_ROW}-ref.wav"]
+
+
+def test_register_logs_the_headline_under_short_names_and_the_verdict(registered, server):
+    """The figures a person decides by, under the names the runs table and compare read; the verdict in
+    the description's first line; the chosen settings (not the schema's defaults) as `set.*` tags."""
+    a, b = registered
+    client = MlflowClient(server)
+    run = client.get_run(a["run_id"])
+    assert {k: run.data.metrics[k] for k in ("val_loss", "loss_delta", "similarity", "stop_failure_rate",
+                                               "mfu", "tokens_per_s")} == pytest.approx(
+        {"val_loss": 1.90, "loss_delta": -0.10, "similarity": 0.7, "stop_failure_rate": 0.0, "mfu": 0.01,
+         "tokens_per_s": 900.0})
+    assert "wer" not in run.data.metrics  # eval.json has none: not applicable, not a made-up 0
+    assert run.data.tags["voxpipe.verdict"] == "PROMOTE (against baseline)"
+    assert run.data.tags["voxpipe.val_digest"] == "val-v1"
+    first = run.data.tags["mlflow.note.content"].splitlines()[0]
+    assert first.startswith("**Evaluation: PROMOTE (against baseline): all ") and "criteria pass" in first
+    chosen = {k: v for k, v in client.get_run(b["run_id"]).data.tags.items() if k.startswith("set.")}
+    assert chosen["set.train.lr"] == "0.0003" and "set.train.out" not in chosen  # a choice, not a path
+    assert "set.train.seed" not in chosen and len(chosen) < 15  # the defaults are not tagged
 
 
 def pipeline_runs(client: MlflowClient, experiment: str) -> list:
@@ -518,15 +547,76 @@ def test_compare_lists_both_runs(registered, pipeline, server):
     out = root / "compare"
     result = compare(Params(tracking={"uri": server}, compare=CompareParams(format="json", out=str(out))))
     rows = json.loads((out / "compare.json").read_text())
-    assert [r["run_id"] for r in rows] == [a["run_id"][:8], b["run_id"][:8]]
-    assert "train.lr" in rows[0] and "model.seed" not in rows[0]  # only the params that differ
-    assert [r["val_loss"] for r in rows] == [1.8, 1.93] and [r["eval_loss"] for r in rows] == [1.9, 1.95]
+    assert [r["id"] for r in rows] == [a["run_id"][:8], b["run_id"][:8]]  # by verdict, then by loss
+    assert "train.lr" in rows[0] and "model.seed" not in rows[0]  # only the settings that differ
+    assert [r["val_loss"] for r in rows] == [1.9, 1.95] and [r["similarity"] for r in rows] == [0.7, 0.7]
     assert rows[0]["loss_delta"] == pytest.approx(-0.1) and rows[0]["mfu"] == 0.01
+    assert [r["verdict"] for r in rows] == ["PROMOTE (against baseline)"] * 2
+    assert rows[0]["val_set"] == "val-v1"
     assert (out / "val_curves.png").stat().st_size > 1000
     markdown = CompareParams(format="markdown", out=str(out))
     table = compare(Params(tracking={"uri": server}, compare=markdown)).text
-    assert table.count("\n") == 4 and "| run | run_id |" in table
+    assert table.count("\n") == 4 and "| run | id | train.lr |" in table
     assert len(result.rows) == 2
+
+
+@needs_chromium
+def test_compare_reads_as_a_table_and_plays_the_same_sentence_from_each_run(registered, pipeline, server):
+    """The issue's check on real registered runs (two learning rates): a table of at most 20 columns with
+    train.lr, no path- or id-like setting, the loss and similarity figures; compare.html with one player
+    per run for the same sentence, each of which decodes in Chromium."""
+    root, _ = pipeline
+    out = root / "compare_table"
+    result = compare(Params(tracking={"uri": server}, compare=CompareParams(out=str(out))))
+    header = result.text.splitlines()[0].split()
+    assert len(header) <= 20 and "train.lr" in header
+    assert {"val_loss", "loss_delta", "similarity"} <= set(header)
+    settings = [c for c in header if "." in c]
+    assert settings == ["train.lr"], settings  # no output path, folder, run id or hash
+    assert all(len(line) <= 150 for line in result.text.splitlines())
+    page = (out / "compare.html").read_text()
+    assert page.count("<audio") == 2 and VAL_TEXT in page and page.count(f"{VAL_ROW}-ref") == 1
+    assert "src='audio/" not in page and page.count("<img") == 1  # embedded: a KFP/MLflow artifact
+    checked = out / "checked.html"
+    checked.write_text(page.replace("</body>", CHECK))
+    found, _ = page_check(checked)
+    assert [round(d, 2) for d in found["audio"]] == [0.5, 0.5] and all(w > 0 for w in found["imgs"])
+
+
+def test_compare_sweep_takes_its_children_and_logs_the_page_to_the_parent(registered, pipeline, server):
+    """`--sweep ID`: only the runs whose `mlflow.parentRunId` is ID (B alone here); the table and
+    compare.html become artifacts of the parent. The parent lives in an experiment of its own, so the
+    other tests' runs lists are as they were; the tag is taken off again."""
+    _, b = registered
+    root, _ = pipeline
+    client = MlflowClient(server)
+    parent = client.create_run(client.create_experiment("voxpipe-test-sweeps"), run_name="sweep").info.run_id
+    client.set_tag(b["run_id"], "mlflow.parentRunId", parent)
+    try:
+        rows = compare(Params(tracking={"uri": server}, compare=CompareParams(
+            sweep=parent, format="csv", out=str(root / "compare_sweep")))).rows
+    finally:
+        client.delete_tag(b["run_id"], "mlflow.parentRunId")
+    assert [r["id"] for r in rows] == [b["run_id"][:8]]
+    logged = {f.path for f in client.list_artifacts(parent, "compare")}
+    assert logged == {"compare/compare.csv", "compare/compare.html", "compare/val_curves.png"}
+    with pytest.raises(StepError, match="sweep 'nope' .* has no child runs"):
+        compare(Params(tracking={"uri": server}, compare=CompareParams(sweep="nope", out=str(root / "c2"))))
+
+
+@needs_chromium
+def test_mlflow_compare_view_shows_the_headline_and_the_differing_setting(registered, server):
+    """The MLflow UI's compare page for the two runs (what the runs list's **Compare** opens) in Chromium:
+    the headline metrics under their short names, and the setting the runs differ in."""
+    a, b = registered
+    experiment = MlflowClient(server).get_run(a["run_id"]).info.experiment_id
+    runs = json.dumps([a["run_id"], b["run_id"]]).replace(" ", "")
+    url = f'{server}/#/compare-runs?runs={runs}&experiments=["{experiment}"]&workflowType=machine_learning'
+    text = scrolled_text(url, "Run details")  # its tables show a few rows at a time: read while scrolled
+    for metric in ("val_loss", "loss_delta", "similarity", "stop_failure_rate", "mfu", "tokens_per_s"):
+        assert f"\n{metric}" in text, metric
+    assert "\ntrain.lr" in text and "0.0001" in text and "0.0003" in text
+    assert "set.train.lr" in text  # the chosen setting, among the few tags
 
 
 def test_secrets_never_logged(registered, server, tmp_path):
