@@ -7,11 +7,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 from mlflow.entities import Metric, Param, Run, RunData, RunInfo, RunTag
 
 from voxpipe.track.compare import WIDTH, build_rows, differing_settings, render
 from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, recipe_changes, verdict_line
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(name: str, params: dict[str, str], metrics: dict[str, float], verdict: str | None,
@@ -94,3 +97,24 @@ def test_verdict_line_and_the_chosen_settings():
     defaults = {"train.lr": "1e-05", "train.out": "work/train", "train.seed": "0"}
     logged = {"train.lr": "0.0003", "train.out": "work/other", "train.seed": "0", "data.rows_kept": "64"}
     assert recipe_changes(logged, defaults) == {"set.train.lr": "0.0003"}  # paths and results are no choice
+
+
+def test_samples_are_named_by_the_val_text_on_what_evaluate_writes(tmp_path):
+    """On the demo's committed eval.json (evaluate's own output): each fine-tuned sample gets the name of its
+    val row and condition, one name per sample, none for the baseline's."""
+    from dataclasses import replace
+
+    from voxpipe.track.artifacts import PipelineArtifacts
+    from voxpipe.track.record import audio_by_text
+
+    figures = json.loads((ROOT / "work/eval/eval.json").read_text())
+    records = figures["utterances"]["model"]
+    samples = [tmp_path / f"{tag}-{r['name']}.wav" for r in records for tag in ("model", "baseline")]
+    art = PipelineArtifacts(export=tmp_path, export_md5="", model_config={}, train_dir=tmp_path,
+                            train_report={}, metrics=[], eval_path=tmp_path / "eval.json", eval=figures,
+                            samples=samples, mfu_path=tmp_path, mfu={}, data=None)
+    named = audio_by_text(art)
+    assert len(named) == len(records) == 8 and all(p.name.startswith("model-") for p in named.values())
+    first = records[0]
+    assert named[f"{first['row_id']}-ref.wav"].name == f"model-{first['name']}.wav"
+    assert audio_by_text(replace(art, eval={})) == {}  # an eval.json without utterances: nothing renamed
