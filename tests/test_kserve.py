@@ -27,8 +27,8 @@ CRD = crds.DATA / "kserve-crds" / "serving.kserve.io_inferenceservices.yaml"
 
 
 @cache
-def schema() -> dict:
-    return crds.crd_schema(CRD, "InferenceService", "v1beta1")
+def validator():
+    return crds.validator(crds.crd_schema(CRD, "InferenceService", "v1beta1"))
 
 
 def rendering(name: str) -> dict:
@@ -57,7 +57,7 @@ def registered_name() -> str:
 def test_each_rendering_passes_kserves_crd(name):
     doc = rendering(name)
     assert doc["apiVersion"] == "serving.kserve.io/v1beta1" and doc["kind"] == "InferenceService"
-    jsonschema.validate(doc, schema())
+    validator().validate(doc)
     predictor = doc["spec"]["predictor"]
     assert MLFLOW_CLIENT_LABEL.items() <= predictor["labels"].items()  # through the mlflow NetworkPolicy
     main = container(doc)
@@ -73,11 +73,11 @@ def test_the_crd_check_would_catch_a_broken_rendering():
     probed = typo["spec"]["predictor"]["containers"][0]
     probed["readinesProbe"] = probed.pop("readinessProbe")
     with pytest.raises(jsonschema.ValidationError, match="readinesProbe"):
-        jsonschema.validate(typo, schema())
+        validator().validate(typo)
     wrong = copy.deepcopy(doc)
     wrong["spec"]["predictor"]["minReplicas"] = "one"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(wrong, schema())
+        validator().validate(wrong)
 
 
 def test_voxpipe_serve_pulls_the_registered_champion_with_its_key_and_probes():
@@ -109,6 +109,7 @@ def test_vllm_omni_serves_the_base_with_the_adapter_at_startup():
     assert volumes["workspace"]["persistentVolumeClaim"]["claimName"] == LaunchParams().pvc
 
 
+@pytest.mark.slow  # logs a model version, then a fresh interpreter imports mlflow and downloads it
 def test_the_fetch_adapter_command_as_written_puts_lora_where_vllm_omni_reads_it(tmp_path):
     """The init container's own command, run against a registry holding a LoRA run's version: /models/lora
     is the adapter, byte for byte."""
