@@ -5,6 +5,7 @@ restricted security is checked with every other pod in tests/test_manifests.py."
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -144,3 +145,35 @@ def test_the_fetch_adapter_command_as_written_puts_lora_where_vllm_omni_reads_it
     assert done.returncode == 0, done.stderr[-2000:]
     for f in ("lora_config.json", "lora_weights.safetensors"):
         assert (models / "lora" / f).read_bytes() == (export / "lora" / f).read_bytes()
+
+
+def test_the_vllm_omni_start_script_writes_the_deploy_config_and_execs_vllm_as_written(tmp_path):
+    """The container's script run here with a stand-in vllm_omni package (its deploy YAML) and a stand-in
+    `vllm` that records its argv: vLLM-Omni itself needs a CUDA GPU and Python 3.12 (docs/serving.md)."""
+    package = tmp_path / "site" / "vllm_omni"
+    (package / "deploy").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    bundled = {"stages": [{"stage_id": 0, "max_num_seqs": 8, "engine_extras": {
+        "hf_overrides": {"voxcpm2_runtime_config": {"enable_unified_decode_graph": True}}}}]}
+    (package / "deploy" / "voxcpm2.yaml").write_text(yaml.safe_dump(bundled))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    argv = tmp_path / "argv.json"
+    (bin_dir / "vllm").write_text(f"#!{sys.executable}\nimport json, sys\n"
+                                  f"json.dump(sys.argv[1:], open({str(argv)!r}, 'w'))\n")
+    (bin_dir / "vllm").chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    c = container(rendering("vllm-omni.yaml"))
+    deploy = tmp_path / "voxcpm2-lora.yaml"
+    script = c["args"][0].replace("/tmp/voxcpm2-lora.yaml", str(deploy))
+    done = subprocess.run([*c["command"], script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                               "PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 0, done.stderr
+    written = yaml.safe_load(deploy.read_text())
+    runtime = written["stages"][0]["engine_extras"]["hf_overrides"]["voxcpm2_runtime_config"]
+    assert runtime == {"enable_unified_decode_graph": True, "startup_lora_path": "/models/lora"}
+    assert written["stages"][0]["max_num_seqs"] == 8  # the rest of vLLM-Omni's own config kept
+    args = json.loads(argv.read_text())
+    assert args[:5] == ["serve", "/workspace/work/base_model", "--omni", "--deploy-config", str(deploy)]
+    assert args[args.index("--port") + 1] == "8080" and args[args.index("--host") + 1] == "0.0.0.0"
