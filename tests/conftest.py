@@ -9,6 +9,8 @@ a new test on one of them is slow without saying so. `make test` runs them all.
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +114,33 @@ def _print_restored():
     original = builtins.print
     yield
     builtins.print = original
+
+
+class SmallDisks:
+    """Real tmpfs mounts of a given size: writes fail with the kernel's ENOSPC as on a full volume."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.mounted = root, []
+
+    def mount(self, size: str) -> Path:
+        """A new tmpfs of `size` ("1m"); the test is skipped where mounting is not allowed (needs root)."""
+        folder = self.root / f"disk{len(self.mounted)}"
+        folder.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                                str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        self.mounted.append(folder)
+        return folder
+
+    def resize(self, folder: Path, size: str) -> None:
+        """More space on a mounted one (a remount): what a user frees before the rerun."""
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[SmallDisks]:
+    """`small_disk.mount("1m")`: a real full-able volume, unmounted at the end of the test."""
+    disks = SmallDisks(tmp_path)
+    yield disks
+    for folder in reversed(disks.mounted):
+        subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -5,7 +5,6 @@ oversized CSV field, a worker count above the cores, and a full disk in ingest a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -122,15 +121,9 @@ def test_workers_above_the_cores_are_refused_in_one_paragraph(tmp_path, capsys):
 
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    """A real 1 MiB tmpfs: writes fail with ENOSPC as on a full volume (needs root to mount)."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+def tiny_disk(small_disk):
+    """A real 1 MiB tmpfs (conftest.small_disk): writes fail with ENOSPC as on a full volume."""
+    return small_disk.mount("1m")
 
 
 def test_a_full_disk_in_ingest_names_the_folder(tmp_path, tiny_disk, capsys):

@@ -12,6 +12,7 @@ import typing
 from functools import cache
 from pathlib import Path
 
+import crds
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -34,26 +35,10 @@ NAME = "voxpipe-train-00000"
 FAST = {"timeout_s": 30, "poll_s": 0.01, "tail_lines": 5}
 
 
-def _closed(schema: typing.Any) -> typing.Any:
-    """The CRD schema with unknown fields refused, as the API server prunes them (a misspelt key would
-    otherwise pass here and vanish there)."""
-    if isinstance(schema, dict):
-        schema = {k: _closed(v) for k, v in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema \
-                and not schema.get("x-kubernetes-preserve-unknown-fields"):
-            schema["additionalProperties"] = False
-        return schema
-    return [_closed(v) for v in schema] if isinstance(schema, list) else schema
-
-
 @cache
 def crd_schema(kind: str) -> dict:
     plural = {"TrainJob": "trainjobs", "TrainingRuntime": "trainingruntimes"}[kind]
-    crd = yaml.safe_load((CRDS / f"trainer.kubeflow.org_{plural}.yaml").read_text())
-    assert crd["spec"]["names"]["kind"] == kind
-    (version,) = crd["spec"]["versions"]
-    assert version["name"] == "v1alpha1"
-    return _closed(version["schema"]["openAPIV3Schema"])
+    return crds.crd_schema(CRDS / f"trainer.kubeflow.org_{plural}.yaml", kind, "v1alpha1")
 
 
 def validate(obj: dict) -> None:

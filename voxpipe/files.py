@@ -9,6 +9,7 @@ unpickle.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -24,6 +25,18 @@ if TYPE_CHECKING:
     import torch
 
 STEP_DIR = re.compile(r"^step-(\d+)$")  # checkpoints/step-N, exports/step-N
+# a volume that takes no more (full, over quota, read-only, file too large): a step says so in one paragraph
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def as_os_error(e: BaseException, path: str | Path | None = None) -> BaseException:
+    """`e`, or the OSError inside it: safetensors' Rust writer reports one as a SafetensorError
+    ("I/O error: No space left on device (os error 28)"), so a full disk would not read as one."""
+    if isinstance(e, OSError) or (m := _RUST_OS_ERROR.search(str(e))) is None:
+        return e
+    code = int(m.group(1))
+    return OSError(code, os.strerror(code), *([str(path)] if path is not None else []))
 
 
 def step_folders(root: Path) -> list[tuple[int, Path]]:

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from voxpipe.data.world import World
 from voxpipe.integrity import IntegrityError, check_file, file_entry
-from voxpipe.files import atomic_write_text
+from voxpipe.files import as_os_error, atomic_write_text
 
 log = logging.getLogger(__name__)
 INDEX = "index.jsonl"
@@ -181,7 +181,13 @@ class ShardIndex:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         # one metadata key: safetensors writes several in random order, and shards must be reproducible
-        save_file(tensors, str(tmp), metadata={"voxpipe": json.dumps({"kind": kind, "hash": hash_})})
+        try:
+            save_file(tensors, str(tmp), metadata={"voxpipe": json.dumps({"kind": kind, "hash": hash_})})
+        except Exception as e:  # a full disk: no partial shard left taking the space
+            tmp.unlink(missing_ok=True)
+            if (error := as_os_error(e, tmp)) is e:
+                raise
+            raise error from e
         entry = file_entry(tmp)
         os.replace(tmp, final)
         record = {"shard": rel, "kind": kind, "hash": hash_,

@@ -18,7 +18,9 @@ report.json.
 from __future__ import annotations
 
 import gc
+import io
 import logging
+import shutil
 import statistics
 import tempfile
 import time
@@ -51,6 +53,7 @@ from voxpipe.evaluate.pages import report_lines
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
 from voxpipe.evaluate.speaker import speaker_encoder
+from voxpipe.files import DISK_ERRORS, atomic_write
 from voxpipe.lineage import dvc_md5
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
@@ -68,6 +71,7 @@ from voxpipe.train.fixed_seed_loss import (
 )
 
 log = logging.getLogger(__name__)
+STAGING = ".samples-new"  # this run's clips until eval.json is written (then they become samples/)
 
 
 @dataclass
@@ -141,7 +145,7 @@ def _run_checkpoint(
     clips = []
     with Progress(len(generated), f"{tag} score", log, unit="utt") as bar:
         for g in generated:
-            sf.write(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate, subtype="PCM_16")
+            write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
             clips.append(measure(g, voices, scorers))
             bar.update()
     return CheckpointRun(
@@ -314,7 +318,42 @@ def _rescore_champion(params: Params, find: ChampionFinder | None, batches: list
 def evaluate(params: Params, champion: ChampionFinder | None = None) -> EvaluateResult:
     """`evaluate`: evaluate.model (one checkpoint, or a folder of step-N exports: the best is chosen)
     against model.base, in val batches of train.max_tokens (the trainer's); `champion` (`voxpipe evaluate`
-    passes the registry's) finds the voice's champion to re-score when its val set was another."""
+    passes the registry's) finds the voice's champion to re-score when its val set was another.
+
+    A full (or read-only) disk ends in one paragraph naming the folder; the previous evaluation's
+    eval.json and samples/ stay as they were (this run's clips are staged and removed)."""
+    out = Path(params.evaluate.out)
+    try:
+        return _evaluate(params, champion)
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        shutil.rmtree(out / STAGING, ignore_errors=True)
+        raise StepError(
+            f"writing into {out} failed ({e.strerror or e}{f': {e.filename}' if e.filename else ''}). This "
+            "run's samples were removed; the previous evaluation there (eval.json, samples/) is kept as it "
+            "was. Free space on that volume (or make it writable) and rerun evaluate") from e
+
+
+def write_sample(path: Path, audio: Any, sample_rate: int) -> None:
+    """A 16-bit WAV, encoded in memory and written in one go (temp file + rename): a full disk is an
+    OSError with its errno here, never libsndfile's own error or a truncated clip."""
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, sample_rate, subtype="PCM_16", format="WAV")
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(buffer.getvalue()))
+
+
+def publish(staged: Path, samples: Path) -> None:
+    """The staged clips become samples/ (renames only: no space needed); the previous ones go."""
+    old = samples.with_name(".samples-old")
+    shutil.rmtree(old, ignore_errors=True)
+    if samples.exists():
+        samples.rename(old)
+    staged.rename(samples)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult:
     p = params.evaluate
     start = time.perf_counter()
     out, data_dir, base_path = Path(p.out), Path(p.data), Path(params.model.base)
@@ -347,10 +386,11 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
             bar.update()
     real_asr = _real_asr(plans, scorers.recognisers)
 
-    samples = out / "samples"
-    samples.mkdir(parents=True, exist_ok=True)
-    for stale in samples.glob("*.wav"):
-        stale.unlink()
+    # this run's clips go to a staging folder that replaces samples/ only once eval.json is written: a
+    # full disk midway leaves the previous evaluation (eval.json and its samples) as it was
+    samples = out / STAGING
+    shutil.rmtree(samples, ignore_errors=True)
+    samples.mkdir(parents=True)
 
     def run(tag: str, path: Path) -> CheckpointRun:
         return _run_checkpoint(tag, path, p, device, batches, plans, voices, scorers, samples,
@@ -417,10 +457,11 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
         "real_asr": [record for record, _ in real_asr],
         "settings": p.model_dump(),
     }
-    write_json(out / "eval.json", document)
     encoder = SPEAKER[scorers.encoder.backend]
     plot(out / "eval.png", records, voices, similarity=encoder.label or encoder.name)
     plot_exports(out / "exports.png", table, base_scores, chosen.step)
+    write_json(out / "eval.json", document)
+    publish(samples, out / "samples")
     write_report(out, {
         "model": p.model,
         "chosen": str(chosen.path),

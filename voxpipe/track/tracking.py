@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from voxpipe.errors import StepError
 from voxpipe.report import write_json
 from voxpipe.secrets import REDACTED, is_secret_name, scrub, secret_values, uri_passwords
+from voxpipe.track.sqlite_store import ready_sqlite_store
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -136,13 +137,20 @@ def session(tracking_uri: str) -> Iterator[MlflowClient]:
 def _sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
     """Serialize opening a sqlite store: MLflow creates and migrates (alembic) its tables when a client
     is made, and two processes doing that at once fail ("Online migration expected to match one
-    row"). A flock on `<db>.lock` makes the second wait until the first has finished."""
+    row"). A flock on `<db>.lock` makes the second wait until the first has finished. Under it a new
+    store is created whole (sqlite_store.py), so a full disk cannot leave it half-migrated."""
     if not tracking_uri.startswith("sqlite:///"):
         yield
         return
     db = Path(tracking_uri.removeprefix("sqlite:///"))
-    with open(db.with_name(f"{db.name}.lock"), "a") as lock:
+    try:
+        lock = open(db.with_name(f"{db.name}.lock"), "a")
+    except OSError as e:
+        raise StepError(f"MLflow store {db}: cannot create its lock file ({e.strerror or e}); free space on "
+                        f"that volume or make {db.parent} writable, and rerun") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held for the seconds a migration takes, released on close
+        ready_sqlite_store(db)  # a new store made whole or not at all; a half-migrated one named
         yield
 
 

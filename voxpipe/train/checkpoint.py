@@ -21,8 +21,10 @@ launch-train refuses a Job without it), else the user's own key file outside eve
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -213,7 +215,7 @@ def save_checkpoint(
         write_json(tmp / f"rank-{rt.rank}.json", {"rng": rng_state(rt.device), "sampler": sampler})
         if rt.is_main:
             write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
-    except Exception as e:
+    except BaseException as e:  # torch's CheckpointException (a disk full in DCP's writer) is no Exception
         if (failed := _save_failed(e, root, step, tmp)) is e:
             raise
         raise failed from e
@@ -241,30 +243,49 @@ def save_checkpoint(
 
 def _save_failed(e: Exception, root: Path, step: int, tmp: Path) -> Exception:
     """A disk error while saving as one paragraph (the partial folder removed); anything else as it was."""
-    error = _os_error(e)
+    error = _os_error(e, tmp)
     if error is None:
         return e
     shutil.rmtree(tmp, ignore_errors=True)
     kept = [f.name for _, f in complete_checkpoints(root)]
+    free = shutil.disk_usage(root).free / 2**20
     return StepError(
-        f"writing checkpoint step-{step} into {root} failed ({error.strerror or error}). The partial "
-        f"folder was removed; the complete checkpoints are kept ({', '.join(kept) or 'none yet'}). Free "
-        "space on that volume (or make it writable, or lower train.keep_checkpoints) and rerun train: it "
-        "resumes from the newest complete checkpoint")
+        f"writing checkpoint step-{step} into {root} failed ({error.strerror or error}); {free:.0f} MiB are "
+        "free there now. The partial folder was removed; the complete checkpoints are kept "
+        f"({', '.join(kept) or 'none yet'}). Free space on that volume (or make it writable, or lower "
+        "train.keep_checkpoints) and rerun train: it resumes from the newest complete checkpoint")
 
 
-def _os_error(e: BaseException) -> OSError | None:
-    """The OSError behind a failed save: raised directly, or collected by DCP from some rank."""
+FULL_BELOW = 16 * 2**20  # bytes free on the checkpoint volume below which a failed write is a full disk
+
+
+def _os_error(e: BaseException, tmp: Path) -> OSError | None:
+    """The OSError behind a failed save: raised directly, or collected by DCP from some rank. torch.save's
+    stream writer reports a short write as a RuntimeError without the errno ("file write failed",
+    "unexpected pos ..."): one with the volume (nearly) full, or fuller than the partial checkpoint is
+    big, is taken for ENOSPC."""
     if isinstance(e, OSError):
         return e
+    if isinstance(e, RuntimeError) and _volume_full(tmp):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; torch's writer: {first[:120]}")
     failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
     if isinstance(failures, dict):
         for failure in failures.values():
             inner = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(inner, OSError):
-                return inner
+            if isinstance(inner, BaseException) and (found := _os_error(inner, tmp)) is not None:
+                return found
     cause = e.__cause__ or e.__context__
-    return _os_error(cause) if cause is not None and cause is not e else None
+    return _os_error(cause, tmp) if cause is not None and cause is not e else None
+
+
+def _volume_full(tmp: Path) -> bool:
+    try:
+        free = shutil.disk_usage(tmp if tmp.exists() else tmp.parent).free
+        partial = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.exists() else 0
+    except OSError:
+        return False
+    return free < max(FULL_BELOW, partial)
 
 
 def load_checkpoint(

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from voxpipe.errors import StepError
+from voxpipe.files import DISK_ERRORS, as_os_error
 from voxpipe.integrity import signing_key
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
@@ -34,7 +36,13 @@ from voxpipe.model.voxcpm2 import host_rows
 from voxpipe.params import Params, TrainParams
 from voxpipe.progress import StepProgress
 from voxpipe.report import write_report
-from voxpipe.train.checkpoint import load_checkpoint, pick_checkpoint, save_checkpoint, set_aside_all
+from voxpipe.train.checkpoint import (
+    complete_checkpoints,
+    load_checkpoint,
+    pick_checkpoint,
+    save_checkpoint,
+    set_aside_all,
+)
 from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.export import export_checkpoint
@@ -361,8 +369,15 @@ class Trainer:
                 if stopped:
                     break
         finally:
+            failing = sys.exc_info()[1] is not None
             bar.close()
-            log.close()
+            try:
+                log.close()  # rewrites train_curve.csv from metrics.jsonl
+            except OSError:
+                if not failing:
+                    raise
+                # a full disk fails the curve too: the error already raised (the checkpoint's) is the one to
+                # report; the curve is derived, rewritten by the rerun
         if not stopped:
             self._export(self.out / "export")
         report = self._report(first_step, time.perf_counter() - start_wall, stopped, log.run_id)
@@ -415,4 +430,21 @@ def train(params: Params, live: LiveLogFactory | None = None) -> TrainResult:
         raise StepError("train.track is on, but no live logger was given: run `voxpipe train`, or call "
                         "train(params, live=voxpipe.track.live.LiveRun); or set train.track=false")
     with distributed_runtime(params.train.device) as rt, TerminationFlag() as stop:
-        return Trainer(params, rt, stop, live).run()
+        try:
+            return Trainer(params, rt, stop, live).run()
+        except Exception as e:  # an OSError, or safetensors' error around one (the export)
+            error = as_os_error(e)
+            if not isinstance(error, OSError) or error.errno not in DISK_ERRORS:
+                raise
+            raise disk_failed(error, Path(params.train.out)) from e
+
+
+def disk_failed(e: OSError, out: Path) -> StepError:
+    """A full (or read-only) volume outside a checkpoint save (the metrics, the curve, the export): one
+    paragraph; what is on disk already stays, so the rerun resumes from the newest complete checkpoint."""
+    kept = [f.name for _, f in complete_checkpoints(out / "checkpoints")]
+    return StepError(
+        f"writing into {out} failed ({e.strerror or e}{f': {e.filename}' if e.filename else ''}). Nothing "
+        f"written before is lost: the complete checkpoints are kept ({', '.join(kept) or 'none yet'}). Free "
+        "space on that volume (or make it writable) and rerun train: it resumes from the newest complete "
+        "checkpoint")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -38,7 +37,7 @@ from voxpipe.errors import StepError
 from voxpipe.model.encoder import Encoder, encode_batch, load_encoder
 from voxpipe.params import EncodeParams, Params
 from voxpipe.progress import bar as progress_bar
-from voxpipe.files import atomic_write_text
+from voxpipe.files import DISK_ERRORS, atomic_write_text
 from voxpipe.report import write_report
 
 log = logging.getLogger(__name__)
@@ -268,9 +267,6 @@ def _row_problem(row: Row, hashes: Hashes, problems: dict[str, str]) -> tuple[st
             return f"{what}_undecodable", problems[sha]
     return None
 
-
-
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def encode(params: Params) -> EncodeResult:
