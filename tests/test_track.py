@@ -102,7 +102,7 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
     figures = {"loss_model": loss_model, "loss_baseline": loss_baseline,
                "loss_delta": loss_model - loss_baseline, "loss_seed_spread": 0.01,
                "improved": int(verdict.promoted),
-               "speaker_similarity_mean": similarity, "speaker_similarity_baseline": 0.6,
+               "similarity_to_speaker_mean": similarity, "similarity_to_speaker_baseline": 0.6,
                "stop_failure_rate": 0.0,
                "verdict": verdict.sentence(), "loss": {"summary": {"model": {"total": {"mean": loss_model}}}},
                "promotion": {**verdict.as_dict(), "tolerance": 0.05},

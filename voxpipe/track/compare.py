@@ -43,14 +43,17 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def figures(m: dict[str, float]) -> dict[str, float | None]:
     """The deciding figures of one run from its latest metric values (None where it lacks one)."""
-    spk = m.get("eval/speaker_similarity_mean")
+    # similarity_to_speaker_* was speaker_similarity_* before eval.json named two similarities: runs
+    # logged before the rename still compare
+    spk = m.get("eval/similarity_to_speaker_mean", m.get("eval/speaker_similarity_mean"))
+    spk_base = m.get("eval/similarity_to_speaker_baseline", m.get("eval/speaker_similarity_baseline"))
     return {
         "val_loss": m.get("val/loss"),  # the last point of the fixed-seed val curve
         "eval_loss": m.get("eval/loss_model"),
         "base_loss": m.get("eval/loss_baseline"),
         "loss_delta": m.get("eval/loss_delta", _delta(m.get("eval/loss_model"), m.get("eval/loss_baseline"))),
         "spk_sim": spk,
-        "spk_sim_delta": _delta(spk, m.get("eval/speaker_similarity_baseline")),
+        "spk_sim_delta": _delta(spk, spk_base),
         "mfu": m.get("mfu/mfu"),
         "tokens_per_s": m.get("train/tokens_per_s"),
     }
