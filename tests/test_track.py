@@ -382,7 +382,7 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     drifted = run_register(rule_run(root, tmp_path, "drifted", 1.50, similarity=0.45), **settings)
     verdicts = {c["name"]: c["passed"] for c in drifted["decision"]["criteria"]}
     assert verdicts == {"loss": True, "similarity[spk]": False, "stop_failures": True, "voice_split": True,
-                        "quality": True}
+                        "quality": True, "did_not_forget": True}  # no evaluate.benchmark: not checked
     assert not drifted["decision"]["promoted"] and drifted["aliases"] == ["candidate"]
     assert drifted["decision"]["compared_to"] == f"champion v{first['version']}"
     tags = MlflowClient(server).get_model_version(name, drifted["version"]).tags

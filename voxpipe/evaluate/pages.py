@@ -99,6 +99,8 @@ def _limit(c: dict[str, Any]) -> str:
     limit = c.get("limit")
     if isinstance(limit, list):
         return "no new split"
+    if isinstance(limit, dict):  # did_not_forget: a bound per error rate
+        return "<= " + ", ".join(f"{k} {_fmt(v, '.4f')}" for k, v in limit.items())
     if not isinstance(limit, int | float) or isinstance(limit, bool):
         return "none"
     sign = "<" if c.get("name") == "loss" else "<=" if c.get("name") == "stop_failures" else ">="
@@ -108,6 +110,8 @@ def _limit(c: dict[str, Any]) -> str:
 def _cell(value: Any, name: str) -> str:
     if isinstance(value, list):
         return str(len(value))
+    if isinstance(value, dict):  # did_not_forget: the benchmark's error rates
+        return ", ".join(f"{k} {_fmt(v, '.4f')}" for k, v in value.items() if v is not None) or "n/a"
     spec = ".5f" if name == "loss" else ".0%" if name == "stop_failures" else ".3f"
     return _fmt(value, spec)
 
