@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +150,31 @@ def test_bad_checkpoints_get_one_paragraph_errors(checkpoint, tmp_path):
     with pytest.raises(StepError, match="no WavLM trunk"):
         WavLMEcapaEncoder(str(trunkless))
 
+
+
+def test_a_full_size_wavlm_large_trunk_maps_name_for_name_and_shape_for_shape(monkeypatch):
+    """At WavLM-Large's real size (UniSpeech's WavLM at the released model's config, on the meta device: no
+    memory, no weights), the trunk config read from the tensors is WavLM-Large's, and every renamed
+    checkpoint tensor is one of transformers' WavLMModel's, with its shape."""
+    from transformers import WavLMModel
+
+    from tests.seedtts_reference import WavLM as unispeech
+    from voxpipe.evaluate.ecapa import _trunk_config, _trunk_key
+
+    monkeypatch.setattr(unispeech, "init_bert_params", lambda module: None)  # it copies data: not on meta
+    large = {"extractor_mode": "layer_norm", "encoder_layers": 24, "encoder_embed_dim": 1024,
+             "encoder_ffn_embed_dim": 4096, "encoder_attention_heads": 16, "layer_norm_first": True,
+             "conv_bias": False, "normalize": True, "relative_position_embedding": True, "num_buckets": 320,
+             "max_distance": 800, "gru_rel_pos": True}
+    with torch.device("meta"):
+        trunk = unispeech.WavLM(unispeech.WavLMConfig(large)).state_dict()
+        config = _trunk_config(trunk, Path("wavlm_large_finetune.pth"))
+        ours = WavLMModel(config).state_dict()
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+             config.intermediate_size, config.num_conv_pos_embeddings, config.num_conv_pos_embedding_groups)
+    assert shape == (1024, 24, 16, 4096, 128, 16)
+    assert sum(t.numel() for t in trunk.values()) > 3e8  # WavLM-Large's ~315 M parameters
+    renamed = {_trunk_key(k): t.shape for k, t in trunk.items()}
+    wanted = {k.replace("parametrizations.weight.original0", "weight_g")
+              .replace("parametrizations.weight.original1", "weight_v"): t.shape for k, t in ours.items()}
+    assert renamed == wanted
