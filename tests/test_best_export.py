@@ -72,7 +72,7 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     assert "train.lr 1e-05 vs 0.002" in skipped["why"]
     assert report["exports_of_run"]["identity_from"].endswith("trainer.json")
     assert json.loads((out / "report.json").read_text())["exports_skipped"] == 1
-    columns = {"loss", "loss_std", "speaker_similarity", "stop_failure_rate", "promoted", "failed"}
+    columns = {"loss", "loss_std", "similarity_to_speaker", "stop_failure_rate", "promoted", "failed"}
     assert all(columns <= set(row) for row in table)
     chosen = report["chosen"]
     assert chosen["step"] in (4, 5) and report["chosen_step"] == chosen["step"]
@@ -80,7 +80,8 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     row = next(r for r in table if r["step"] == chosen["step"])
     assert report["loss_model"] == pytest.approx(row["loss"])  # the flat figures are the chosen export's
     assert [c["name"] for c in report["promotion"]["criteria"]] == [
-        "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split", "quality"]
+        "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split", "quality",
+        "did_not_forget"]
     assert report["improved"] == int(report["promotion"]["promoted"]) == int(row["promoted"])
     sims = report["scores"]["model"]["similarity"]
     assert sorted(sims) == ["spk_f", "spk_m"]

@@ -207,7 +207,7 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert f"{report['loss_model']:.5f}" in err and f"{report['loss_baseline']:.5f}" in err
     assert f"seed spread {report['loss_seed_spread']:.5f}" in err and "require_improvement" in err
 
-    for key in ("loss_model", "loss_baseline", "loss_delta", "loss_seed_spread", "speaker_similarity_mean",
+    for key in ("loss_model", "loss_baseline", "loss_delta", "loss_seed_spread", "similarity_to_speaker_mean",
                 "f0_spread", "voice_split_flag", "stop_failure_rate", "premature_stop_rate",
                 "runaway_stop_rate", "rtf", "wer", "wer_real", "cer", "mos_ovrl", "mos_ovrl_baseline"):
         assert key in report, key

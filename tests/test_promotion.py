@@ -37,7 +37,8 @@ def test_a_candidate_better_in_loss_and_voice_is_promoted_with_every_criterion_r
     v = decide(scores(loss=0.9), BASE, None, TOLERANCE)
     assert v.promoted and v.against == "baseline"
     assert by_name(v) == {"loss": True, "similarity[spk_f]": True, "similarity[spk_m]": True,
-                          "stop_failures": True, "voice_split": True, "quality": True}
+                          "stop_failures": True, "voice_split": True, "quality": True,
+                          "did_not_forget": True}
     loss = v.criteria[0]
     assert (loss.candidate, loss.reference) == (0.9, 1.0) and loss.limit == pytest.approx(0.99)
     assert "improvement +0.10000" in loss.detail and "seed spread 0.01000" in loss.detail
@@ -58,7 +59,8 @@ def test_better_loss_and_worse_voice_is_not_promoted():
     v = decide(drifted, BASE, None, TOLERANCE)
     assert not v.promoted
     assert by_name(v) == {"loss": True, "similarity[spk_f]": True, "similarity[spk_m]": False,
-                          "stop_failures": True, "voice_split": True, "quality": True}
+                          "stop_failures": True, "voice_split": True, "quality": True,
+                          "did_not_forget": True}
     (failed,) = v.failed()
     assert failed.limit == pytest.approx(0.70 - TOLERANCE) and failed.candidate == pytest.approx(0.60)
     assert "95% CI" in failed.detail and "similarity[spk_m] FAIL" in v.sentence()
@@ -156,3 +158,42 @@ def test_candidates_are_one_checkpoint_or_step_exports(tmp_path):
     assert [c.step for c in find_candidates(exports)] == [20, 60, 100]
     with pytest.raises(StepError, match="neither a checkpoint"):
         find_candidates(tmp_path / "missing")
+
+
+# -- 6. did not forget (evaluate.benchmark) -----------------------------------------------------------
+
+
+def bench(loss=0.9, wer=None, cer=None) -> Scores:
+    return Scores(loss, 0.01, BASE.similarity, 0.0, [], mos_ovrl=3.0, benchmark={"wer": wer, "cer": cer})
+
+
+def test_no_benchmark_leaves_the_forgetting_criterion_unchecked_and_says_so():
+    c = criterion(decide(scores(loss=0.9), BASE, None, TOLERANCE), "did_not_forget")
+    assert c.passed and c.candidate is None and c.limit is None and "no evaluate.benchmark set" in c.detail
+
+
+def test_the_benchmark_error_rate_may_rise_at_most_the_forget_tolerance():
+    base = bench(loss=1.0, wer=0.030, cer=0.010)
+    within = decide(bench(wer=0.049, cer=0.029), base, None, TOLERANCE, forget_tolerance=0.02)
+    assert within.promoted and criterion(within, "did_not_forget").limit == pytest.approx(
+        {"wer": 0.05, "cer": 0.03})
+    worse = decide(bench(wer=0.051, cer=0.010), base, None, TOLERANCE, forget_tolerance=0.02)
+    c = criterion(worse, "did_not_forget")
+    assert not worse.promoted and not c.passed and [x.name for x in worse.failed()] == ["did_not_forget"]
+    assert "WER 0.0510 vs baseline 0.0300, must be <= 0.0500" in c.detail
+    # CER alone can fail it too; a fine-tune that lost its figure (no scored line) fails
+    assert not criterion(decide(bench(wer=0.03, cer=0.04), base, None, TOLERANCE), "did_not_forget").passed
+    assert not criterion(decide(bench(wer=None, cer=0.01), base, None, TOLERANCE), "did_not_forget").passed
+
+
+def test_only_the_metrics_the_base_has_are_compared():
+    base = bench(loss=1.0, wer=0.03, cer=None)  # an English set (or no Chinese recogniser): no CER
+    c = criterion(decide(bench(wer=0.03, cer=0.9), base, None, TOLERANCE), "did_not_forget")
+    assert c.passed and "CER" not in c.detail
+    none = criterion(decide(bench(), bench(loss=1.0), None, TOLERANCE), "did_not_forget")
+    assert none.passed and "no benchmark WER/CER" in none.detail
+
+
+def test_scores_from_an_older_eval_json_have_no_benchmark():
+    old = {k: v for k, v in BASE.as_dict().items() if k != "benchmark"}
+    assert Scores.from_dict(old).benchmark is None

@@ -106,7 +106,7 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
     figures = {"loss_model": loss_model, "loss_baseline": loss_baseline,
                "loss_delta": loss_model - loss_baseline, "loss_seed_spread": 0.01,
                "improved": int(verdict.promoted),
-               "speaker_similarity_mean": similarity, "speaker_similarity_baseline": 0.6,
+               "similarity_to_speaker_mean": similarity, "similarity_to_speaker_baseline": 0.6,
                "stop_failure_rate": 0.0,
                "verdict": verdict.sentence(), "loss": {"summary": {"model": {"total": {"mean": loss_model}}}},
                "promotion": {**verdict.as_dict(), "tolerance": 0.05},
@@ -411,7 +411,7 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     drifted = run_register(rule_run(root, tmp_path, "drifted", 1.50, similarity=0.45), **settings)
     verdicts = {c["name"]: c["passed"] for c in drifted["decision"]["criteria"]}
     assert verdicts == {"loss": True, "similarity[spk]": False, "stop_failures": True, "voice_split": True,
-                        "quality": True}
+                        "quality": True, "did_not_forget": True}  # no evaluate.benchmark: not checked
     assert not drifted["decision"]["promoted"] and drifted["aliases"] == ["candidate"]
     assert drifted["decision"]["compared_to"] == f"champion v{first['version']}"
     tags = MlflowClient(server).get_model_version(name, drifted["version"]).tags

@@ -9,7 +9,8 @@ The factory is named, not imported: this module sits in the bottom layer (params
 evaluate.asr / evaluate.speaker against these names), below the evaluate modules that hold the
 backends, so it imports one only when evaluate loads it (`Backend.load`).
 
-Adding a backend: its class in its kind's module (voxpipe/evaluate/asr.py, speaker.py, quality.py),
+Adding a backend: its class in its kind's module (voxpipe/evaluate/asr.py, speaker.py, quality.py;
+the wavlm-ecapa speaker encoder has a module of its own, ecapa.py),
 one entry here, its config field in params.py's EvaluateParams if it takes one, its test, and the docs
 (`make generate` for params.yaml and docs/params.md).
 """
@@ -51,6 +52,9 @@ SPEAKER = _registry(
     Backend("resemblyzer", "voxpipe.evaluate.speaker:SpeakerEncoder", about="bundled GE2E", label="GE2E"),
     Backend("wavlm", "voxpipe.evaluate.speaker:WavLMEncoder", ("wavlm_model",),
             about="WavLMForXVector from wavlm_model", label="WavLM x-vector"),
+    Backend("wavlm-ecapa", "voxpipe.evaluate.ecapa:WavLMEcapaEncoder", ("ecapa_model",),
+            about="ecapa_model, Seed-TTS-eval's WavLM-Large + ECAPA-TDNN: published SIM's model",
+            label="WavLM-ECAPA (Seed-TTS-eval)"),
 )
 QUALITY = _registry(Backend("dnsmos", "voxpipe.evaluate.quality:DnsmosScorer", label="DNSMOS"))
 QUALITY_BACKEND = "dnsmos"  # what evaluate scores clips with (one backend: no param picks it)

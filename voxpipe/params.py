@@ -471,6 +471,21 @@ class EvaluateParams(Section):
         "resemblyzer", description=f"speaker-similarity encoder: {listed(SPEAKER)}"
     )
     wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
+    ecapa_model: str | None = Field(
+        None, description="local path of UniSpeech's wavlm_large_finetune.pth (or a .safetensors copy of its "
+        "`model` state dict), for speaker wavlm-ecapa: Seed-TTS-eval's SIM model (docs/evaluation.md)"
+    )
+    benchmark: str | None = Field(
+        None, description="local folder of a standard test set in Seed-TTS-eval's layout (a folder with "
+        "meta.lst, lines `utt|prompt_text|prompt_wav|infer_text`, prompt_wav relative to it; or a .lst file; "
+        "e.g. seedtts_testset/en): "
+        "every line is generated with the base and the fine-tune, same seeds, and scored with the protocol's "
+        "WER/CER and SIM; the rule's forgetting criterion. None = no benchmark",
+    )
+    forget_tolerance: float = Field(
+        0.02, ge=0, description="promotion rule: the fine-tune's benchmark WER/CER (a fraction, 0.02 = 2 "
+        "points) may rise at most this far above the base's (evaluate.benchmark; null without one)"
+    )
     mos_tolerance: float = Field(
         0.1, ge=0, description="promotion rule: the DNSMOS overall MOS (1-5) may fall at most this far below "
         "the baseline's"

@@ -150,8 +150,8 @@ class Scored:
             "path": str(self.candidate.path),
             "loss": self.scores.loss,
             "loss_std": self.scores.loss_std,
-            "speaker_similarity": {k: v.get("mean") for k, v in self.scores.similarity.items()},
-            "speaker_similarity_mean": sum(sims) / len(sims) if sims else None,
+            "similarity_to_speaker": {k: v.get("mean") for k, v in self.scores.similarity.items()},
+            "similarity_to_speaker_mean": sum(sims) / len(sims) if sims else None,
             "stop_failure_rate": self.scores.stop_failure_rate,
             "voice_split_groups": len(self.scores.split_groups),
             "promoted": self.verdict.promoted,
@@ -192,11 +192,12 @@ def plot_exports(path: Path, table: list[dict[str, Any]], baseline: Scores, chos
                      capsize=3, label="export")
     loss_ax.axhline(baseline.loss, color="tab:gray", ls="--", label="baseline")
     loss_ax.set_ylabel("fixed-seed loss")
-    sim_ax.plot(steps, [r["speaker_similarity_mean"] for r in rows], "s-", color="tab:green", label="export")
+    sim_ax.plot(steps, [r["similarity_to_speaker_mean"] for r in rows], "s-", color="tab:green",
+                label="export")
     base_sims = [s["mean"] for s in baseline.similarity.values() if s.get("mean") is not None]
     if base_sims:
         sim_ax.axhline(sum(base_sims) / len(base_sims), color="tab:gray", ls="--", label="baseline")
-    sim_ax.set_ylabel("speaker similarity (mean)")
+    sim_ax.set_ylabel("similarity to speaker (mean)")
     sim_ax.set_xlabel("training step")
     for ax in (loss_ax, sim_ax):
         if chosen_step is not None:

@@ -33,7 +33,8 @@ def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str,
     sim_ax, f0_ax = fig.subplots(2, 1, sharex=True)
     for tag, (marker, colour, shift) in STYLES.items():
         label = "fine-tuned" if tag == "model" else "baseline"
-        sim_ax.plot(x + shift, _values(records[tag], "similarity"), marker, color=colour, label=label)
+        sims = _values(records[tag], "similarity_to_speaker")
+        sim_ax.plot(x + shift, sims, marker, color=colour, label=label)
         f0_ax.plot(x + shift, _values(records[tag], "f0_median_hz"), marker, color=colour, label=label)
     for speaker, voice in voices.items():
         span = [i for i, r in enumerate(records["model"]) if r["speaker"] == speaker]

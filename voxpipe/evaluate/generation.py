@@ -54,6 +54,7 @@ class SpeakerPlan:
     utterances: list[Utterance]
     reference_id: str
     reference: torch.Tensor  # the reference clip's VAE latents [D, frames]
+    reference_audio: Path  # the reference clip itself: similarity_to_prompt compares clips made with it to it
     real_clips: list[Path]
     seconds_per_unit: float | None  # speaking rate over all the speaker's rows (scoring.text_units)
 
@@ -92,7 +93,8 @@ def plan_speakers(
         rows = _speaker_rows(pools, speaker)
         rate = speaking_rate([(d.rows[i]["text"], float(d.rows[i]["duration"])) for _, d, i in rows])
         chosen, rest = rows[:texts_per_speaker], rows[texts_per_speaker:]
-        _, ref_data, ref_i = ([r for r in rest if r[0] == "train"] or rest or chosen)[0]
+        reference_row = ([r for r in rest if r[0] == "train"] or rest or chosen)[0]
+        _, ref_data, ref_i = reference_row
         utterances = []
         for row in chosen:
             source, data, i = row
@@ -110,6 +112,7 @@ def plan_speakers(
             utterances,
             reference_id=ref_data.rows[ref_i]["id"],
             reference=ref_data[ref_i].latents.T.contiguous(),
+            reference_audio=_audio_path(reference_row),
             real_clips=[_audio_path(r) for r in rows[:REAL_CLIPS_PER_SPEAKER]],
             seconds_per_unit=rate,
         ))

@@ -3,7 +3,9 @@ language, how clean it sounds (DNSMOS) and whether it stopped where it should.
 
 Real voices first: each speaker's real recordings give the centre of its voice (mean speaker
 embedding) and its typical pitch; every generated clip is then compared with the centre of the
-speaker whose text (and reference) it was given, and with all the others to name the nearest.
+speaker whose text (and reference) it was given (`similarity_to_speaker`, the promotion rule's), and
+with all the others to name the nearest. A clip made with the speaker's reference clip is also compared
+with that clip (`similarity_to_prompt`, Seed-TTS-eval's SIM protocol).
 """
 
 from __future__ import annotations
@@ -22,9 +24,18 @@ from voxpipe.evaluate.generation import Generated, SpeakerPlan
 from voxpipe.evaluate.pitch import median_f0
 from voxpipe.evaluate.quality import DnsmosScorer
 from voxpipe.evaluate.scoring import Rate, metric_of, utterance_rate
-from voxpipe.evaluate.speaker import SpeakerEncoder, WavLMEncoder, cosine, unit_mean
+from voxpipe.evaluate.speaker import Encoder, cosine, unit_mean
 
 SAMPLE_RATE = 16000
+PROTOCOL_BACKEND = "wavlm-ecapa"  # the encoder Seed-TTS-eval's published SIM is computed with
+SIMILARITY_DEFINITIONS = {
+    "similarity_to_speaker": "cosine (evaluate.speaker's encoder) of each generated clip, with and without a "
+    "reference clip, to the mean embedding of up to 8 real clips of its speaker; the promotion rule's "
+    "similarity criterion reads it, per speaker",
+    "similarity_to_prompt": "cosine (evaluate.speaker's encoder) of each clip generated with a reference "
+    "clip to that reference clip: Seed-TTS-eval's SIM protocol, comparable to published SIM only with "
+    f"evaluate.speaker {PROTOCOL_BACKEND}",
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,7 @@ class Voice:
     centre: np.ndarray  # unit mean speaker embedding
     f0_median_hz: float | None  # median over the clips' median F0
     clip_similarities: list[float]  # each real clip against the centre: the same-voice range
+    prompt: np.ndarray | None = None  # the embedding of the plan's reference clip (None: no voice in it)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,7 +65,7 @@ def load_16k(path: Path) -> np.ndarray:
                         "encoded rows point at") from e
 
 
-def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder | WavLMEncoder) -> Voice:
+def real_voice(plan: SpeakerPlan, encoder: Encoder) -> Voice:
     wavs = [load_16k(p) for p in plan.real_clips]
     embeddings = [e for e in (encoder.embed(w, SAMPLE_RATE) for w in wavs) if e is not None]
     if not embeddings:
@@ -62,7 +74,7 @@ def real_voice(plan: SpeakerPlan, encoder: SpeakerEncoder | WavLMEncoder) -> Voi
     pitches = [f for f in (median_f0(w) for w in wavs) if f is not None]
     return Voice(
         plan.speaker, centre, statistics.median(pitches) if pitches else None,
-        [cosine(e, centre) for e in embeddings],
+        [cosine(e, centre) for e in embeddings], encoder.embed(load_16k(plan.reference_audio), SAMPLE_RATE),
     )
 
 
@@ -77,7 +89,7 @@ class ClipMeasures:
 class Scorers:
     """What measures a clip, loaded once for every checkpoint."""
 
-    encoder: SpeakerEncoder | WavLMEncoder
+    encoder: Encoder
     recognisers: Recognisers
     dnsmos: DnsmosScorer  # a QUALITY backend of voxpipe/backends.py
     min_duration_ratio: float
@@ -102,12 +114,14 @@ def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> Clip
     u = clip.utterance
     wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
     embedding = scorers.encoder.embed(wav, SAMPLE_RATE)
-    similarity = nearest = nearest_similarity = None
+    similarity = nearest = nearest_similarity = to_prompt = None
     if embedding is not None:
         scores = {name: cosine(embedding, v.centre) for name, v in voices.items()}
         similarity = scores[u.speaker]
         nearest = max(scores, key=scores.__getitem__)
         nearest_similarity = scores[nearest]
+        prompt = voices[u.speaker].prompt
+        to_prompt = cosine(embedding, prompt) if u.with_reference and prompt is not None else None
     heard, rate = intelligibility(wav, u.text, u.language, scorers.recognisers)
     mos = scorers.dnsmos.score(wav, SAMPLE_RATE) if wav.size else None
     record = {
@@ -126,7 +140,8 @@ def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> Clip
         "hit_limit": clip.hit_limit,
         "stop": clip.stop(scorers.min_duration_ratio),
         "rtf": clip.seconds / max(clip.audio_seconds, 1e-9),
-        "similarity": similarity,
+        "similarity_to_speaker": similarity,
+        "similarity_to_prompt": to_prompt,
         "nearest_speaker": nearest,
         "nearest_similarity": nearest_similarity,
         "f0_median_hz": median_f0(wav),

@@ -19,15 +19,19 @@ from voxpipe.files import read_json_object
 # (eval.json key, label, format) of the headline table, fine-tuned vs baseline where both exist
 HEADLINE = (
     ("loss", "fixed-seed val loss", ".5f"),
-    ("speaker_similarity_mean", "speaker similarity", ".3f"),
+    ("similarity_to_speaker_mean", "similarity to speaker", ".3f"),
+    ("similarity_to_prompt_mean", "similarity to prompt", ".3f"),
     ("stop_failure_rate", "stop failures", ".2%"),
     ("wer", "WER", ".3f"),
     ("cer", "CER", ".3f"),
     ("rtf", "real-time factor", ".3f"),
 )
-SIMILARITY = ("speaker similarity: the {backend} cosine of each generated clip (with and without a "
-              "reference) to the mean of its speaker's real clips; the real clips themselves score {real} "
-              "(the ceiling)")
+SIMILARITY = ("similarity_to_speaker: the {backend} cosine of each generated clip (with and without a "
+              "reference) to the mean of its speaker's real clips, the promotion rule's; the real clips "
+              "themselves score {real} (the ceiling)")
+PROMPT_SIMILARITY = ("similarity_to_prompt: the {backend} cosine of each clip generated with a reference "
+                     "clip to that clip (Seed-TTS-eval's SIM protocol); {comparable}")
+BENCHMARK_ROWS = (("wer", "WER", ".2%"), ("cer", "CER", ".2%"), ("sim", "SIM", ".3f"))
 FAR_FROM_REAL = 0.25  # a generated voice this far below its real clips' own similarity is not yet theirs
 CHARACTER_METRIC = {"wer": False, "cer": True}  # which error rate a language is scored by (CER: Chinese)
 
@@ -38,9 +42,15 @@ def _fmt(value: Any, spec: str) -> str:
     return f"{value:{spec}}"
 
 
+# eval.json written before it named two similarities called similarity_to_speaker speaker_similarity
+LEGACY = {"similarity_to_speaker_mean": "speaker_similarity_mean"}
+
+
 def _pair(figures: dict[str, Any], key: str) -> tuple[Any, Any]:
     if key == "loss":
         return figures.get("loss_model"), figures.get("loss_baseline")
+    if key not in figures and LEGACY.get(key) in figures:
+        key = LEGACY[key]
     return figures.get(key), figures.get(f"{key.removesuffix('_mean')}_baseline")
 
 
@@ -89,6 +99,8 @@ def _limit(c: dict[str, Any]) -> str:
     limit = c.get("limit")
     if isinstance(limit, list):
         return "no new split"
+    if isinstance(limit, dict):  # did_not_forget: a bound per error rate
+        return "<= " + ", ".join(f"{k} {_fmt(v, '.4f')}" for k, v in limit.items())
     if not isinstance(limit, int | float) or isinstance(limit, bool):
         return "none"
     sign = "<" if c.get("name") == "loss" else "<=" if c.get("name") == "stop_failures" else ">="
@@ -98,6 +110,8 @@ def _limit(c: dict[str, Any]) -> str:
 def _cell(value: Any, name: str) -> str:
     if isinstance(value, list):
         return str(len(value))
+    if isinstance(value, dict):  # did_not_forget: the benchmark's error rates
+        return ", ".join(f"{k} {_fmt(v, '.4f')}" for k, v in value.items() if v is not None) or "n/a"
     spec = ".5f" if name == "loss" else ".0%" if name == "stop_failures" else ".3f"
     return _fmt(value, spec)
 
@@ -118,7 +132,10 @@ def report_lines(figures: dict[str, Any]) -> list[str]:
     encoder = (figures.get("backends") or {}).get("speaker_similarity") or {}
     backend = encoder.get("backend", "speaker-encoder")
     lines.append("  " + SIMILARITY.format(backend=backend, real=_fmt(real, ".3f")))
-    mine = figures.get("speaker_similarity_mean")
+    comparable = ("comparable to published SIM" if figures.get("similarity_to_prompt_comparable") else
+                  "not comparable to published SIM (that needs evaluate.speaker wavlm-ecapa)")
+    lines.append("  " + PROMPT_SIMILARITY.format(backend=backend, comparable=comparable))
+    mine = figures.get("similarity_to_speaker_mean", figures.get(LEGACY["similarity_to_speaker_mean"]))
     if isinstance(mine, int | float) and real is not None and real - mine > FAR_FROM_REAL:
         lines.append(f"  note: the generated voice is still far from the real one (similarity {mine:.3f} "
                      f"vs the real clips' {real:.3f}), whatever the rule says: listen to the samples; more "
@@ -128,7 +145,45 @@ def report_lines(figures: dict[str, Any]) -> list[str]:
         text = (f"{value:.3f} (real clips {_fmt(figures.get(f'{metric}_real'), '.3f')})"
                 if isinstance(value, int | float) else f"n/a: {why_no_rate(figures, metric)}")
         lines.append(f"  {metric}{_asr_label(figures)}: {text}")
+    bench = figures.get("benchmark")
+    if bench:
+        lines.append(f"  benchmark {bench['set']} ({bench['lines']} lines): " + "; ".join(
+            f"{label} {' / '.join(cells)}" for label, *cells in benchmark_rows(bench))
+            + " (fine-tuned / base / delta / VoxCPM2 published)")
+    elif "benchmark_null_reason" in figures:
+        lines.append(f"  benchmark: n/a ({figures['benchmark_null_reason']})")
     return lines
+
+
+def benchmark_rows(bench: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(figure, fine-tuned, base, delta, published) for each protocol figure the set has: WER/CER as
+    percentages, SIM a cosine; the published column is VoxCPM2's own figure for the set, labelled so."""
+    published = bench.get("published") or {}
+    rows = []
+    for key, label, spec in BENCHMARK_ROWS:
+        mine, base = bench["model"].get(key), bench["baseline"].get(key)
+        if mine is None and base is None:
+            continue
+        delta = bench["delta"].get(key)
+        shown = published.get("sim") if key == "sim" else (
+            published.get("rate") if published.get("metric") == key else None)
+        rows.append((label, _fmt(mine, spec), _fmt(base, spec),
+                     "n/a" if delta is None else f"{delta:+{spec}}",
+                     "n/a" if shown is None else f"{shown:{spec}} (published)"))
+    return rows
+
+
+def _benchmark_caption(bench: dict[str, Any]) -> str:
+    sim = ("SIM comparable to published (wavlm-ecapa)" if bench.get("sim_comparable_to_published") else
+           f"SIM by {bench.get('speaker_backend')}: not comparable to published (needs evaluate.speaker "
+           "wavlm-ecapa)")
+    published = bench.get("published") or {}
+    source = published.get("source") or bench.get("published_null_reason") or ""
+    return f"Seed-TTS-eval {bench['set']}, {bench['lines']} lines; {sim}; published column: {source}"
+
+
+def _definitions(figures: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted((figures.get("similarity_definitions") or {}).items())
 
 
 def verdict_lines(figures: dict[str, Any]) -> tuple[str, list[tuple[str, str, str]]]:
@@ -154,6 +209,13 @@ def summary_markdown(figures: dict[str, Any]) -> str:
         lines += [str(figures["verdict"]), ""]
     lines += ["| figure | fine-tuned | baseline |", "|---|---|---|"]
     lines += [f"| {label} | {model} | {base} |" for label, model, base in headline_rows(figures)]
+    if _definitions(figures):
+        lines += ["", *(f"- `{name}`: {text}" for name, text in _definitions(figures))]
+    bench = figures.get("benchmark")
+    if bench:
+        lines += ["", "## Standard test set", "", _benchmark_caption(bench), "",
+                  "| figure | fine-tuned | base | delta | VoxCPM2 |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in benchmark_rows(bench)]
     if criteria:
         lines += ["", "## Promotion rule", "", "| criterion | result | detail |", "|---|---|---|"]
         lines += [f"| {name} | {passed} | {detail.replace('|', '/')} |" for name, passed, detail in criteria]
@@ -191,6 +253,14 @@ def eval_page(folder: Path) -> str:
         f"<p>{html.escape(str(figures.get('verdict', '')))}</p>",
         html_table(("figure", "fine-tuned", "baseline"), headline_rows(figures)),
     ]
+    definitions = _definitions(figures)
+    if definitions:
+        parts.append("<dl>" + "".join(f"<dt>{html.escape(n)}</dt><dd>{html.escape(t)}</dd>"
+                                      for n, t in definitions) + "</dl>")
+    bench = figures.get("benchmark")
+    if bench:
+        parts += ["<h2>Standard test set</h2>", f"<p>{html.escape(_benchmark_caption(bench))}</p>",
+                  _table(("figure", "fine-tuned", "base", "delta", "VoxCPM2"), benchmark_rows(bench))]
     if criteria:
         parts += ["<h2>Promotion rule</h2>", html_table(("criterion", "result", "detail"), criteria)]
     for png in sorted(folder.glob("*.png")):

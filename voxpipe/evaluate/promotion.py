@@ -13,7 +13,14 @@ another speaker, and the reverse. A candidate is promoted only when every criter
    model that says nothing at all fails here too;
 4. voice split: no (speaker, with/without reference) group splits into two voices that did not
    already split for the baseline;
-5. quality: its mean DNSMOS overall MOS is not below the baseline's by more than `mos_tolerance`.
+5. quality: its mean DNSMOS overall MOS is not below the baseline's by more than `mos_tolerance`;
+6. did not forget: on the standard test set (`evaluate.benchmark`, voxpipe/evaluate/benchmark_set.py),
+   its WER and CER (each the set has) are not above the baseline's by more than `forget_tolerance`
+   (absolute: 0.02 = two points); not checked, and said so, when no benchmark is set.
+
+Criterion 2's similarity is `similarity_to_speaker` (each clip against the mean embedding of its
+speaker's real clips), not the protocol's `similarity_to_prompt`: the rule asks whether the voice
+stayed the speaker's, with or without a reference clip.
 
 The voice criteria always compare with the baseline measured in the same `evaluate` run (same
 texts, references and seeds: a paired comparison), so a chain of promotions cannot drift away
@@ -33,6 +40,7 @@ from voxpipe.params import EvaluateParams
 
 CONFIDENCE = 0.95
 DEFAULT_MOS_TOLERANCE = EvaluateParams.model_fields["mos_tolerance"].default
+DEFAULT_FORGET_TOLERANCE = EvaluateParams.model_fields["forget_tolerance"].default
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
@@ -55,12 +63,13 @@ class Scores:
 
     loss: float  # fixed-seed total loss, mean over seeds
     loss_std: float  # std over seeds
-    similarity: dict[str, dict[str, Any]]  # speaker -> mean_ci of its utterances' similarity
+    similarity: dict[str, dict[str, Any]]  # speaker -> mean_ci of its utterances' similarity_to_speaker
     stop_failure_rate: float | None  # premature + runaway
     split_groups: list[str]  # "speaker/ref" | "speaker/noref" groups flagged as two voices
     premature_stop_rate: float | None = None
     runaway_stop_rate: float | None = None
     mos_ovrl: float | None = None  # mean DNSMOS overall MOS of the generated clips
+    benchmark: dict[str, float | None] | None = None  # {"wer", "cer"} on evaluate.benchmark; None: no set
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +187,28 @@ def mos_criterion(candidate: Scores, baseline: Scores, tolerance: float) -> Crit
                      f"(tolerance {tolerance:g})")
 
 
+def forget_criterion(candidate: Scores, baseline: Scores, tolerance: float) -> Criterion:
+    """The fine-tune's error rates on the standard test set against the base's, each metric the set has."""
+    if candidate.benchmark is None or baseline.benchmark is None:
+        return Criterion("did_not_forget", None, None, None, True,
+                         "not checked: no evaluate.benchmark set (null)")
+    parts, passed = [], True
+    limits: dict[str, float | None] = {}
+    for metric in ("wer", "cer"):
+        mine, base = candidate.benchmark.get(metric), baseline.benchmark.get(metric)
+        if base is None:
+            continue
+        limits[metric] = base + tolerance
+        ok = mine is not None and mine <= base + tolerance
+        passed = passed and ok
+        parts.append(f"{metric.upper()} {_fmt(mine)} vs baseline {base:.4f}, must be <= {limits[metric]:.4f}")
+    if not parts:
+        return Criterion("did_not_forget", candidate.benchmark, baseline.benchmark, None, True,
+                         "not checked: the base has no benchmark WER/CER (no recogniser covers the set)")
+    return Criterion("did_not_forget", candidate.benchmark, baseline.benchmark, limits, passed,
+                     "; ".join(parts) + f" (benchmark, tolerance {tolerance:g})")
+
+
 def split_criterion(candidate: Scores, baseline: Scores) -> Criterion:
     new = sorted(set(candidate.split_groups) - set(baseline.split_groups))
     detail = (f"{len(candidate.split_groups)} split group(s) vs baseline {len(baseline.split_groups)}"
@@ -187,19 +218,22 @@ def split_criterion(candidate: Scores, baseline: Scores) -> Criterion:
 
 
 def voice_criteria(
-    candidate: Scores, baseline: Scores, tolerance: float, mos_tolerance: float
+    candidate: Scores, baseline: Scores, tolerance: float, mos_tolerance: float,
+    forget_tolerance: float = DEFAULT_FORGET_TOLERANCE,
 ) -> list[Criterion]:
-    """Criteria 2-5: the candidate against the baseline of the same evaluation."""
+    """Criteria 2-6: the candidate against the baseline of the same evaluation."""
     return [*similarity_criteria(candidate, baseline, tolerance), stop_criterion(candidate, baseline),
-            split_criterion(candidate, baseline), mos_criterion(candidate, baseline, mos_tolerance)]
+            split_criterion(candidate, baseline), mos_criterion(candidate, baseline, mos_tolerance),
+            forget_criterion(candidate, baseline, forget_tolerance)]
 
 
 def decide(candidate: Scores, baseline: Scores, reference: LossReference | None, tolerance: float,
-           mos_tolerance: float = DEFAULT_MOS_TOLERANCE) -> Verdict:
+           mos_tolerance: float = DEFAULT_MOS_TOLERANCE,
+           forget_tolerance: float = DEFAULT_FORGET_TOLERANCE) -> Verdict:
     """The whole rule; `reference` None = the baseline's loss is the one to beat."""
     reference = reference or LossReference("baseline", baseline.loss, baseline.loss_std)
     criteria = [loss_criterion(candidate, reference),
-                *voice_criteria(candidate, baseline, tolerance, mos_tolerance)]
+                *voice_criteria(candidate, baseline, tolerance, mos_tolerance, forget_tolerance)]
     return Verdict(all(c.passed for c in criteria), reference.label, criteria)
 
 

@@ -1,11 +1,12 @@
-"""Speaker embeddings (`evaluate.speaker`): Resemblyzer's GE2E encoder (bundled, the default), or WavLM.
+"""Speaker embeddings (`evaluate.speaker`): Resemblyzer's GE2E encoder (bundled, the default), WavLM, or
+wavlm-ecapa (Seed-TTS-eval's SIM model, voxpipe/evaluate/ecapa.py).
 
 Both are registered by name, with the evaluate.* fields they take, in voxpipe/backends.py's `SPEAKER`;
 `speaker_encoder` loads the configured one from there.
 
 `wavlm`: transformers `WavLMForXVector` from a local folder (`evaluate.wavlm_model`, e.g. a download of
-microsoft/wavlm-base-plus-sv), for figures closer to Seed-TTS-eval's SIM (which uses WavLM-large with an
-ECAPA-TDNN head, a checkpoint outside transformers). Its x-vector of the 16 kHz clip is the embedding.
+microsoft/wavlm-base-plus-sv). Its x-vector of the 16 kHz clip is the embedding. Seed-TTS-eval's own SIM
+model (WavLM-Large with an ECAPA-TDNN head, a checkpoint outside transformers) is `wavlm-ecapa`.
 
 Why Resemblyzer by default: its weights ship inside the PyPI wheel (`resemblyzer/pretrained.pt`, 17 MB), so
 it runs offline and identically on a laptop, in CI and on a cluster. The usual stronger choices
@@ -33,6 +34,7 @@ import torch
 from voxpipe.backends import SPEAKER
 from voxpipe.data.audio import to_mono_resampled
 from voxpipe.errors import StepError
+from voxpipe.evaluate.ecapa import WavLMEcapaEncoder
 
 SAMPLE_RATE = 16000  # what the encoder was trained on
 MIN_SECONDS = 0.3  # below this (after trimming silence) there is no voice to embed
@@ -120,9 +122,12 @@ class WavLMEncoder:
         return embedding / norm if np.isfinite(norm) and norm > 0 else None
 
 
-def speaker_encoder(name: str, config: Mapping[str, Any] | None = None) -> SpeakerEncoder | WavLMEncoder:
+Encoder = SpeakerEncoder | WavLMEncoder | WavLMEcapaEncoder  # every SPEAKER backend
+
+
+def speaker_encoder(name: str, config: Mapping[str, Any] | None = None) -> Encoder:
     """The `evaluate.speaker` encoder `name`, from its fields of `config` (the evaluate params)."""
-    encoder: SpeakerEncoder | WavLMEncoder = SPEAKER[name].load(config or {})
+    encoder: Encoder = SPEAKER[name].load(config or {})
     return encoder
 
 

@@ -6,6 +6,8 @@
    reference clip and without one; speaker similarity, pitch, CER/WER in the row's language
    (scoring.py, asr.py) and DNSMOS per clip (metrics.py), voice consistency per speaker
    (consistency.py), stop failures both ways (premature, runaway) and real-time factor.
+   With `evaluate.benchmark`, every line of a standard test set in Seed-TTS-eval's layout too
+   (benchmark_set.py): the protocol's WER/CER and SIM of each checkpoint, beside the published ones.
 3. The promotion rule (promotion.py) on those figures; `--require-improvement` fails the step when
    it says no. `evaluate.model` may be a folder of step-N exports: each export of the run in it is
    scored and the rule picks one; exports of another run are skipped and listed (exports.py).
@@ -36,11 +38,25 @@ from voxpipe.data.dataset import EncodedDataset
 from voxpipe.device import resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
+from voxpipe.evaluate.benchmark_set import (
+    NO_BENCHMARK,
+    Benchmark,
+    BenchmarkRun,
+    Prompt,
+    benchmark_report,
+    flat_figures,
+    load_prompts,
+    read_benchmark,
+    score_benchmark,
+    synthesize_benchmark,
+)
 from voxpipe.evaluate.consistency import consistency
 from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.metrics import (
+    PROTOCOL_BACKEND,
+    SIMILARITY_DEFINITIONS,
     ClipMeasures,
     Scorers,
     Voice,
@@ -120,12 +136,13 @@ class CheckpointRun:
     generation_seconds: float
     audio_seconds: float
     seconds: float
+    benchmark: BenchmarkRun | None = None  # evaluate.benchmark's lines, when one is set
 
 
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
     plans: list[SpeakerPlan], voices: dict[str, Voice], scorers: Scorers, samples: Path,
-    kernels: KernelsChoice,
+    kernels: KernelsChoice, bench: tuple[Benchmark, list[Prompt]] | None = None,
 ) -> CheckpointRun:
     start = time.perf_counter()
     model = from_pretrained(path, device=device, kernels=kernels)
@@ -140,6 +157,9 @@ def _run_checkpoint(
             generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
                                     inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
             bar.update(len(plan.utterances))
+    spoken = None if bench is None else synthesize_benchmark(
+        model, *bench, max_len=p.max_len, cfg_value=p.cfg_value, inference_timesteps=p.inference_timesteps,
+        seed=p.generation_seed)
     del model
     gc.collect()
     clips = []
@@ -148,9 +168,11 @@ def _run_checkpoint(
             write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
             clips.append(measure(g, voices, scorers))
             bar.update()
+    benchmark = None if bench is None or spoken is None else score_benchmark(
+        spoken, bench[1], scorers.encoder, scorers.recognisers)
     return CheckpointRun(
         losses, clips, sum(g.seconds for g in generated), sum(g.audio_seconds for g in generated),
-        time.perf_counter() - start,
+        time.perf_counter() - start, benchmark,
     )
 
 
@@ -160,8 +182,8 @@ def _groups(tag: str, clips: list[ClipMeasures]) -> list[dict[str, Any]]:
     keys = sorted({(c.record["with_reference"], c.record["speaker"]) for c in clips}, reverse=True)
     for key in keys:
         mine = [c for c in clips if (c.record["with_reference"], c.record["speaker"]) == key]
-        stats = consistency([c.record["similarity"] for c in mine], [c.record["f0_median_hz"] for c in mine],
-                            [c.embedding for c in mine])
+        stats = consistency([c.record["similarity_to_speaker"] for c in mine],
+                            [c.record["f0_median_hz"] for c in mine], [c.embedding for c in mine])
         with_reference, speaker = key
         out.append({"checkpoint": tag, "speaker": speaker, "with_reference": with_reference, **stats})
     return out
@@ -206,11 +228,13 @@ def _rates(by_language: dict[str, Any]) -> dict[str, float | None]:
 
 def _checkpoint_figures(run: CheckpointRun, groups: list[dict[str, Any]]) -> dict[str, Any]:
     records = [c.record for c in run.clips]
-    without = [r["similarity"] for r in records if not r["with_reference"]]
+    without = [r["similarity_to_speaker"] for r in records if not r["with_reference"]]
     return {
         # every clip, with and without a reference, as the promotion rule's per-speaker means pool them
-        "speaker_similarity": _mean([r["similarity"] for r in records]),
-        "speaker_similarity_noref": _mean(without),
+        "similarity_to_speaker": _mean([r["similarity_to_speaker"] for r in records]),
+        "similarity_to_speaker_noref": _mean(without),
+        # the protocol's: each clip made with a reference clip against that clip
+        "similarity_to_prompt": _mean([r["similarity_to_prompt"] for r in records]),
         "similarity_spread": _mean([g["similarity_std"] for g in groups]),
         "f0_spread": _mean([g["f0_spread_semitones"] for g in groups]),
         "voice_split_flag": int(any(g["voice_split"] for g in groups)),
@@ -242,8 +266,8 @@ def _flat(
         "stop_baseline": summary["baseline"]["stop"]["mean"],
         "improved": int(verdict),
     }
-    renames = {"speaker_similarity": "speaker_similarity_mean", "speaker_similarity_noref":
-               "speaker_similarity_noref_mean"}
+    renames = {"similarity_to_speaker": "similarity_to_speaker_mean", "similarity_to_speaker_noref":
+               "similarity_to_speaker_noref_mean", "similarity_to_prompt": "similarity_to_prompt_mean"}
     for key, value in per_tag["model"].items():
         flat[renames.get(key, key)] = value
     for key, value in per_tag["baseline"].items():
@@ -269,8 +293,8 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
     by_speaker: dict[str, list[float]] = {}
     for c in run.clips:
         by_speaker.setdefault(c.record["speaker"], [])
-        if c.record["similarity"] is not None:
-            by_speaker[c.record["speaker"]].append(c.record["similarity"])
+        if c.record["similarity_to_speaker"] is not None:
+            by_speaker[c.record["speaker"]].append(c.record["similarity_to_speaker"])
     return Scores(
         loss=statistics.fmean(totals),
         loss_std=statistics.stdev(totals) if len(totals) > 1 else 0.0,
@@ -281,6 +305,8 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
         premature_stop_rate=_stop_rate(records, "premature"),
         runaway_stop_rate=_stop_rate(records, "runaway"),
         mos_ovrl=_mos(records, "ovrl"),
+        benchmark=None if run.benchmark is None else
+        {k: v for k, v in run.benchmark.figures().items() if k in ("wer", "cer")},
     )
 
 
@@ -370,6 +396,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
         _check_data(val, config, path)
     config = configs[candidates[-1].path]
     device = torch.device(resolve_device_type(p.device))
+    benchmark = read_benchmark(p.benchmark) if p.benchmark else None  # a bad set fails before any work
 
     lengths = val.lengths(config.patch_size)
     # the WHOLE val set: a row longer than the budget gets a batch of its own instead of being dropped
@@ -385,6 +412,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
             voices[plan.speaker] = real_voice(plan, scorers.encoder)
             bar.update()
     real_asr = _real_asr(plans, scorers.recognisers)
+    bench = None if benchmark is None else (benchmark, load_prompts(benchmark, scorers.encoder))
 
     # this run's clips go to a staging folder that replaces samples/ only once eval.json is written: a
     # full disk midway leaves the previous evaluation (eval.json and its samples) as it was
@@ -394,7 +422,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
 
     def run(tag: str, path: Path) -> CheckpointRun:
         return _run_checkpoint(tag, path, p, device, batches, plans, voices, scorers, samples,
-                               params.model.kernels)
+                               params.model.kernels, bench)
 
     base_run = run("baseline", base_path)
     base_groups = _groups("baseline", base_run.clips)
@@ -405,7 +433,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
         groups[c.tag] = _groups("model", runs[c.tag].clips)
         scores = _scores(runs[c.tag], groups[c.tag])
         scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance,
-                                               p.mos_tolerance)))
+                                               p.mos_tolerance, p.forget_tolerance)))
     best, why = choose(scored)
     chosen = best.candidate
     table = [s.row() for s in scored]
@@ -426,13 +454,24 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
     real_by_language = intelligibility_by_language([r for r, _ in real_asr], [rate for _, rate in real_asr])
     figures = _flat(summary, verdict.promoted, per_tag, _rates(real_by_language))
     figures["chosen_step"] = chosen.step
+    bench_report = None if benchmark is None else benchmark_report(
+        benchmark, model_run.benchmark, base_run.benchmark, scorers.encoder.backend,
+        [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded])
+    figures.update(flat_figures(bench_report))
+    for key in ("similarity_to_prompt_mean", "similarity_to_prompt_baseline"):
+        if figures[key] is None:
+            figures[f"{key}_null_reason"] = "no clip generated with a reference clip had a voice to embed"
+    figures["similarity_to_prompt_comparable"] = int(scorers.encoder.backend == PROTOCOL_BACKEND)
     digest = val_digest(batches, p.seeds)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
     document = {
         **figures,
         "verdict": sentence,
         "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance,
-                      "mos_tolerance": p.mos_tolerance},
+                      "mos_tolerance": p.mos_tolerance, "forget_tolerance": p.forget_tolerance},
+        "similarity_definitions": SIMILARITY_DEFINITIONS,
+        "benchmark": bench_report,
+        "benchmark_null_reason": None if bench_report else NO_BENCHMARK,
         "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
         "val_digest": digest,
         "champion": _rescore_champion(params, champion, batches, digest, val, device),

@@ -21,7 +21,7 @@ from voxpipe.track.artifacts import PipelineArtifacts
 HEADLINE = (
     ("val_loss", "eval", "loss_model"),  # the fixed-seed val loss of the checkpoint evaluate chose
     ("loss_delta", "eval", "loss_delta"),  # minus the base model's on the same val set and seeds
-    ("similarity", "eval", "speaker_similarity_mean"),
+    ("similarity", "eval", "similarity_to_speaker_mean"),  # the figure the promotion rule reads
     ("stop_failure_rate", "eval", "stop_failure_rate"),
     ("wer", "eval", "wer"),
     ("cer", "eval", "cer"),
