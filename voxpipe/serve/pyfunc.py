@@ -97,6 +97,9 @@ class RefusedRequest(MlflowException):
 
 
 class VoxpipeTTS(PythonModel):
+    deadline_s: float = DEADLINE_S  # load_context: model_config's or $VOXPIPE_DEADLINE_S
+    voices: str | None = None
+
     def load_context(self, context) -> None:
         import torch
 
