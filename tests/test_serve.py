@@ -261,3 +261,91 @@ def test_a_request_past_its_deadline_is_stopped_with_a_503_and_memory_stays_flat
         assert rss_mb(url) - before < 64
         page = get(url, "/metrics")[1].decode()
         assert re.search(r'voxpipe_requests_total\{route="/v1/audio/speech",status="503"\} 33.0', page), page
+
+
+# --- without a server: the deadline, the pyfunc's unknown params and its defaults (issue 34) ---
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from voxpipe.model.io import from_pretrained
+
+    folder = tmp_path_factory.mktemp("tiny")
+    init_model(ModelParams(preset="tiny", out=str(folder)))
+    return from_pretrained(folder, device="cpu").eval()
+
+
+def test_generation_stops_at_the_deadline_and_the_pyfunc_answers_503(tiny):
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from voxpipe.serve.deadline import Deadline, RequestStopped
+    from voxpipe.serve.pyfunc import VoxpipeTTS
+    from voxpipe.serve.request import Limits
+
+    steps = []
+
+    def check() -> None:
+        steps.append(1)
+        Deadline(0.0).check()
+
+    with pytest.raises(RequestStopped, match=r"0 s deadline \(synthesize.deadline_s\)"):
+        tiny.generate(["a long text " * 20], max_len=4096, inference_timesteps=100, check=check)
+    assert len(steps) == 1  # stopped before the first patch, not after 4096
+    served = VoxpipeTTS()
+    served.model, served.limits, served.deadline_s = tiny, Limits(), 1e-6
+    with pytest.raises(MlflowException) as e:
+        served.predict(None, pd.DataFrame({"text": ["Hello there."]}), params={"max_len": 8})
+    assert e.value.get_http_status_code() == 503 and "deadline" in e.value.message
+
+
+def test_the_pyfunc_refuses_a_param_mlflow_dropped_and_sizes_what_was_left_out(tiny):
+    """MLflow's own params check (what its scoring server runs before predict) drops an unknown param with
+    a warning; predict turns that into a 400. Left-out params take the signature's defaults: max_len None,
+    sized for the text."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+    from mlflow.models.utils import _enforce_params_schema
+
+    from voxpipe.serve.pyfunc import VoxpipeTTS
+    from voxpipe.serve.request import Limits, parse_request, sized_max_len
+    from voxpipe.track.registry import signature
+
+    served = VoxpipeTTS()
+    served.model, served.limits = tiny, Limits()
+    params = _enforce_params_schema({"max_lenn": 4}, signature().params)
+    assert "max_lenn" not in params and params["max_len"] is None
+    with pytest.raises(MlflowException) as e:
+        served.predict(None, pd.DataFrame({"text": ["hi"]}), params=params)
+    assert e.value.get_http_status_code() == 400 and "params ['max_lenn']: unknown" in e.value.message
+    out = served.predict(None, pd.DataFrame({"text": ["hi"]}),
+                         params=_enforce_params_schema({"inference_timesteps": 1}, signature().params))
+    assert len(out["audio"][0]) > 0  # the next request is not refused for the last one's param
+    sized = parse_request(["hi"], [None], {}, Limits()).generation["max_len"]
+    assert sized == sized_max_len(["hi"], None) == 29
+    assert sized_max_len(["a" * 2000], None) == 4025 and sized_max_len(["hi"], 7) == 7
+
+
+def test_reference_text_continues_the_clip(tiny):
+    """With the clip's transcript the speech continues the clip (upstream's prompt-text mode): the text
+    (transcript first) then the clip's patches as the audio so far; without it the clip is a voice
+    reference before the text."""
+    wav = 0.1 * np.sin(np.arange(16000) * 2 * np.pi * 220 / 16000).astype(np.float32)
+    ids = [5, 6, 7]
+    continued, alone = tiny._prompt(ids, wav, continued=True), tiny._prompt(ids, wav)
+    r = int(alone.audio_mask.sum())
+    assert r > 0 and continued.tokens.numel() == len(ids) + 1 + r
+    assert continued.audio_mask[-r:].all() and not continued.audio_mask[:-r].any()
+    assert continued.text_mask[:-r].all() and not alone.audio_mask[-len(ids) - 1:].any()
+    out = tiny.generate(["Hello."], [wav], max_len=6, inference_timesteps=1, seed=0, reference_text="a tone")
+    assert out.audio[0].numel() > 0
+
+
+def test_sentences_keep_every_word_in_order():
+    from voxpipe.serve.formats import sentences
+
+    assert sentences(THREE) == ["The first sentence is here.", "A second one follows it.",
+                                "And the third ends the text."]
+    assert sentences("Hi. Yes. A longer sentence here.") == ["Hi. Yes. A longer sentence here."]
+    assert " ".join(sentences("One two three. Four")) == "One two three. Four"
+    chinese = "你好世界。今天天气很好，我们出去走走吧。"
+    assert sentences(chinese) == [chinese]

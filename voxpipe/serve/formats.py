@@ -20,7 +20,8 @@ FORMATS = {
     "pcm": (None, None, "audio/pcm"),
 }
 STREAMED = ("pcm", "wav")  # the formats that can leave before their length is known
-_SENTENCE_END = re.compile(r"(?<=[.!?;:。！？；：…])\s+|(?<=[。！？；])")
+_CJK_ENDS = "。！？；"
+_SENTENCE_END = re.compile(rf"(?<=[.!?;:。！？；：…])\s+|(?<=[{_CJK_ENDS}])")
 MIN_SENTENCE_CHARS = 12  # shorter pieces ("Hi.") join the next, so that each chunk is worth its prompt
 
 
@@ -51,14 +52,21 @@ def streamed_wav_header(rate: int) -> bytes:
 def sentences(text: str) -> list[str]:
     """The text in sentence-sized pieces, in order, nothing dropped (joined back they are the text)."""
     pieces, current = [], ""
-    for part in (p for p in _SENTENCE_END.split(text) if p.strip()):
-        current = f"{current} {part}".strip() if current else part.strip()
+    for part in (p.strip() for p in _SENTENCE_END.split(text) if p.strip()):
+        current = _join(current, part)
         if len(current) >= MIN_SENTENCE_CHARS:
             pieces.append(current)
             current = ""
     if current:
         if pieces and len(current) < MIN_SENTENCE_CHARS:
-            pieces[-1] = f"{pieces[-1]} {current}"
+            pieces[-1] = _join(pieces[-1], current)
         else:
             pieces.append(current)
     return pieces or [text]
+
+
+def _join(before: str, after: str) -> str:
+    """Two pieces as they stood: CJK punctuation took no space after it."""
+    if not before:
+        return after
+    return before + ("" if before[-1] in _CJK_ENDS else " ") + after
