@@ -261,6 +261,8 @@ def test_a_request_past_its_deadline_is_stopped_with_a_503_and_memory_stays_flat
         assert rss_mb(url) - before < 64
         page = get(url, "/metrics")[1].decode()
         assert re.search(r'voxpipe_requests_total\{route="/v1/audio/speech",status="503"\} 33.0', page), page
+        assert "voxpipe_speech_in_flight 0.0" in page and "voxpipe_real_time_factor" in page
+        assert f'voxpipe_served_model{{adapter="none",version="models:/{NAME}/1"}} 1.0' in page, page
 
 
 # --- without a server: the deadline, the pyfunc's unknown params and its defaults (issue 34) ---

@@ -100,6 +100,7 @@ def build_app(service: Service) -> FastAPI:
     app = FastAPI(title="voxpipe serve", docs_url=None, redoc_url=None, openapi_url=None)
     limit = max_body_bytes(service.limits)
     metrics = service.metrics
+    metrics.in_flight.set_function(lambda: service.admission.admitted)
 
     @app.middleware("http")
     async def closed_and_counted(request: Request, call_next):

@@ -28,6 +28,8 @@ class Metrics:
         self.audio = Counter("voxpipe_audio_seconds", "seconds of audio made", LABELS, registry=r)
         self.rtf = Histogram("voxpipe_real_time_factor", "compute seconds per audio second of a request",
                              LABELS, buckets=RTF_BUCKETS, registry=r)
+        self.model = Gauge("voxpipe_served_model", "1 for the served model version and its adapter",
+                           ("version", "adapter"), registry=r)
         self.in_flight = Gauge("voxpipe_speech_in_flight", "speech requests admitted (generating or waiting)",
                                registry=r)
 

@@ -129,6 +129,7 @@ def serve(params: Params) -> ServeResult:
             served = load_served(params)
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes)
             service.served = served
+            service.metrics.model.labels(served.version, served.adapter_label).set(1)
         except StepError as e:
             service.load_error = f"the model did not load: {e}"
             log.error("voxpipe serve: error: %s", e)
