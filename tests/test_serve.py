@@ -342,6 +342,22 @@ def test_reference_text_continues_the_clip(tiny):
     assert out.audio[0].numel() > 0
 
 
+def test_a_wrong_model_or_a_taken_port_is_one_paragraph_before_anything_listens(tmp_path, capsys):
+    import socket
+
+    from voxpipe.cli import main
+
+    work = ["--set", f"tracking.work={tmp_path / 'work'}"]  # a registry --model: check_registered's errors
+    assert main(["serve", "--model", str(tmp_path / "nothing"), "--port", str(free_port()), *work]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("voxpipe serve: error: serve.model") and "no config.json" in err and "\n" not in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", "--port", str(taken.getsockname()[1]), *work]) == 1
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
 def test_sentences_keep_every_word_in_order():
     from voxpipe.serve.formats import sentences
 

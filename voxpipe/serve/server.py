@@ -64,24 +64,38 @@ class ServeResult:
     exit_code: int = 0
 
     def summary(self) -> str:
-        return f"serve: stopped ({self.url})"
+        return f"serve: stopped ({self.url})" if self.exit_code == 0 else ""  # the error was logged
 
 
-def load_served(params: Params) -> ServedModel:
-    p, s = params.serve, params.synthesize
+def resolve(params: Params) -> str:
+    """The pinned registry version (models:/NAME/N) or the checkpoint folder to serve, checked before the
+    server starts, so that a wrong --model is one paragraph and exit 1, not a server that never gets ready."""
+    p = params.serve
     uri = model_uri(p.model, params.registered_model_name())
     if uri is None:
-        return _from_folder(Path(p.model), p.device)
+        if not (Path(p.model) / "config.json").is_file():
+            raise StepError(f"serve.model {p.model}: neither a registered model (@champion, @ALIAS, a "
+                            "version number, models:/NAME@ALIAS) nor a checkpoint folder (no config.json)")
+        return p.model
+    tracking = params.tracking
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
+        return check_registered(client, uri, "serve.model")
+
+
+def load_served(params: Params, source: str) -> ServedModel:
+    """The model `resolve` named, loaded (a registry version through MLflow's pyfunc loader)."""
+    p, s = params.serve, params.synthesize
+    if model_uri(source, params.registered_model_name()) is None:
+        return _from_folder(Path(source), p.device)
     import mlflow
 
     tracking = params.tracking
-    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
-        pinned = check_registered(client, uri, "serve.model")
-        loaded = mlflow.pyfunc.load_model(pinned, model_config={
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))):
+        loaded = mlflow.pyfunc.load_model(source, model_config={
             "device": p.device, "max_reference_seconds": s.max_reference_seconds, "deadline_s": s.deadline_s})
     tts = loaded.unwrap_python_model()
     voices = Path(tts.voices) if getattr(tts, "voices", None) else None
-    return ServedModel(tts.model, pinned, voices, tts.model.audio_vae.out_sample_rate, int(time.time()),
+    return ServedModel(tts.model, source, voices, tts.model.audio_vae.out_sample_rate, int(time.time()),
                        adapter_hash(Path(tts.checkpoint)))
 
 
@@ -89,9 +103,6 @@ def _from_folder(folder: Path, device: str) -> ServedModel:
     from voxpipe.device import resolve_device_type
     from voxpipe.model.io import from_pretrained
 
-    if not (folder / "config.json").is_file():
-        raise StepError(f"serve.model {folder}: neither a registered model (@champion, @ALIAS, a version "
-                        "number, models:/NAME@ALIAS) nor a checkpoint folder (no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(device)).eval()
     voices = folder / "voices"
     return ServedModel(model, str(folder), voices if voices.is_dir() else None,
@@ -113,6 +124,7 @@ def serve(params: Params) -> ServeResult:
 
     p = params.serve
     _check_port(p.host, p.port)
+    source = resolve(params)
     url = f"http://{'[' + p.host + ']' if ':' in p.host else p.host}:{p.port}"
     key = os.environ.get(API_KEY_ENV) or None
     if key is None and p.host not in ("127.0.0.1", "localhost", "::1"):
@@ -126,7 +138,7 @@ def serve(params: Params) -> ServeResult:
 
     def load() -> None:
         try:
-            served = load_served(params)
+            served = load_served(params, source)
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes)
             service.served = served
             service.metrics.model.labels(served.version, served.adapter_label).set(1)
