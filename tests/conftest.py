@@ -35,6 +35,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # fixtures that start a real end-to-end part: a server, a training run, a DVC repo, a KFP local runner
 SLOW_FIXTURES = {
     "server", "auth_server", "s3",  # `mlflow server` (plain, basic-auth), moto's S3 server
+    "voxpipe_server",  # `voxpipe serve` on a registered tiny model (tests/test_serve.py)
     "first_repro", "local_runner", "container",  # `dvc repro`, kfp.local, the built image
     "two_rank_run", "finished", "live", "pipeline",  # training runs (torchrun, or in process)
 }

@@ -47,6 +47,8 @@ QUOTED: dict[str, tuple[str, ...]] = {
     "mfu_cpu.py": ("cpu_peak_tflops.float32", "cpu_peak_tflops.bfloat16", "mfu", "tokens_per_s"),
     "demo_base_stops.py": ("results.0.clips", "results.0.premature", "results.0.runaway",
                            "results.0.ratio_median", "results.0.ratio_min", "results.0.ratio_max"),
+    "serve.py": ("real_time_factor", "stream_first_byte_s", "full_s", "audio_s", "first_chunk_over_full",
+                 "first_chunk_within_half", "stream_chunks"),
     "real_shape_cpu.py": ("commands.train", "init_model", "encode", "train", "upstream_strict_load",
                           "synthesize", "cpu_matmul_gflops"),
 }

@@ -111,7 +111,8 @@ def test_one_flag_names_one_model_in_every_step():
             if flag.name == "--model-base":
                 assert flag.key.key == "model.base", step.name
             elif flag.name == "--model":
-                models = ("evaluate.model", "register.model", "synthesize.model", "promote.model")
+                models = ("evaluate.model", "register.model", "synthesize.model", "serve.model",
+                          "promote.model")
                 assert flag.key.key in models, step.name
     evaluate = next(s for s in STEPS if s.name == "evaluate")
     assert {"--model", "--model-base"} <= {f.name for f in step_flags(evaluate)}

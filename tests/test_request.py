@@ -286,6 +286,12 @@ def test_a_served_model_answers_hostile_requests_with_a_4xx_and_one_line(served)
         message = answer["message"]
         assert "\n" not in message and len(message) < 400, (what, message[:500])
         assert re.search(reason, message), (what, message)
+    # issue 34: MLflow dropped an unknown param and ran with the defaults; now a 400 naming it, and a request
+    # without params is sized for its text (max_len None in the signature), not the 4096-patch maximum
+    status, answer = invoke(served, [{"text": "hi"}], {"max_lenn": 4})
+    assert status == 400 and "params ['max_lenn']: unknown" in answer["message"], answer
+    status, out = invoke(served, [{"text": "hi"}], {})
+    assert status == 200 and len(out["predictions"][0]["audio"]) <= 29 * 7680, out  # 29 patches of 160 ms
     # issue 34: a number or an empty string as the reference was served in the model's own voice
     for value in (12345, "", "AAAA"):
         status, answer = invoke(served, [{"text": "hi", "reference_audio": value}], {"max_len": 4})

@@ -716,8 +716,37 @@ class SynthesizeParams(Section):
                       "inputs give the same audio")
     cfg_value: float = Field(2.0, gt=0, le=20, description="classifier-free guidance scale (finite, (0, 20])")
     inference_timesteps: int = Field(10, ge=1, le=100, description="Euler steps per patch (1-100)")
-    max_len: int = Field(2000, ge=1, le=4096, description="generation limit in patches (160 ms each; "
-                         "1-4096)")
+    max_len: int | None = Field(None, ge=1, le=4096, description="generation limit in patches (160 ms each; "
+                                "1-4096); None: sized for the text, 25 + 2 per character (a request that "
+                                "leaves it out never runs to the 4096 maximum)")
+    deadline_s: float = Field(
+        50.0, gt=0, le=3600, description="the most seconds one request may take (`synthesize`, the served "
+        "pyfunc, `voxpipe serve`): generation stops at it, its memory is freed and the answer is a 503 "
+        "naming it; below MLflow's 60 s scoring timeout, so the work ends before that server gives up on "
+        "the client"
+    )
+
+
+class ServeParams(Section):
+    """`serve`: the registered model (or a checkpoint folder) behind OpenAI's speech API on HTTP
+    (docs/serving.md). Requests are checked by the `synthesize` section's bounds and deadline."""
+
+    model: str = Field("@champion", description="what to serve, as synthesize.model names it: @ALIAS, a "
+                       "version number, models:/NAME@ALIAS or a checkpoint folder")
+    host: str = Field("127.0.0.1", description="the address to listen on; 127.0.0.1 = this machine only "
+                      "(0.0.0.0 in a pod, with VOXPIPE_API_KEY set)")
+    port: int = Field(8000, ge=1, le=65535, description="the TCP port")
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field("auto", description="auto = cuda when available, "
+                                                          "else cpu")
+    voices: str = Field("work/serve/voices", description="the folder the voices that clients add "
+                        "(POST /v1/audio/voices) are kept in, across restarts")
+    max_voices: int = Field(32, ge=0, le=1000, description="most voices clients may add")
+    max_voice_bytes: int = Field(64 * 2**20, ge=0, le=2**34, description="most bytes of added voice clips "
+                                 "together")
+    concurrency: int = Field(1, ge=1, le=64, description="requests generating at once (each holds the "
+                             "model's activations and caches)")
+    queue: int = Field(4, ge=0, le=256, description="requests waiting for a free slot; past them a 429, and "
+                       "a 503 when one waits past its deadline")
 
 
 class TrackingParams(Section):
@@ -790,6 +819,7 @@ class Params(Section):
     promote: PromoteParams = Field(default_factory=PromoteParams)
     compare: CompareParams = Field(default_factory=CompareParams)
     synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
+    serve: ServeParams = Field(default_factory=ServeParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
     plan: PlanParams = Field(default_factory=PlanParams)
     local: LocalParams = Field(default_factory=LocalParams)

@@ -12,6 +12,7 @@ Unlike upstream the forward never casts to a config dtype: inputs follow the par
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,8 +245,13 @@ class VoxCPM2(nn.Module):
         inference_timesteps: int = 10,
         cfg_value: float = 2.0,
         generator: torch.Generator | None = None,
+        check: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Autoregressively generate latent patches after left-padded prompts.
+
+        `check` is called before every patch; whatever it raises (a request's deadline passed, its client
+        gone) ends the generation there, and the caches go with the frame, so a request's work and memory
+        end with the request.
 
         tokens/text_mask/audio_mask/valid [B, L] (valid: False on left padding), feats [B, L, P, D].
         Returns patches [B, N, P, D] (fp32), lengths [B] (patches up to and including the one
@@ -273,6 +279,8 @@ class VoxCPM2(nn.Module):
         lengths = torch.full((b,), max_len, dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_len):
+            if check is not None:
+                check()
             mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
             patch = self.feat_decoder.sample(
                 mu,
@@ -320,7 +328,10 @@ class VoxCPM2(nn.Module):
             raise ValueError(f"reference patches must be [R, {p}, {d}], got {tuple(patches.shape)}")
         return patches.float()
 
-    def _prompt(self, ids: list[int], reference: Any) -> _Prompt:
+    def _prompt(self, ids: list[int], reference: Any, continued: bool = False) -> _Prompt:
+        """continued: `ids` begin with the reference clip's transcript, and the clip is the start of the audio
+        that the generation continues (upstream's prompt-text mode); else the clip is a voice reference
+        before the text."""
         p, d = self.patch_size, self.feat_dim
         text = torch.tensor([*ids, AUDIO_START_ID], dtype=torch.long)
         n = text.numel()
@@ -328,6 +339,11 @@ class VoxCPM2(nn.Module):
             return _Prompt(text, torch.zeros(n, p, d), torch.ones(n), torch.zeros(n))
         ref = self._reference_patches(reference)
         r = ref.size(0)
+        if continued:
+            return _Prompt(torch.cat((text, torch.zeros(r, dtype=torch.long))),
+                           torch.cat((torch.zeros(n, p, d), ref.cpu())),
+                           torch.cat((torch.ones(n), torch.zeros(r))),
+                           torch.cat((torch.zeros(n), torch.ones(r))))
         one = torch.ones(1)
         tokens = torch.cat((torch.tensor([REF_AUDIO_START_ID]), torch.zeros(r, dtype=torch.long),
                             torch.tensor([REF_AUDIO_END_ID]), text))
@@ -353,12 +369,16 @@ class VoxCPM2(nn.Module):
         cfg_value: float = 2.0,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        reference_text: str | None = None,
+        check: Callable[[], None] | None = None,
     ) -> GeneratedSpeech:
         """Synthesize each text (optionally in the voice of a reference) as a 48 kHz waveform.
 
         reference: None, one reference for every text, or a list with one (or None) per text;
         each is a 16 kHz mono waveform, VAE latents [D, frames] or patches [R, P, D]. A fixed
         `seed` (or `generator`) gives identical audio; neither means the global RNG.
+        reference_text: the references' transcript; the speech then continues the clip (`_prompt`).
+        check: called before every generated patch (`sample_patches`).
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
@@ -372,8 +392,10 @@ class VoxCPM2(nn.Module):
             generator = torch.Generator(device).manual_seed(seed)
 
         # whitespace collapsed as upstream's VoxCPM.generate does before tokenizing
-        ids = [tokenizer.encode(re.sub(r"\s+", " ", t)) for t in texts]
-        prompts = [self._prompt(i, r) for i, r in zip(ids, refs, strict=True)]
+        lead = f"{reference_text} " if reference_text else ""
+        ids = [tokenizer.encode(re.sub(r"\s+", " ", (lead if r is not None else "") + t))
+               for t, r in zip(texts, refs, strict=True)]
+        prompts = [self._prompt(i, r, bool(lead)) for i, r in zip(ids, refs, strict=True)]
         longest = max(pr.tokens.numel() for pr in prompts)
 
         def left_pad(x: torch.Tensor) -> torch.Tensor:
@@ -391,7 +413,7 @@ class VoxCPM2(nn.Module):
             patches, lengths, hit_limit = self.sample_patches(
                 batch["tokens"], batch["text_mask"], batch["feats"], batch["audio_mask"], valid.to(device),
                 max_len=max_len, min_len=min_len, inference_timesteps=inference_timesteps,
-                cfg_value=cfg_value, generator=generator,
+                cfg_value=cfg_value, generator=generator, check=check,
             )
         finally:
             self.train(was_training)

@@ -45,7 +45,7 @@ def _listing(client, name: str) -> str:
     return f"versions of {name!r}: {', '.join(parts)}"
 
 
-def check_registered(client, uri: str) -> str:
+def check_registered(client, uri: str, key: str = "synthesize.model") -> str:
     """The version `uri` names, pinned (`models:/NAME/VERSION`: what was spoken with is said exactly, and
     an alias moving meanwhile changes nothing); a one-paragraph StepError when `uri` names an alias,
     version or model the registry does not have."""
@@ -59,7 +59,7 @@ def check_registered(client, uri: str) -> str:
         client.get_registered_model(name)
     except MlflowException:
         raise StepError(
-            f"synthesize.model {uri}: no registered model {name!r} in this registry. `voxpipe register` (the "
+            f"{key} {uri}: no registered model {name!r} in this registry. `voxpipe register` (the "
             "last stage of `make demo`) creates it; or give a checkpoint folder: --model work/train/export"
         ) from None
     try:
@@ -72,7 +72,7 @@ def check_registered(client, uri: str) -> str:
         why = (" (no version has passed the promotion rule yet: a fine-tune that does not is registered "
                "as @candidate only, docs/evaluation.md)") if alias == "champion" else ""
         raise StepError(
-            f"synthesize.model {uri}: {name!r} has {missing}{why}; {_listing(client, name)}. Choose one with "
+            f"{key} {uri}: {name!r} has {missing}{why}; {_listing(client, name)}. Choose one with "
             "--model @candidate (an alias), --model N (a version number) or --model FOLDER (a checkpoint "
             "folder such as work/train/export)"
         ) from None

@@ -21,25 +21,61 @@ whose message is one line naming the field.
 Load-time options (`model_config`): device ("auto" = cuda when available, else cpu; or "npu", ...),
 dtype of the model parameters ("float32" or "bfloat16"; the VAE stays float32), kernels
 (`model.kernels`: "auto" = torch_npu's fused kernels on an NPU, "fused", "eager") and
-max_reference_seconds (default 30; $VOXPIPE_MAX_REFERENCE_SECONDS overrides it in a deployment).
+max_reference_seconds (default 30; $VOXPIPE_MAX_REFERENCE_SECONDS overrides it in a deployment) and
+deadline_s (`synthesize.deadline_s`; $VOXPIPE_DEADLINE_S overrides it).
+
+Every request's work ends with it: generation stops at the deadline (serve/deadline.py) and the answer is a
+503 naming it; a param the signature does not know is a 400 (MLflow itself drops it with a warning, so
+`predict` reads that warning, `_Dropped`); params left out take bounded defaults sized for the text (the
+signature's defaults are the schema's: max_len None = sized), and the served voices (the training data's
+speakers, logged at register) are in the "voices" artifact.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import threading
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.pyfunc import PythonModel
 
-from voxpipe.serve.request import Limits, RequestError
+from voxpipe.serve.deadline import DEADLINE_S, Deadline, RequestStopped
+from voxpipe.serve.request import REQUEST_KEYS, Limits, RequestError
 
 REFERENCE_DIR_ENV = "VOXPIPE_REFERENCE_DIR"
 MAX_REFERENCE_ENV = "VOXPIPE_MAX_REFERENCE_SECONDS"  # a deployment's override of model_config's
+DEADLINE_ENV = "VOXPIPE_DEADLINE_S"
+# what mlflow.models.utils logs when it drops a param the signature lacks, just before it calls predict
+_DROPPED = re.compile(r"Unrecognized params (\[.*?\]) are ignored")
+
+
+class _Dropped(logging.Filter):
+    """Remembers, per thread, the params MLflow dropped for the call about to reach `predict` (the scoring
+    server checks the params against the signature and calls predict in the same thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if m := _DROPPED.search(record.getMessage()):
+            self.local.names = m.group(1)
+        return True
+
+    def take(self) -> str | None:
+        names, self.local.names = getattr(self.local, "names", None), None
+        return names
+
+
+_dropped = _Dropped()
+logging.getLogger("mlflow.models.utils").addFilter(_dropped)
 
 
 class RefusedRequest(MlflowException):
@@ -47,9 +83,9 @@ class RefusedRequest(MlflowException):
     the whole request ("Failed to predict data '...'"), which for a 10-minute clip is megabytes of
     base64 echoed back; this message ignores that rewrite."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, error_code: int = INVALID_PARAMETER_VALUE) -> None:  # HTTP 400
         self._reason = reason
-        super().__init__(reason, error_code=INVALID_PARAMETER_VALUE)  # HTTP 400
+        super().__init__(reason, error_code=error_code)
 
     @property
     def message(self) -> str:
@@ -61,6 +97,9 @@ class RefusedRequest(MlflowException):
 
 
 class VoxpipeTTS(PythonModel):
+    deadline_s: float = DEADLINE_S  # load_context: model_config's or $VOXPIPE_DEADLINE_S
+    voices: str | None = None
+
     def load_context(self, context) -> None:
         import torch
 
@@ -78,6 +117,9 @@ class VoxpipeTTS(PythonModel):
         seconds = os.environ.get(MAX_REFERENCE_ENV) or config.get("max_reference_seconds",
                                                                    Limits.max_reference_seconds)
         self.limits = Limits(float(seconds), Path(folder) if folder else None)
+        self.deadline_s = float(os.environ.get(DEADLINE_ENV) or config.get("deadline_s", DEADLINE_S))
+        self.checkpoint = context.artifacts["checkpoint"]
+        self.voices = context.artifacts.get("voices")  # a folder (voices.json + clips), or None
 
     # the pandas type hint makes MLflow keep the logged signature (texts + generation params)
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
@@ -85,13 +127,18 @@ class VoxpipeTTS(PythonModel):
         array), sample_rate, hit_length_limit, spoken_text (the text as said)."""
         from voxpipe.serve.speech import speak
 
+        deadline = Deadline(self.deadline_s)
+        if dropped := _dropped.take():
+            raise RefusedRequest(f"params {dropped}: unknown; known: {', '.join(REQUEST_KEYS)}")
         frame = model_input
         if not isinstance(frame, pd.DataFrame):
             frame = pd.DataFrame({"text": list(model_input)})
         texts = list(frame["text"] if "text" in frame else frame.iloc[:, 0])
         references = list(frame["reference_audio"]) if "reference_audio" in frame else [None] * len(texts)
         try:
-            spoken, speech = speak(self.model, texts, references, params, self.limits)
+            spoken, speech = speak(self.model, texts, references, params, self.limits, deadline)
+        except RequestStopped as e:
+            raise RefusedRequest(str(e), TEMPORARILY_UNAVAILABLE) from None  # HTTP 503
         except RequestError as e:
             raise RefusedRequest(str(e)) from None
         return pd.DataFrame({

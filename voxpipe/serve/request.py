@@ -7,8 +7,9 @@ refused the same things with the same one-line reasons, and their texts are spok
 script), so "$12.50" is said as the model heard such prices in training. False: the text as written.
 
 The bounds are the `synthesize` section's fields (voxpipe/params.py: one place, one description):
-finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches, text at most
-2000 characters, at most MAX_ROWS texts per request. A reference clip is decoded to 16 kHz mono,
+finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches (left out: sized
+for the text, `sized_max_len`), text at most 2000 characters, at most MAX_ROWS texts per request, and one
+deadline per request (`deadline_s`, deadline.py). A reference clip is decoded to 16 kHz mono,
 must be finite and at most `max_reference_seconds` long (read from the file's header before anything
 is decoded, so a 10-minute clip costs nothing).
 
@@ -44,6 +45,7 @@ REQUEST_KEYS = (*GENERATION_KEYS, "normalize")  # every param a request may carr
 MAX_ROWS = 64
 MAX_TEXT_CHARS = next(m.max_length for m in SynthesizeParams.model_fields["text"].metadata
                       if hasattr(m, "max_length"))
+MAX_LEN = next(m.le for m in SynthesizeParams.model_fields["max_len"].metadata if hasattr(m, "le"))
 # base64 of the largest plausible 30 s clip (48 kHz stereo float32) and then some: refused before decoding
 MAX_REFERENCE_BYTES_PER_SECOND = 48000 * 2 * 4
 _DATA_URL = "base64,"
@@ -71,7 +73,21 @@ class Request:
     texts: list[str]  # as sent
     spoken: list[str]  # what the model is given to say: the texts normalized, or as sent
     references: list[np.ndarray | None]  # 16 kHz mono float32 per row
-    generation: dict[str, Any]
+    generation: dict[str, Any]  # max_len resolved for these texts
+    max_len: int | None = None  # as the request gave it (None: sized per text, `sized_max_len`)
+    reference_text: str | None = None  # the references' transcript, as spoken
+
+
+SIZED_BASE_PATCHES, SIZED_PATCHES_PER_CHAR = 25, 2  # 4 s, then 320 ms a character: slow speech, with room
+
+
+def sized_max_len(spoken: list[str], given: int | None) -> int:
+    """The request's max_len, or (left out) one sized for its longest text: a request for "hi" stops after
+    a few seconds of a runaway, not after the 4096-patch maximum."""
+    if given is not None:
+        return given
+    longest = max((len(t) for t in spoken), default=0)
+    return min(MAX_LEN, SIZED_BASE_PATCHES + SIZED_PATCHES_PER_CHAR * longest)
 
 
 def generation(params: dict[str, Any] | None) -> dict[str, Any]:
@@ -165,7 +181,8 @@ def _check_length(source: bytes | Path, where: str, limits: Limits) -> None:
 
 
 def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any] | None,
-                  limits: Limits) -> Request:
+                  limits: Limits, reference_text: Any = None) -> Request:
+    """reference_text: the reference clips' transcript (serving's extension); it needs a clip."""
     if not texts:
         raise RequestError("no text: send at least one row")
     if len(texts) > MAX_ROWS:
@@ -174,8 +191,16 @@ def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any
     normalize = _normalize_flag(params)
     gen = generation({k: v for k, v in (params or {}).items() if k != "normalize"})
     refs = [reference(r, f"reference_audio of row {i}", limits) for i, r in enumerate(references)]
+    said = None
+    if reference_text is not None:
+        said = check_text(reference_text, "reference_text")
+        if any(r is None for r in refs):
+            raise RequestError("reference_text: given without a reference clip; send reference_audio (or a "
+                               "voice) with it, or leave it out")
+        said = spoken_form(said)[0] if normalize else said
     spoken = [spoken_form(t)[0] if normalize else t for t in checked]
-    return Request(checked, spoken, refs, gen)
+    given = gen["max_len"]
+    return Request(checked, spoken, refs, {**gen, "max_len": sized_max_len(spoken, given)}, given, said)
 
 
 def reference(value: Any, where: str, limits: Limits) -> np.ndarray | None:

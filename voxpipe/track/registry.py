@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import requires, version
@@ -33,6 +34,7 @@ from voxpipe.params import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
+from voxpipe.track.voices import write_training_voices
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -142,7 +144,8 @@ def signature() -> ModelSignature:
             # all double: MLflow's own type check answers a JSON 1e6 for a long with a multi-line error that
             # echoes the request; as doubles every value reaches the one request schema (serve/request.py),
             # which takes integral values as integers and refuses the rest in one line
-            *(ParamSpec(k, DataType.double, float(v)) for k, v in d.items()),
+            # max_len's default None: sized for the text (serve/request.py), never the 4096 maximum
+            *(ParamSpec(k, DataType.double, None if v is None else float(v)) for k, v in d.items()),
             ParamSpec("normalize", DataType.boolean, SynthesizeParams().normalize),
         ]),
     )
@@ -162,19 +165,24 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
     """The pyfunc model in the run; returns its model URI (models:/<model id>) and model id."""
     import mlflow
 
-    with active_run(run_id), warnings.catch_warnings():
+    artifacts = {"checkpoint": str(art.export.resolve())}
+    with tempfile.TemporaryDirectory(prefix="voxpipe-voices-") as tmp, active_run(run_id), \
+            warnings.catch_warnings():
+        if art.data is not None and write_training_voices(art.data.folder, art.data.rows, Path(tmp)):
+            artifacts["voices"] = tmp  # the speakers `voxpipe serve` lists, with no data folder at hand
         # no input example on purpose: validating one would load and run the full model at log time
         warnings.filterwarnings("ignore", message=".*input example was not provided.*")
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=find_spec(SERVING_MODULE).origin,
-            artifacts={"checkpoint": str(art.export.resolve())},
+            artifacts=artifacts,
             code_paths=[str(Path(voxpipe.__file__).parent)],
             signature=signature(),
             pip_requirements=pinned_requirements(),
             # serve/pyfunc.py: load-time options
             model_config={"device": "auto", "dtype": "float32", "kernels": "auto",
-                          "max_reference_seconds": SynthesizeParams().max_reference_seconds},
+                          "max_reference_seconds": SynthesizeParams().max_reference_seconds,
+                          "deadline_s": SynthesizeParams().deadline_s},
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id

@@ -1,0 +1,159 @@
+"""`voxpipe serve`: the registered model (default `@champion`) or a checkpoint folder on OpenAI's speech API,
+on FastAPI and uvicorn (routes: app.py, docs/serving.md).
+
+    voxpipe serve                     # register.model_name@champion from tracking.uri, on 127.0.0.1:8000
+    voxpipe serve --model @candidate --port 8001
+    VOXPIPE_API_KEY=... voxpipe serve --host 0.0.0.0
+
+The server listens at once (/health answers) and loads the model in the background; /ready answers 200,
+and one log line says the URL, once it is loaded. A registered version is loaded through MLflow as every
+serving path loads it (the pyfunc's load_context), and its voices come from the version itself (the
+"voices" artifact `register` logs), so serving needs no data folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from voxpipe.errors import StepError
+from voxpipe.params import Params
+from voxpipe.serve.admission import Admission
+from voxpipe.serve.app import API_KEY_ENV, Service, build_app
+from voxpipe.serve.models import check_registered, model_uri
+from voxpipe.serve.request import Limits
+from voxpipe.serve.voices import VoiceStore
+from voxpipe.track.tracking import resolve_tracking_uri, session
+
+if TYPE_CHECKING:
+    from voxpipe.model.voxcpm2 import VoxCPM2
+
+log = logging.getLogger("voxpipe.serve")
+NO_ADAPTER = "none"  # the adapter label of a model served without one
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    model: VoxCPM2
+    version: str  # models:/NAME/VERSION (pinned), or the checkpoint folder
+    voices: Path | None  # the version's voices folder (track/voices.py), if it has one
+    sample_rate: int  # the model's own (VoxCPM2: 48 kHz)
+    created: int  # unix seconds, for /v1/models
+    adapter: str | None = None  # the served LoRA adapter's hash (adapter_hash)
+
+    @property
+    def adapter_label(self) -> str:
+        return self.adapter or NO_ADAPTER
+
+
+def adapter_hash(checkpoint: Path) -> str | None:
+    """The hash of the LoRA adapter served on top of `checkpoint` (the registered version's `lora/`, issue 30
+    part 4), for every response's headers and the metrics labels; None while no adapter is served."""
+    return None
+
+
+@dataclass
+class ServeResult:
+    url: str
+    exit_code: int = 0
+
+    def summary(self) -> str:
+        return f"serve: stopped ({self.url})" if self.exit_code == 0 else ""  # the error was logged
+
+
+def resolve(params: Params) -> str:
+    """The pinned registry version (models:/NAME/N) or the checkpoint folder to serve, checked before the
+    server starts, so that a wrong --model is one paragraph and exit 1, not a server that never gets ready."""
+    p = params.serve
+    uri = model_uri(p.model, params.registered_model_name())
+    if uri is None:
+        if not (Path(p.model) / "config.json").is_file():
+            raise StepError(f"serve.model {p.model}: neither a registered model (@champion, @ALIAS, a "
+                            "version number, models:/NAME@ALIAS) nor a checkpoint folder (no config.json)")
+        return p.model
+    tracking = params.tracking
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
+        return check_registered(client, uri, "serve.model")
+
+
+def load_served(params: Params, source: str) -> ServedModel:
+    """The model `resolve` named, loaded (a registry version through MLflow's pyfunc loader)."""
+    p, s = params.serve, params.synthesize
+    if model_uri(source, params.registered_model_name()) is None:
+        return _from_folder(Path(source), p.device)
+    import mlflow
+
+    tracking = params.tracking
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))):
+        loaded = mlflow.pyfunc.load_model(source, model_config={
+            "device": p.device, "max_reference_seconds": s.max_reference_seconds, "deadline_s": s.deadline_s})
+    tts = loaded.unwrap_python_model()
+    voices = Path(tts.voices) if getattr(tts, "voices", None) else None
+    return ServedModel(tts.model, source, voices, tts.model.audio_vae.out_sample_rate, int(time.time()),
+                       adapter_hash(Path(tts.checkpoint)))
+
+
+def _from_folder(folder: Path, device: str) -> ServedModel:
+    from voxpipe.device import resolve_device_type
+    from voxpipe.model.io import from_pretrained
+
+    model = from_pretrained(folder, device=resolve_device_type(device)).eval()
+    voices = folder / "voices"
+    return ServedModel(model, str(folder), voices if voices.is_dir() else None,
+                       model.audio_vae.out_sample_rate, int(time.time()), adapter_hash(folder))
+
+
+def _check_port(host: str, port: int) -> None:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise StepError(f"serve: cannot listen on {host}:{port} ({e.strerror}); choose another --port, or "
+                        "--host an address of this machine") from None
+
+
+def serve(params: Params) -> ServeResult:
+    import uvicorn
+
+    p = params.serve
+    _check_port(p.host, p.port)
+    source = resolve(params)
+    url = f"http://{'[' + p.host + ']' if ':' in p.host else p.host}:{p.port}"
+    key = os.environ.get(API_KEY_ENV) or None
+    if key is None and p.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("voxpipe serve: listening on %s without an API key: anyone who reaches it may use it; "
+                    "set $%s", p.host, API_KEY_ENV)
+    service = Service(Limits(params.synthesize.max_reference_seconds), params.synthesize.deadline_s,
+                      Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key)
+    server = uvicorn.Server(uvicorn.Config(build_app(service), host=p.host, port=p.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=5))
+    result = ServeResult(url)
+
+    def load() -> None:
+        try:
+            served = load_served(params, source)
+            service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes)
+            service.served = served
+            service.metrics.model.labels(served.version, served.adapter_label).set(1)
+        except StepError as e:
+            service.load_error = f"the model did not load: {e}"
+            log.error("voxpipe serve: error: %s", e)
+            result.exit_code = 1
+            server.should_exit = True
+            return
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        log.info("voxpipe serve: ready: %s (adapter %s, %d voices, %d Hz) at %s%s", served.version,
+                 served.adapter_label, len(service.voices.all()), served.sample_rate, url,
+                 "" if key else " (no API key: set $VOXPIPE_API_KEY to require one)")
+
+    threading.Thread(target=load, name="voxpipe-serve-load", daemon=True).start()
+    server.run()
+    return result

@@ -1,0 +1,115 @@
+"""The voices `voxpipe serve` speaks in: the registered version's (one clip and transcript per speaker of
+its training data, track/voices.py) and those clients add with POST /v1/audio/voices, kept in a named
+folder (`serve.voices`) across restarts and bounded in count and bytes. `default` is no reference: the voice
+the model learned. An added clip is checked by the request schema's reference rules and kept as 16 kHz FLAC,
+what the model is given anyway."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from voxpipe.files import atomic_write, atomic_write_text
+from voxpipe.serve.request import SAMPLE_RATE, Limits, RequestError, check_text, reference_waveform
+from voxpipe.track.voices import CLIPS, DEFAULT_VOICE, VOICES_FILE, voice_id
+
+
+@dataclass(frozen=True)
+class Voice:
+    id: str
+    speaker: str
+    text: str  # the clip's transcript
+    file: str  # relative to its folder
+    seconds: float
+    origin: str = "model"  # "model": the training data's; "added": a client's
+
+    def clip_base64(self, folder: Path) -> str:
+        return base64.b64encode((folder / self.file).read_bytes()).decode()
+
+
+def _read(folder: Path | None, origin: str) -> dict[str, Voice]:
+    if folder is None or not (folder / VOICES_FILE).is_file():
+        return {}
+    rows = json.loads((folder / VOICES_FILE).read_text())
+    return {r["id"]: Voice(r["id"], r["speaker"], r["text"], r["file"], float(r["seconds"]), origin)
+            for r in rows}
+
+
+class VoiceStore:
+    def __init__(self, trained: Path | None, added: Path, max_count: int, max_bytes: int) -> None:
+        self.trained, self.added = trained, added
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self._lock = threading.Lock()
+        self._model = _read(trained, "model")
+        self._added = _read(added, "added")
+
+    def all(self) -> list[Voice]:
+        with self._lock:
+            return [*self._model.values(), *self._added.values()]
+
+    def find(self, vid: str) -> tuple[Voice, Path] | None:
+        """The voice and the folder its clip is in; None for an unknown id."""
+        with self._lock:
+            if vid in self._model:
+                return self._model[vid], self.trained
+            if vid in self._added:
+                return self._added[vid], self.added
+        return None
+
+    def _bytes(self) -> int:
+        return sum((self.added / v.file).stat().st_size for v in self._added.values())
+
+    def add(self, name: Any, audio: Any, text: Any, limits: Limits) -> Voice:
+        if not isinstance(name, str) or not name.strip() or len(name) > 64:
+            raise RequestError("name: give the voice a name of 1-64 characters")
+        vid = voice_id(name)
+        text = check_text(text, "text")
+        if not isinstance(audio, str) or not audio.strip():
+            raise RequestError("audio: send the clip's bytes in base64")
+        wav = reference_waveform(audio, "audio", limits)
+        buf = io.BytesIO()
+        sf.write(buf, np.clip(wav, -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+        data = buf.getvalue()
+        with self._lock:
+            if vid == DEFAULT_VOICE or vid in self._model or vid in self._added:
+                raise RequestError(f"name: a voice {vid!r} exists; choose another name (or DELETE it first)")
+            if len(self._added) >= self.max_count:
+                raise RequestError(f"voices: {len(self._added)} added already, at most {self.max_count} "
+                                   "(serve.max_voices); delete one first")
+            if self._bytes() + len(data) > self.max_bytes:
+                raise RequestError(f"voices: this clip's {len(data)} bytes would pass the {self.max_bytes} "
+                                   "bytes kept for added voices (serve.max_voice_bytes); delete one or send "
+                                   "a shorter clip")
+            voice = Voice(vid, name.strip(), text, f"{CLIPS}/{vid}.flac", round(wav.size / SAMPLE_RATE, 3),
+                          "added")
+            (self.added / CLIPS).mkdir(parents=True, exist_ok=True)
+            atomic_write(self.added / voice.file, lambda tmp: Path(tmp).write_bytes(data), ".flac")
+            self._added[vid] = voice
+            self._save()
+        return voice
+
+    def delete(self, vid: str) -> bool:
+        """True when an added voice went; the model's own voices are part of the version and stay."""
+        with self._lock:
+            if vid in self._model:
+                raise RequestError(f"voice {vid!r} is one of the registered model's own; only added voices "
+                                   "can be deleted")
+            voice = self._added.pop(vid, None)
+            if voice is None:
+                return False
+            self._save()
+            (self.added / voice.file).unlink(missing_ok=True)
+        return True
+
+    def _save(self) -> None:
+        rows = [{k: v for k, v in asdict(voice).items() if k != "origin"} for voice in self._added.values()]
+        self.added.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.added / VOICES_FILE, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
