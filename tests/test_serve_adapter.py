@@ -125,7 +125,7 @@ def test_the_registered_version_carries_the_adapter_and_serves_it(run, tmp_path,
         assert isinstance(client, MlflowClient)
         experiment = client.create_experiment("voices", artifact_location=(tmp_path / "mlruns").as_uri())
         run_id = client.create_run(experiment).info.run_id
-        model_uri, _ = log_model(run_id, SimpleNamespace(export=export, export_md5="0" * 32))
+        model_uri, _ = log_model(run_id, SimpleNamespace(export=export, export_md5="0" * 32, data=None))
         client.create_registered_model("voice")
         version = client.create_model_version("voice", model_uri, run_id=run_id).version
         folder = registered_checkpoint(f"models:/voice/{version}", tmp_path / "served")
@@ -134,3 +134,20 @@ def test_the_registered_version_carries_the_adapter_and_serves_it(run, tmp_path,
     served = load_served(folder, base=base, version=f"models:/voice/{version}")
     assert served.adapter == "unmerged" and served.version == "models:/voice/1"
     torch.testing.assert_close(speak(served.model), speak(load_served(export).model), rtol=0, atol=1e-4)
+
+
+def test_voxpipe_serve_loads_the_base_plus_adapter_and_names_its_hash(run):
+    """serve.base: `voxpipe serve` answers with the unmerged base + adapter, and its headers and metric
+    labels carry the adapter's sha256; without it the merged folder still names the adapter it folded in."""
+    from voxpipe.params import Params
+    from voxpipe.serve.server import load_served as load_for_serve
+
+    base, export = run
+    want = hashlib.sha256((export / LORA_SUBDIR / LORA_WEIGHTS).read_bytes()).hexdigest()
+    unmerged = load_for_serve(Params.model_validate({"serve": {"base": str(base), "device": "cpu"}}),
+                              str(export))
+    assert unmerged.adapter == want
+    assert any(isinstance(m, LoraLinear) for m in unmerged.model.modules())
+    merged = load_for_serve(Params.model_validate({"serve": {"device": "cpu"}}), str(export))
+    assert merged.adapter == want and not any(isinstance(m, LoraLinear) for m in merged.model.modules())
+    assert load_for_serve(Params.model_validate({"serve": {"device": "cpu"}}), str(base)).adapter_label == "none"

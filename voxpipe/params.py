@@ -738,6 +738,8 @@ class ServeParams(Section):
     port: int = Field(8000, ge=1, le=65535, description="the TCP port")
     device: Literal["auto", "cpu", "cuda", "npu"] = Field("auto", description="auto = cuda when available, "
                                                           "else cpu")
+    base: str | None = Field(None, description="a LoRA run's base checkpoint folder: serve it with the "
+                             "model's lora/ adapter applied unmerged (None: the model's merged weights)")
     voices: str = Field("work/serve/voices", description="the folder the voices that clients add "
                         "(POST /v1/audio/voices) are kept in, across restarts")
     max_voices: int = Field(32, ge=0, le=1000, description="most voices clients may add")

@@ -72,6 +72,12 @@ def adapter_folder(checkpoint: Path) -> Path | None:
     return folder
 
 
+def adapter_sha256(checkpoint: Path) -> str | None:
+    """The sha256 of the checkpoint's adapter weights (None without lora/): what headers and metrics name."""
+    folder = adapter_folder(checkpoint)
+    return file_sha256(folder / LORA_WEIGHTS) if folder else None
+
+
 def adapter_params(folder: Path) -> LoraParams:
     """The LoraParams that rebuild the adapters in `lora_config.json` (upstream LoRAConfig's fields)."""
     path = folder / LORA_CONFIG
@@ -116,7 +122,7 @@ def load_served(
     checkpoint = Path(checkpoint)
     dtype = dtype or torch.float32
     folder = adapter_folder(checkpoint)
-    digest = file_sha256(folder / LORA_WEIGHTS) if folder else None
+    digest = adapter_sha256(checkpoint)
     identity = version or str(checkpoint)
     if base is None or folder is None:
         if base is not None:

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
-from voxpipe.params import Params
+from voxpipe.params import Params, ServeParams
 from voxpipe.serve.admission import Admission
+from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits
@@ -45,17 +46,21 @@ class ServedModel:
     voices: Path | None  # the version's voices folder (track/voices.py), if it has one
     sample_rate: int  # the model's own (VoxCPM2: 48 kHz)
     created: int  # unix seconds, for /v1/models
-    adapter: str | None = None  # the served LoRA adapter's hash (adapter_hash)
+    adapter: str | None = None  # sha256 of the served LoRA adapter's weights (merged or not), if any
 
     @property
     def adapter_label(self) -> str:
         return self.adapter or NO_ADAPTER
 
 
-def adapter_hash(checkpoint: Path) -> str | None:
-    """The hash of the LoRA adapter served on top of `checkpoint` (the registered version's `lora/`, issue 30
-    part 4), for every response's headers and the metrics labels; None while no adapter is served."""
-    return None
+def _weights(checkpoint: Path, base: str | None, device: str) -> tuple[VoxCPM2, str | None]:
+    """The model to serve from a checkpoint folder and its adapter's sha256 (None without one): with
+    serve.base, the base plus the folder's lora/ unmerged (serve/adapter.py), else the merged weights."""
+    from voxpipe.device import resolve_device_type
+    from voxpipe.serve.adapter import load_served as load_checkpoint
+
+    loaded = load_checkpoint(checkpoint, base=base, device=resolve_device_type(device))
+    return loaded.model, loaded.adapter_sha256
 
 
 @dataclass
@@ -86,7 +91,7 @@ def load_served(params: Params, source: str) -> ServedModel:
     """The model `resolve` named, loaded (a registry version through MLflow's pyfunc loader)."""
     p, s = params.serve, params.synthesize
     if model_uri(source, params.registered_model_name()) is None:
-        return _from_folder(Path(source), p.device)
+        return _from_folder(Path(source), p)
     import mlflow
 
     tracking = params.tracking
@@ -95,18 +100,18 @@ def load_served(params: Params, source: str) -> ServedModel:
             "device": p.device, "max_reference_seconds": s.max_reference_seconds, "deadline_s": s.deadline_s})
     tts = loaded.unwrap_python_model()
     voices = Path(tts.voices) if getattr(tts, "voices", None) else None
-    return ServedModel(tts.model, source, voices, tts.model.audio_vae.out_sample_rate, int(time.time()),
-                       adapter_hash(Path(tts.checkpoint)))
+    model, adapter = tts.model, adapter_sha256(Path(tts.checkpoint))
+    if p.base is not None:
+        tts.model = None  # the pyfunc's merged copy: replaced by base + adapter, not kept beside it
+        model, adapter = _weights(Path(tts.checkpoint), p.base, p.device)
+    return ServedModel(model, source, voices, model.audio_vae.out_sample_rate, int(time.time()), adapter)
 
 
-def _from_folder(folder: Path, device: str) -> ServedModel:
-    from voxpipe.device import resolve_device_type
-    from voxpipe.model.io import from_pretrained
-
-    model = from_pretrained(folder, device=resolve_device_type(device)).eval()
+def _from_folder(folder: Path, params: ServeParams) -> ServedModel:
+    model, adapter = _weights(folder, params.base, params.device)
     voices = folder / "voices"
     return ServedModel(model, str(folder), voices if voices.is_dir() else None,
-                       model.audio_vae.out_sample_rate, int(time.time()), adapter_hash(folder))
+                       model.audio_vae.out_sample_rate, int(time.time()), adapter)
 
 
 def _check_port(host: str, port: int) -> None:
