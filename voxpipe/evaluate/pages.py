@@ -260,7 +260,7 @@ def eval_page(folder: Path) -> str:
     bench = figures.get("benchmark")
     if bench:
         parts += ["<h2>Standard test set</h2>", f"<p>{html.escape(_benchmark_caption(bench))}</p>",
-                  _table(("figure", "fine-tuned", "base", "delta", "VoxCPM2"), benchmark_rows(bench))]
+                  html_table(("figure", "fine-tuned", "base", "delta", "VoxCPM2"), benchmark_rows(bench))]
     if criteria:
         parts += ["<h2>Promotion rule</h2>", html_table(("criterion", "result", "detail"), criteria)]
     for png in sorted(folder.glob("*.png")):

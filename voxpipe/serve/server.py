@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
 from voxpipe.params import Params, ServeParams
-from voxpipe.serve.admission import Admission
 from voxpipe.serve.adapter import adapter_sha256
+from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits
