@@ -28,6 +28,9 @@ NOT_THE_STEPS: dict[str, tuple[str, ...]] = {
     # a shard is ingested with the settings of the plan file (`ingest.plan`), not the command's
     "ingest-shard": ("ingest",),
     "ingest-merge": ("ingest",),
+    # serve.base rebuilds the adapter as a LoraParams from the version's own lora_config.json
+    # (serve/adapter.py), never from the command's train.lora
+    "serve": ("train.lora",),
 }
 
 
