@@ -26,7 +26,9 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,cluster,eval,pipeline]'
+	# the committed pins (images/constraints.txt) hold here too, so a fresh venv is the one the suite and the
+	# images ran with, whatever PyPI serves that day; a dependency not pinned yet resolves and `make generate` pins it
+	$(BIN)/pip install --quiet --constraint images/constraints.txt -e '.[dev,cluster,eval,pipeline]'
 	$(BIN)/pip install --quiet --no-deps voxcpm==2.0.3  # parity reference for tests only
 	$(BIN)/pip install --quiet --no-deps resemblyzer==0.1.4  # GE2E speaker encoder; its deps: the eval extra
 	touch $(STAMP)
