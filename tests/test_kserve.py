@@ -133,7 +133,7 @@ def test_the_fetch_adapter_command_as_written_puts_lora_where_vllm_omni_reads_it
     with session(uri) as client:
         run_id = client.create_run(client.create_experiment(
             "voices", artifact_location=(tmp_path / "mlruns").as_uri())).info.run_id
-        model_uri, _ = log_model(run_id, SimpleNamespace(export=export, export_md5="0" * 32))
+        model_uri, _ = log_model(run_id, SimpleNamespace(export=export, export_md5="0" * 32, data=None))
         client.create_registered_model(name)
         version = client.create_model_version(name, model_uri, run_id=run_id).version
         client.set_registered_model_alias(name, "champion", version)
