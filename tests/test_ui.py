@@ -202,7 +202,8 @@ def scrolled_text(url: str, ready: str, timeout: float = 90) -> str:
             port = port_file.read_text().split()[0]
             targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json").read())
             page = next(t for t in targets if t["type"] == "page")
-            ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout, suppress_origin=True)
+            ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout,
+                                             suppress_origin=True)  # Chromium 156 refuses an unlisted Origin
             calls = iter(range(1, 10_000))
 
             def call(method: str, **params) -> dict:

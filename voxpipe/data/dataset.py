@@ -17,7 +17,6 @@ float32 [B, L, patch_size, latent_dim].
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ import torch
 from safetensors import safe_open
 
 from voxpipe.data.jsonl import read_jsonl
-from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, REF_AUDIO_END_ID, REF_AUDIO_START_ID
 from voxpipe.files import read_json_object
+from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, REF_AUDIO_END_ID, REF_AUDIO_START_ID
 
 BATCH_KEYS = ("text_tokens", "text_mask", "audio_feats", "audio_mask", "loss_mask", "position_ids", "labels")
 

@@ -51,8 +51,8 @@ from voxpipe.data.ingest_row import resolve_audio_path
 from voxpipe.data.parquet_source import row_groups
 from voxpipe.data.sources import UNSAFE, SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams
 from voxpipe.files import atomic_write_text, read_json_object
+from voxpipe.params import IngestParams
 from voxpipe.report import read_run
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from typing import Any
 
 from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
-from voxpipe.params import ManifestParams
 from voxpipe.files import atomic_write_text
+from voxpipe.params import ManifestParams
 from voxpipe.report import write_report
 
 REQUIRED_FIELDS = ("id", "audio", "text", "speaker", "duration")

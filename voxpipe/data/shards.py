@@ -28,8 +28,8 @@ import torch
 from safetensors.torch import save_file
 
 from voxpipe.data.world import World
-from voxpipe.integrity import IntegrityError, check_file, file_entry
 from voxpipe.files import as_os_error, atomic_write_text
+from voxpipe.integrity import IntegrityError, check_file, file_entry
 
 log = logging.getLogger(__name__)
 INDEX = "index.jsonl"

@@ -152,7 +152,8 @@ EN_BEFORE = (
     _rule("en_thousands", _NOT_IN_NUMBER + r"(\d{1,3}(?:,\d{3})+)(?![\d,])",
           lambda m, _: _en_written(int(m.group(1).replace(",", ""))),
           "1,234: wetext drops the 'one' of one thousand"),
-    _rule("en_year_range", r"(?<![\d,.])(1[1-9]\d\d|20\d\d)\s*[-–]\s*(1[1-9]\d\d|20\d\d)(?![\d,.]\d)", r"\1 to \2",
+    _rule("en_year_range", r"(?<![\d,.])(1[1-9]\d\d|20\d\d)\s*[-–]\s*(1[1-9]\d\d|20\d\d)(?![\d,.]\d)",
+          r"\1 to \2",
           "2020-2024 is twenty twenty to twenty twenty four (wetext reads a range as cardinals: two thousand "
           "and twenty to ...)"),
     _rule("en_percent_range", r"(\d+(?:\.\d+)?)\s*[-–]\s*(\d+(?:\.\d+)?)\s*%", r"\1 to \2%",

@@ -18,8 +18,8 @@ from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.jsonl import jsonl_records
 from voxpipe.data.world import World
 from voxpipe.errors import StepError
-from voxpipe.integrity import file_entry
 from voxpipe.files import atomic_write_text
+from voxpipe.integrity import file_entry
 
 Hashes = dict[Path, tuple[str | None, str | None]]  # audio file -> (sha256, None) or (None, problem)
 
