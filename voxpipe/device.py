@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -38,3 +40,19 @@ def resolve_device_type(choice: DeviceChoice) -> str:
     if choice == "cuda" and not torch.cuda.is_available():
         raise StepError("device cuda requested but torch.cuda.is_available() is False")
     return choice
+
+
+@contextmanager
+def cpu_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """torch's intra-op thread count fixed at `threads` on the CPU (restored after): a result that depends
+    on how a reduction was split (latents, generated audio) then never depends on the machine's core
+    count. Accelerators keep their own."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -23,8 +23,7 @@ setuptools >= 81) and `typing` is a Python 2 backport.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +32,14 @@ import torch
 
 from voxpipe.backends import SPEAKER
 from voxpipe.data.audio import to_mono_resampled
+from voxpipe.device import cpu_threads
 from voxpipe.errors import StepError
 from voxpipe.evaluate.ecapa import WavLMEcapaEncoder
 
 SAMPLE_RATE = 16000  # what the encoder was trained on
 MIN_SECONDS = 0.3  # below this (after trimming silence) there is no voice to embed
 SILENCE_RMS = 1e-4
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """The encoder's LSTM is a chain of tiny matmuls: extra threads only add synchronisation."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+_CPU = torch.device("cpu")  # the GE2E encoder's LSTM is a chain of tiny matmuls: one thread, no sync
 
 
 class SpeakerEncoder:
@@ -70,7 +60,7 @@ class SpeakerEncoder:
             ) from e
         self._preprocess = preprocess_wav
         self._louder = lambda wav: normalize_volume(wav, audio_norm_target_dBFS, increase_only=True)
-        with _one_thread():
+        with cpu_threads(_CPU, 1):
             self._encoder = VoiceEncoder("cpu", verbose=False)
 
     def embed(self, wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
@@ -87,7 +77,7 @@ class SpeakerEncoder:
         trimmed = self._preprocess(wav)
         if trimmed.size < MIN_SECONDS * SAMPLE_RATE:
             trimmed = self._louder(wav)
-        with _one_thread(), np.errstate(invalid="ignore", divide="ignore"):
+        with cpu_threads(_CPU, 1), np.errstate(invalid="ignore", divide="ignore"):
             embedding = self._encoder.embed_utterance(trimmed.astype(np.float32))
         return embedding if np.all(np.isfinite(embedding)) else None
 

@@ -9,9 +9,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +31,12 @@ from voxpipe.data.encode.plan import Clip, group_shards, plan
 from voxpipe.data.language import LATIN_DEFAULT, detect_language
 from voxpipe.data.shards import ShardIndex, merge_parts, remove_stale_temps, verify_index
 from voxpipe.data.world import World, joined_world
+from voxpipe.device import cpu_threads
 from voxpipe.errors import StepError
+from voxpipe.files import DISK_ERRORS, atomic_write_text
 from voxpipe.model.encoder import Encoder, encode_batch, load_encoder
 from voxpipe.params import EncodeParams, Params
 from voxpipe.progress import bar as progress_bar
-from voxpipe.files import DISK_ERRORS, atomic_write_text
 from voxpipe.report import write_report
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,8 @@ class EncodeResult:
 
 
 def byte_warning(report: dict[str, Any]) -> str:
-    """A second line when the base's tokenizer spells a share of the rows in byte pieces, naming the script."""
+    """A second line when the base's tokenizer spells a share of the rows in byte pieces, naming the
+    script."""
     splits = report.get("splits", {}).values()
     rows = sum(s["rows"] for s in splits)
     spelled = sum(s["byte_token_rows"] for s in splits)
@@ -92,20 +92,6 @@ def _device(choice: str, local_rank: int) -> torch.device:
 
     kind = resolve_device_type(choice)
     return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
-
-
-@contextmanager
-def _cpu_threads(device: torch.device, threads: int) -> Iterator[None]:
-    """A fixed intra-op thread count on CPU: latents depend on it, so never on the core count."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def batch_seconds(p: EncodeParams, device: torch.device) -> float:
@@ -335,7 +321,7 @@ def _encode(world: World, p: EncodeParams, base: str, files: list[Path], out: Pa
             else:
                 clips.append(Clip(sha, path, samples))
         mine = plan(clips, new, enc.multiple, int(batch_seconds(p, device) * sr), world.size)[world.rank]
-        with _cpu_threads(device, p.cpu_threads):
+        with cpu_threads(device, p.cpu_threads):
             enc.vae.to(device)
             work = _encode_batches(enc, index, mine, new, p, device, show=world.is_main)
     done = world.all_gather((work, str(device)))
