@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -250,6 +251,15 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert {sf.info(str(w)).samplerate for w in wavs} == {48000}
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "report.json").read_text())["utterances_per_checkpoint"] == 4
+    # where the time went (run.json): per phase, over both checkpoints' 4 clips each
+    run = json.loads((out / "run.json").read_text())
+    assert run["cpu_threads"] == 1 and run["cpu_seconds"] > 0
+    costs = run["costs"]
+    assert {k: costs["counts"][k] for k in ("generation", "speaker", "pitch", "asr", "dnsmos", "model_load",
+                                              "loss", "real_voices")} == {
+        "generation": 8, "speaker": 8, "pitch": 8, "asr": 8, "dnsmos": 8, "model_load": 2, "loss": 4,
+        "real_voices": 2}
+    assert all(costs["phase_seconds"][k] > 0 for k in costs["counts"])
     lines = EvaluateResult(out, report, report["verdict"]).summary().splitlines()
     assert lines[0].startswith("evaluate: ") and lines[0].endswith(str(out / "eval.json"))
     assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
@@ -304,3 +314,78 @@ def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_s
     assert _rescore_champion(params, lambda p, f: None, batches, "this-val", val, CPU) is None
     off = Params.model_validate({"evaluate": {"rescore_champion": False}})
     assert _rescore_champion(off, champion_on("other-val"), batches, "this-val", val, CPU) is None
+
+
+# -- the scoring threads and what evaluate's time went to ---------------------------------------------
+
+
+def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_clips):
+    """Issue 33: evaluate scores clips on two threads beside generation. Every figure of every clip is the
+    one scoring them one after the other gives, to the bit (torch on one thread, as evaluate runs it)."""
+    from concurrent.futures import Future
+
+    from voxpipe.backends import QUALITY, QUALITY_BACKEND
+    from voxpipe.evaluate.asr import Recognisers
+    from voxpipe.evaluate.costs import Costs
+    from voxpipe.evaluate.generation import Generated, Utterance
+    from voxpipe.evaluate.metrics import Scorers, Voice, clip_16k, clip_quality, measure
+    from voxpipe.evaluate.scoring_threads import ScoringThreads
+    from voxpipe.params import EvaluateParams
+
+    config = EvaluateParams().model_dump()
+    scorers = Scorers(SpeakerEncoder(), Recognisers(["pocketsphinx"], config),
+                      QUALITY[QUALITY_BACKEND].load(config), 0.5)
+    voices = {}
+    for speaker, clips in real_clips.items():
+        centre = unit_mean([scorers.encoder.embed(w, 16000) for w in clips[:3]])
+        voices[speaker] = Voice(speaker, centre, None, [], scorers.encoder.embed(clips[3], 16000))
+    generated = [
+        Generated(Utterance(i, speaker, f"{speaker}-{i}", "val", "a short test sentence", Path("real.wav"),
+                            2.0, i % 2 == 0, "en", 2.0), wav, 16000, 8, 4, False, 0.1)
+        for speaker, clips in real_clips.items() for i, wav in enumerate(clips[3:])
+    ]
+    in_turn = []
+    for g in generated:
+        m = measure(g, clip_16k(g), voices, scorers, Costs())
+        in_turn.append({**m.record, "mos": clip_quality(clip_16k(g), scorers, Costs())})
+    costs = Costs()
+    ready = {name: Future() for name in voices}
+    with ScoringThreads(scorers, costs) as threads:
+        results = [threads.clip(g, ready) for g in generated]
+        for name, future in ready.items():  # the real voices arrive after the clips were queued
+            future.set_result(voices[name])
+        threaded = [r().record for r in results]
+    assert threaded == in_turn
+    assert all(r["mos"] and r["similarity_to_speaker"] is not None for r in threaded)
+    counts = costs.as_dict()["counts"]
+    assert counts == {"asr": len(generated), "dnsmos": len(generated), "pitch": len(generated),
+                      "speaker": len(generated)}
+
+
+def test_costs_sum_each_phase_over_its_calls_and_threads():
+    import threading
+    import time
+
+    from voxpipe.evaluate.costs import Costs
+
+    costs = Costs()
+
+    def work():
+        for _ in range(3):
+            with costs.phase("wait", items=2):
+                time.sleep(0.01)
+
+    workers = [threading.Thread(target=work) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    with costs.phase("busy"):
+        sum(i * i for i in range(200_000))
+    got = costs.as_dict()
+    assert got["counts"] == {"busy": 1, "wait": 12}
+    assert set(got) == {"phase_seconds", "phase_cpu_seconds", "counts", "seconds_per_item"}
+    # a sleeping phase costs no CPU (each thread's own CPU time), a busy one does
+    assert got["phase_cpu_seconds"]["wait"] < got["phase_seconds"]["wait"]
+    assert got["phase_cpu_seconds"]["busy"] > 0
+    assert got["seconds_per_item"]["wait"] == round(got["phase_seconds"]["wait"] / 12, 4)

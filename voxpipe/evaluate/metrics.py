@@ -20,6 +20,7 @@ import numpy as np
 from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
+from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.generation import Generated, SpeakerPlan
 from voxpipe.evaluate.pitch import median_f0
 from voxpipe.evaluate.quality import DnsmosScorer
@@ -110,10 +111,25 @@ def intelligibility(wav: np.ndarray, text: str, language: str, recognisers: Reco
             "asr_reason": None if rate else "the reference has no text left to score"}, rate
 
 
-def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> ClipMeasures:
+def clip_16k(clip: Generated) -> np.ndarray:
+    """The generated clip as every scorer takes it: mono float32 at 16 kHz."""
+    return to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
+
+
+def clip_quality(wav: np.ndarray, scorers: Scorers, costs: Costs) -> dict[str, float] | None:
+    """DNSMOS of a 16 kHz clip (None for an empty one): the costliest scorer, so evaluate gives it a thread
+    of its own (voxpipe/evaluate/scoring_threads.py)."""
+    with costs.phase("dnsmos"):
+        return scorers.dnsmos.score(wav, SAMPLE_RATE) if wav.size else None
+
+
+def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers: Scorers, costs: Costs
+            ) -> ClipMeasures:
+    """Every figure of one generated clip but DNSMOS (`clip_quality`, the record's last key `mos`, added
+    by the caller); each scorer's time goes to its phase of `costs`."""
     u = clip.utterance
-    wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
-    embedding = scorers.encoder.embed(wav, SAMPLE_RATE)
+    with costs.phase("speaker"):
+        embedding = scorers.encoder.embed(wav, SAMPLE_RATE)
     similarity = nearest = nearest_similarity = to_prompt = None
     if embedding is not None:
         scores = {name: cosine(embedding, v.centre) for name, v in voices.items()}
@@ -122,8 +138,10 @@ def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> Clip
         nearest_similarity = scores[nearest]
         prompt = voices[u.speaker].prompt
         to_prompt = cosine(embedding, prompt) if u.with_reference and prompt is not None else None
-    heard, rate = intelligibility(wav, u.text, u.language, scorers.recognisers)
-    mos = scorers.dnsmos.score(wav, SAMPLE_RATE) if wav.size else None
+    with costs.phase("asr"):
+        heard, rate = intelligibility(wav, u.text, u.language, scorers.recognisers)
+    with costs.phase("pitch"):
+        f0 = median_f0(wav)
     record = {
         "name": u.name,
         "speaker": u.speaker,
@@ -144,8 +162,7 @@ def measure(clip: Generated, voices: dict[str, Voice], scorers: Scorers) -> Clip
         "similarity_to_prompt": to_prompt,
         "nearest_speaker": nearest,
         "nearest_similarity": nearest_similarity,
-        "f0_median_hz": median_f0(wav),
+        "f0_median_hz": f0,
         **heard,
-        "mos": mos,
     }
     return ClipMeasures(record, embedding, rate)

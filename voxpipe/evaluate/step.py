@@ -26,6 +26,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,12 +37,13 @@ import torch
 
 from voxpipe.backends import QUALITY, QUALITY_BACKEND, SPEAKER
 from voxpipe.data.dataset import EncodedDataset
-from voxpipe.device import resolve_device_type
+from voxpipe.device import cpu_threads, resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.benchmark_set import (
     NO_BENCHMARK,
     Benchmark,
+    BenchmarkClip,
     BenchmarkRun,
     Prompt,
     benchmark_report,
@@ -51,9 +54,10 @@ from voxpipe.evaluate.benchmark_set import (
     synthesize_benchmark,
 )
 from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
-from voxpipe.evaluate.generation import SpeakerPlan, plan_speakers, synthesize
+from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.metrics import (
     PROTOCOL_BACKEND,
     SIMILARITY_DEFINITIONS,
@@ -62,12 +66,12 @@ from voxpipe.evaluate.metrics import (
     Voice,
     intelligibility,
     load_16k,
-    measure,
     real_voice,
 )
 from voxpipe.evaluate.pages import report_lines
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
+from voxpipe.evaluate.scoring_threads import ScoringThreads
 from voxpipe.evaluate.speaker import speaker_encoder
 from voxpipe.files import DISK_ERRORS, atomic_write
 from voxpipe.lineage import dvc_md5
@@ -88,6 +92,9 @@ from voxpipe.train.fixed_seed_loss import (
 
 log = logging.getLogger(__name__)
 STAGING = ".samples-new"  # this run's clips until eval.json is written (then they become samples/)
+# torch's intra-op threads on the CPU: one, so the figures never depend on the core count, and generation
+# and the scoring thread beside it each hold a core instead of four threads fighting over two
+CPU_THREADS = 1
 
 
 @dataclass
@@ -141,39 +148,65 @@ class CheckpointRun:
 
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
-    plans: list[SpeakerPlan], voices: dict[str, Voice], scorers: Scorers, samples: Path,
-    kernels: KernelsChoice, bench: tuple[Benchmark, list[Prompt]] | None = None,
-) -> CheckpointRun:
+    plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], threads: ScoringThreads, samples: Path,
+    kernels: KernelsChoice, costs: Costs, bench: tuple[Benchmark, list[Prompt]] | None = None,
+) -> Callable[[], CheckpointRun]:
+    """Load the checkpoint, its loss and its clips; the clips are queued on the scoring threads, and the
+    returned call waits for their scores. The model is gone before this returns, so the next checkpoint
+    loads (and generates) while this one's clips are scored, never two models in memory."""
     start = time.perf_counter()
-    model = from_pretrained(path, device=device, kernels=kernels)
+    with costs.phase("model_load"):
+        model = from_pretrained(path, device=device, kernels=kernels)
     losses = []
     with Progress(len(p.seeds), f"{tag} loss", log, unit="seed") as bar:
         for seed in p.seeds:
-            losses.append(fixed_seed_loss(model, batches, device, seed))
+            with costs.phase("loss"):
+                losses.append(fixed_seed_loss(model, batches, device, seed))
             bar.update()
-    generated = []
+    generated: list[Generated] = []
+    pending = []
     with Progress(sum(len(plan.utterances) for plan in plans), f"{tag} generate", log, unit="utt") as bar:
         for plan in plans:
-            generated += synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
-                                    inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+            with costs.phase("generation", len(plan.utterances)):
+                mine = synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
+                                  inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+            for g in mine:
+                write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
+                pending.append(threads.clip(g, voices))
+            generated += mine
             bar.update(len(plan.utterances))
-    spoken = None if bench is None else synthesize_benchmark(
-        model, *bench, max_len=p.max_len, cfg_value=p.cfg_value, inference_timesteps=p.inference_timesteps,
-        seed=p.generation_seed)
+    benchmark = None
+    if bench is not None:
+        with costs.phase("benchmark_generation", len(bench[0].lines)):
+            spoken = synthesize_benchmark(model, *bench, max_len=p.max_len, cfg_value=p.cfg_value,
+                                          inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+        benchmark = threads.voice(_score_benchmark, spoken, bench[1], threads.scorers, costs)
     del model
     gc.collect()
-    clips = []
-    with Progress(len(generated), f"{tag} score", log, unit="utt") as bar:
-        for g in generated:
-            write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
-            clips.append(measure(g, voices, scorers))
-            bar.update()
-    benchmark = None if bench is None or spoken is None else score_benchmark(
-        spoken, bench[1], scorers.encoder, scorers.recognisers)
-    return CheckpointRun(
-        losses, clips, sum(g.seconds for g in generated), sum(g.audio_seconds for g in generated),
-        time.perf_counter() - start, benchmark,
-    )
+    seconds = time.perf_counter() - start
+
+    def scored() -> CheckpointRun:
+        clips = []
+        with Progress(len(pending), f"{tag} score", log, unit="utt") as bar:
+            for result in pending:
+                clips.append(result())
+                bar.update()
+        return CheckpointRun(losses, clips, sum(g.seconds for g in generated),
+                             sum(g.audio_seconds for g in generated), seconds,
+                             None if benchmark is None else benchmark.result())
+
+    return scored
+
+
+def _score_benchmark(spoken: list[BenchmarkClip], prompts: list[Prompt], scorers: Scorers, costs: Costs
+                     ) -> BenchmarkRun:
+    with costs.phase("benchmark_scoring", len(spoken)):
+        return score_benchmark(spoken, prompts, scorers.encoder, scorers.recognisers)
+
+
+def _real_voice(plan: SpeakerPlan, scorers: Scorers, costs: Costs) -> Voice:
+    with costs.phase("real_voices"):
+        return real_voice(plan, scorers.encoder)
 
 
 def _groups(tag: str, clips: list[ClipMeasures]) -> list[dict[str, Any]]:
@@ -276,13 +309,15 @@ def _flat(
     return flat
 
 
-def _real_asr(plans: list[SpeakerPlan], recognisers: Recognisers) -> list[tuple[dict[str, Any], Rate | None]]:
+def _real_asr(plans: list[SpeakerPlan], recognisers: Recognisers, costs: Costs
+              ) -> list[tuple[dict[str, Any], Rate | None]]:
     """The ASR on the real recordings of the generated texts: its floor on this data."""
     out = []
     texts = {(u.row_id, u.text, u.language, u.real_audio) for plan in plans for u in plan.utterances}
-    for row_id, text, language, audio in sorted(texts):
-        heard, rate = intelligibility(load_16k(audio), text, language, recognisers)
-        out.append(({"row_id": row_id, "text": text, "language": language, **heard}, rate))
+    with costs.phase("real_asr", len(texts)):
+        for row_id, text, language, audio in sorted(texts):
+            heard, rate = intelligibility(load_16k(audio), text, language, recognisers)
+            out.append(({"row_id": row_id, "text": text, "language": language, **heard}, rate))
     return out
 
 
@@ -350,7 +385,8 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
     eval.json and samples/ stay as they were (this run's clips are staged and removed)."""
     out = Path(params.evaluate.out)
     try:
-        return _evaluate(params, champion)
+        with cpu_threads(torch.device(resolve_device_type(params.evaluate.device)), CPU_THREADS):
+            return _evaluate(params, champion)
     except OSError as e:
         if e.errno not in DISK_ERRORS:
             raise
@@ -381,7 +417,7 @@ def publish(staged: Path, samples: Path) -> None:
 
 def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult:
     p = params.evaluate
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     out, data_dir, base_path = Path(p.out), Path(p.data), Path(params.model.base)
     val = _open_split(data_dir, "val")
     if val is None or not len(val):
@@ -404,15 +440,14 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
                                config.max_length)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
     config = p.model_dump()  # each backend takes its own evaluate.* fields (voxpipe/backends.py)
-    scorers = Scorers(speaker_encoder(p.speaker, config), Recognisers(p.asr, config),
-                      QUALITY[QUALITY_BACKEND].load(config), p.min_duration_ratio)
-    voices = {}
-    with Progress(len(plans), "real voices", log, unit="speaker") as bar:
-        for plan in plans:
-            voices[plan.speaker] = real_voice(plan, scorers.encoder)
-            bar.update()
-    real_asr = _real_asr(plans, scorers.recognisers)
-    bench = None if benchmark is None else (benchmark, load_prompts(benchmark, scorers.encoder))
+    costs = Costs()
+    with costs.phase("scorers_load"):
+        scorers = Scorers(speaker_encoder(p.speaker, config), Recognisers(p.asr, config),
+                          QUALITY[QUALITY_BACKEND].load(config), p.min_duration_ratio)
+    bench = None
+    if benchmark is not None:  # before the scoring threads start: the speaker encoder is theirs then
+        with costs.phase("benchmark_prompts", len(benchmark.lines)):
+            bench = (benchmark, load_prompts(benchmark, scorers.encoder))
 
     # this run's clips go to a staging folder that replaces samples/ only once eval.json is written: a
     # full disk midway leaves the previous evaluation (eval.json and its samples) as it was
@@ -420,16 +455,19 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
     shutil.rmtree(samples, ignore_errors=True)
     samples.mkdir(parents=True)
 
-    def run(tag: str, path: Path) -> CheckpointRun:
-        return _run_checkpoint(tag, path, p, device, batches, plans, voices, scorers, samples,
-                               params.model.kernels, bench)
-
-    base_run = run("baseline", base_path)
+    with ScoringThreads(scorers, costs) as threads:
+        pending_voices = {plan.speaker: threads.voice(_real_voice, plan, scorers, costs) for plan in plans}
+        pending_asr = threads.voice(_real_asr, plans, scorers.recognisers, costs)
+        finish = {tag: _run_checkpoint(tag, path, p, device, batches, plans, pending_voices, threads, samples,
+                                       params.model.kernels, costs, bench)
+                  for tag, path in [("baseline", base_path), *((c.tag, c.path) for c in candidates)]}
+        base_run, runs = finish.pop("baseline")(), {tag: done() for tag, done in finish.items()}
+        voices = {speaker: v.result() for speaker, v in pending_voices.items()}
+        real_asr = pending_asr.result()
     base_groups = _groups("baseline", base_run.clips)
     base_scores = _scores(base_run, base_groups)
-    runs, groups, scored = {}, {}, []
+    groups, scored = {}, []
     for c in candidates:
-        runs[c.tag] = run(c.tag, c.path)
         groups[c.tag] = _groups("model", runs[c.tag].clips)
         scores = _scores(runs[c.tag], groups[c.tag])
         scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance,
@@ -517,6 +555,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
         "improved": verdict.promoted,
     }, run={
         "seconds": round(time.perf_counter() - start, 3),
+        "cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "cpu_threads": CPU_THREADS if device.type == "cpu" else None,
+        "costs": costs.as_dict(),
         "checkpoint_seconds": {"baseline": round(base_run.seconds, 3),
                                **{tag: round(r.seconds, 3) for tag, r in runs.items()}},
     })
