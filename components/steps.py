@@ -234,4 +234,6 @@ def register(workspace: str, params: dict, ingest: dict, tracking: dict, trackin
     voice = {"input": ingest.get("input", IngestParams().input)}
     run_voxpipe("register", workspace, {"register": section, "ingest": voice, "tracking": cluster_tracking})
     done = publish(registered, folder, report="registered.json")
-    registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")})
+    # a sweep's child (tracking.parent_run) has a run but no version: sweep_close registers the best
+    registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")
+                                if k in done})
