@@ -74,7 +74,8 @@ def parse_grid(entries: list[str], params_file: str | Path | None = None) -> dic
             try:
                 loaded = load_params(params_file, [f"{key}={raw_value}"])
             except StepError as e:
-                raise StepError(f"sweep grid {entry!r}: {key}={raw_value} is refused by the schema: {e}. Fix "
+                why = " ".join(str(e).split())  # the schema's message, on one line
+                raise StepError(f"sweep grid {entry!r}: {key}={raw_value} is refused by the schema: {why}. Fix "
                                 f"that value (`voxpipe {key.split('.')[0]} --help` says what {key} takes)"
                                 ) from None
             typed.append(loaded.flat()[key])
