@@ -75,8 +75,8 @@ def parse_grid(entries: list[str], params_file: str | Path | None = None) -> dic
                 loaded = load_params(params_file, [f"{key}={raw_value}"])
             except StepError as e:
                 why = " ".join(str(e).split())  # the schema's message, on one line
-                raise StepError(f"sweep grid {entry!r}: {key}={raw_value} is refused by the schema: {why}. Fix "
-                                f"that value (`voxpipe {key.split('.')[0]} --help` says what {key} takes)"
+                raise StepError(f"sweep grid {entry!r}: {key}={raw_value} is refused by the schema: {why}. "
+                                f"Fix that value (`voxpipe {key.split('.')[0]} --help` says what {key} takes)"
                                 ) from None
             typed.append(loaded.flat()[key])
         grid[key] = typed
