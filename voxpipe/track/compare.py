@@ -35,13 +35,13 @@ from voxpipe.track.compare_page import compare_page, run_media
 from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, setting_keys
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
+from voxpipe.track.sweep import PARENT_TAG
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under it
 SUFFIX = {"table": "txt", "markdown": "md", "csv": "csv", "json": "json"}
 WIDTH = 150  # characters of a table line before it wraps into another block
 KEY_COLUMNS = ("run", "id")
