@@ -275,9 +275,10 @@ def sweep_point(item: dict, train: dict, evaluate: dict, tracking: dict) -> Name
         "Point", [("train", dict), ("evaluate", dict), ("tracking", dict), ("part", str)]):
     """One point's sections: the pipeline's train / evaluate with the point's values set, and tracking
     with the sweep's parent run (so its register logs a child and registers no version)."""
+    import copy
     from collections import namedtuple
 
-    sections = {"train": dict(train), "evaluate": dict(evaluate)}
+    sections = copy.deepcopy({"train": train, "evaluate": evaluate})
     for key, value in item["point"].items():
         node = sections
         *path, last = key.split(".")

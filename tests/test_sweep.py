@@ -119,3 +119,16 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
     assert champion.version == versions[0].version
     record = json.loads((Path(root) / "sweep" / SWEEP_FILE).read_text())
     assert record["registered"]["promoted"] and record["ranking"][0] == children["a"]["run_id"]
+
+
+def test_a_cluster_point_sets_its_values_in_train_and_evaluate_and_the_parent_in_tracking():
+    """The KFP sweep's `sweep_point` (its function, called directly): nested keys land in their section."""
+    from components import steps
+
+    item = {"point": {"train.lr": 3e-4, "train.lora.r": 32, "evaluate.seeds": [1]}, "part": "p1",
+            "parent_run": "abc"}
+    point = steps.sweep_point.python_func(item=item, train={"lr": 1e-4, "lora": {"enabled": True}},
+                                          evaluate={}, tracking={"experiment": "x"})
+    assert point.train == {"lr": 3e-4, "lora": {"enabled": True, "r": 32}}
+    assert point.evaluate == {"seeds": [1]}
+    assert point.tracking == {"experiment": "x", "parent_run": "abc"} and point.part == "p1"
