@@ -18,7 +18,7 @@ HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$
 RECIPE ?=
 APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
 
-.PHONY: help install test test-fast lint generate generate-check demo repro compile images image-test mlflow-ui clean
+.PHONY: help install test test-fast lint generate generate-check demo sweep repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	@echo "samples: work/eval/samples/*.wav, work/eval/eval.png; MFU: work/mfu/mfu.md"
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, metrics, audio, the model registry)"
+
+sweep: $(STAMP)  ## GRID="train.lr=5e-5,1e-4 train.lora.r=16,32": one DVC experiment per point, then the best registered (tools/sweep.py)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python tools/sweep.py $(foreach g,$(GRID),--grid $(g))
 
 repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed (RECIPE=NAME: a recipe)
 	$(APPLY_RECIPE)

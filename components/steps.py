@@ -6,6 +6,8 @@ its inputs as artifacts whose metadata names their folder on the workspace PVC, 
 KFP reads the Input/Output annotations at import time.
 """
 
+from typing import NamedTuple
+
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
@@ -153,13 +155,15 @@ def encode(workspace: str, params: dict, launch: dict, backend: str, image: str,
 @component
 def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_uri: str, backend: str,
           image: str, accelerator: str, node_selector: dict, tolerations: list, pvc_name: str,
-          encoded: Input[Dataset], base_model: Input[Model], model: Output[Model], metrics: Output[Metrics]):
+          encoded: Input[Dataset], base_model: Input[Model], model: Output[Model], metrics: Output[Metrics],
+          part: str = ""):
     """FSDP2 fine-tuning. `backend` volcano / trainjob: as a gang-scheduled Volcano Job or Kubeflow
     Trainer TrainJob (`voxpipe launch-train`: submit, watch, fail with the failing pod's log), torchrun
-    in every pod; in-task: in this process (kfp.local, a one-node CPU cluster)."""
+    in every pod; in-task: in this process (kfp.local, a one-node CPU cluster). `part`: a sweep's point
+    (the iterations of a ParallelFor share the artifact URI its folder is named from)."""
     import os
 
-    folder = step_folder(workspace, "train", model.uri)
+    folder = step_folder(workspace, "train", model.uri, part)
     sections = {
         "train": wire("train", params, data=encoded.metadata["path"], out=folder),
         "model": {"base": base_model.metadata["path"]},
@@ -176,7 +180,7 @@ def train(workspace: str, params: dict, launch: dict, tracking: dict, tracking_u
 @component
 def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], base_model: Input[Model],
              encoded: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics],
-             summary: Output[Markdown], page: Output[HTML]):
+             summary: Output[Markdown], page: Output[HTML], part: str = ""):
     """Fixed-seed loss and voice metrics of the fine-tune against its base model, in the trainer's
     val batches (`train["max_tokens"]`). The UI shows `summary` (figures, promotion verdict) and `page`
     (plots and playable samples, embedded)."""
@@ -184,7 +188,7 @@ def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], bas
 
     from voxpipe.evaluate.pages import eval_page, summary_markdown
 
-    folder = step_folder(workspace, "evaluate", results.uri)
+    folder = step_folder(workspace, "evaluate", results.uri, part)
     section = wire("evaluate", params, model=model.metadata["export"], data=encoded.metadata["path"],
                    out=folder)
     run_voxpipe("evaluate", workspace, {"evaluate": section, "model": {"base": base_model.metadata["path"]},
@@ -198,12 +202,12 @@ def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], bas
 
 @component
 def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
-        results: Output[Dataset], metrics: Output[Metrics], report_md: Output[Markdown]):
+        results: Output[Dataset], metrics: Output[Metrics], report_md: Output[Markdown], part: str = ""):
     """Model FLOPs utilisation of the training run; `report_md` (mfu.md) is shown in the UI."""
     import os
     import shutil
 
-    folder = step_folder(workspace, "mfu", results.uri)
+    folder = step_folder(workspace, "mfu", results.uri, part)
     report = os.path.join(model.metadata["path"], "report.json")
     section = wire("mfu", params, train_report=report, metrics=None, out=folder)
     run_voxpipe("mfu", workspace, {"mfu": section, "model": {"base": base_model.metadata["path"]}})
@@ -215,7 +219,7 @@ def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Mod
 @component
 def register(workspace: str, params: dict, ingest: dict, tracking: dict, tracking_uri: str, kfp_run_id: str,
              data: Input[Dataset], model: Input[Model], evaluation: Input[Dataset], mfu: Input[Dataset],
-             registered: Output[Artifact]):
+             registered: Output[Artifact], part: str = ""):
     """The run into MLflow and the export into its registry (@candidate; @champion when it wins).
     `kfp_run_id` (the pipeline passes KFP's run id) tags the MLflow run; `ingest`'s input names the voice's
     registered model when register.model_name is unset."""
@@ -224,7 +228,7 @@ def register(workspace: str, params: dict, ingest: dict, tracking: dict, trackin
     from voxpipe.params import IngestParams
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
-    folder = step_folder(workspace, "register", registered.uri)
+    folder = step_folder(workspace, "register", registered.uri, part)
     section = wire(
         "register", params, model=model.metadata["export"], train=model.metadata["path"],
         eval=os.path.join(evaluation.metadata["path"], "eval.json"),
@@ -234,4 +238,71 @@ def register(workspace: str, params: dict, ingest: dict, tracking: dict, trackin
     voice = {"input": ingest.get("input", IngestParams().input)}
     run_voxpipe("register", workspace, {"register": section, "ingest": voice, "tracking": cluster_tracking})
     done = publish(registered, folder, report="registered.json")
-    registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")})
+    # a sweep's child (tracking.parent_run) has a run but no version: sweep_close registers the best
+    registered.metadata.update({k: done[k] for k in ("name", "version", "aliases", "model_uri", "run_id")
+                                if k in done})
+
+
+# -- a sweep (pipelines/sweep.py): one parent run, the grid's points fanned out, the best registered -----
+@component
+def sweep_open(workspace: str, grid: list, ingest: dict, register: dict, tracking: dict, tracking_uri: str,
+               sweep: Output[Artifact]) -> list:
+    """`voxpipe sweep-open`: the sweep's MLflow parent run, the grid recorded on it. Returns the points,
+    one ParallelFor iteration each: {"point": {key: value}, "part": its name, "parent_run": the id}. The
+    swept keys are train's and evaluate's: the steps before train run once for every point."""
+    import json
+
+    from voxpipe.params import IngestParams
+
+    for entry in grid:
+        if entry.split("=")[0].split(".")[0] not in ("train", "evaluate"):
+            raise ValueError(f"sweep grid {entry!r}: the cluster sweep varies train.* and evaluate.* keys "
+                             "(one ingest and encode serve every point); run another pipeline for other data")
+    folder = step_folder(workspace, "sweep-open", sweep.uri)
+    cluster_tracking = wire("tracking", tracking, uri=tracking_uri, work=folder)
+    voice = {"input": ingest.get("input", IngestParams().input)}
+    name = {k: v for k, v in register.items() if k == "model_name"}
+    run_voxpipe("sweep-open", workspace, {"sweep": {"grid": list(grid), "out": folder}, "ingest": voice,
+                                          "register": name, "tracking": cluster_tracking})
+    record = publish(sweep, folder, report="sweep.json")
+    sweep.metadata["parent_run"] = record["parent_run"]
+    return [{"point": p, "part": json.dumps(p, sort_keys=True), "parent_run": record["parent_run"]}
+            for p in record["points"]]
+
+
+@component
+def sweep_point(item: dict, train: dict, evaluate: dict, tracking: dict) -> NamedTuple(
+        "Point", [("train", dict), ("evaluate", dict), ("tracking", dict), ("part", str)]):
+    """One point's sections: the pipeline's train / evaluate with the point's values set, and tracking
+    with the sweep's parent run (so its register logs a child and registers no version)."""
+    import copy
+    from collections import namedtuple
+
+    sections = copy.deepcopy({"train": train, "evaluate": evaluate})
+    for key, value in item["point"].items():
+        node = sections
+        *path, last = key.split(".")
+        for name in path:
+            node = node.setdefault(name, {})
+        node[last] = value
+    point = namedtuple("Point", ["train", "evaluate", "tracking", "part"])
+    return point(sections["train"], sections["evaluate"], {**tracking, "parent_run": item["parent_run"]},
+                 item["part"])
+
+
+@component
+def sweep_close(workspace: str, ingest: dict, register: dict, tracking: dict, tracking_uri: str,
+                sweep: Input[Artifact], children: Input[list[Artifact]], best: Output[Artifact]):
+    """`voxpipe sweep-close` once every point is registered (`children`): the best by the promotion rule
+    and the loss is tagged on the parent and registered, @champion only by beating the current one."""
+    from voxpipe.params import IngestParams
+
+    folder = step_folder(workspace, "sweep-close", best.uri)
+    cluster_tracking = wire("tracking", tracking, uri=tracking_uri, work=folder,
+                            parent_run=sweep.metadata["parent_run"])
+    voice = {"input": ingest.get("input", IngestParams().input)}
+    name = {k: v for k, v in register.items() if k == "model_name"}
+    run_voxpipe("sweep-close", workspace, {"sweep": {"out": folder}, "ingest": voice, "register": name,
+                                           "tracking": cluster_tracking})
+    done = publish(best, folder, report="sweep.json")
+    best.metadata.update({"best_run": done["best"], "children": len(children), **done["registered"]})

@@ -196,12 +196,13 @@ def recipe_arguments(recipe: str) -> dict[str, Any]:
     return arguments
 
 
-def compile_pipeline(path: str, recipe: str | None = None) -> None:
-    """Compile to `path` (with a recipe's values as the parameter defaults). KFP prints dict defaults
-    into the header comment in protobuf map order, which changes from process to process; sorted here
-    so the committed YAML only changes with the pipeline."""
+def compile_pipeline(path: str, recipe: str | None = None, graph: GraphComponent | None = None) -> None:
+    """Compile to `path` (with a recipe's values as the parameter defaults; `graph`: another pipeline
+    with these parameters, pipelines/sweep.py's). KFP prints dict defaults into the header comment in
+    protobuf map order, which changes from process to process; sorted here so the committed YAML only
+    changes with the pipeline."""
     arguments = recipe_arguments(recipe) if recipe else None
-    compiler.Compiler().compile(finetune_pipeline(), path, pipeline_parameters=arguments)
+    compiler.Compiler().compile(graph or finetune_pipeline(), path, pipeline_parameters=arguments)
     out = Path(path)
     lines = out.read_text().splitlines(keepends=True)
     header = [line for line in lines if line.startswith("#")]

@@ -405,6 +405,29 @@ def test_a_new_voice_trains_fresh_and_registers_as_a_model_of_its_own(repo, firs
         restore_commit(repo)
 
 
+def test_a_sweep_queues_one_experiment_per_point_that_reuses_the_data_stages(repo, first_repro, at_commit):
+    """`make sweep` (tools/sweep.py): one queued `dvc exp run -S` per point, run by `dvc queue start`;
+    each reruns only train and after (ingest, manifest, encode come from dvc.lock and the cache); the
+    points are children of one MLflow parent and only the best becomes a model version (issue 31)."""
+    db = repo / "work" / "mlflow.db"
+    before = {v.version for v in MlflowClient(f"sqlite:///{db}").search_model_versions("name='voxpipe-sample'")}
+    out = run(repo, sys.executable, str(ROOT / "tools" / "sweep.py"), "--grid", "train.lr=2e-5,4e-5",
+              "--workers", "1")
+    points = re.findall(r"^(sweep-\w+-\d) \((\w+)\): ran (.*)$", out, re.M)
+    once_each = [("Success", "train, evaluate, mfu, register")] * 2  # no ingest, manifest, encode
+    assert [(state, stages) for _, state, stages in points] == once_each, out
+    assert "train.lr" in out and "loss_model" in out  # dvc exp show: the swept key and the figures
+    sweep = json.loads((repo / "work" / "sweep" / "sweep.json").read_text())
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("voxpipe").experiment_id
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{sweep['parent_run']}'")
+    assert sorted(r.data.tags["sweep.train.lr"] for r in children) == ["2e-05", "4e-05"]
+    assert client.get_run(sweep["parent_run"]).data.tags["voxpipe.sweep_best"] == sweep["best"]
+    new = [v for v in client.search_model_versions("name='voxpipe-sample'") if v.version not in before]
+    assert [v.run_id for v in new] == [sweep["best"]]
+    restore_commit(repo)
+
+
 # -- a real remote: moto's S3 server on 127.0.0.1 holds DVC's data and MLflow's artifacts ------------
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                   "AWS_DEFAULT_REGION": "us-east-1"}

@@ -47,6 +47,10 @@ def finetune_yaml(out: Path) -> None:
     run(PYTHON, "-m", "pipelines.finetune", str(out))
 
 
+def sweep_yaml(out: Path) -> None:
+    run(PYTHON, "-m", "pipelines.sweep", str(out))
+
+
 def constraints_txt(out: Path) -> None:
     out.write_text(run(PYTHON, "images/constraints.py"))
 
@@ -64,6 +68,7 @@ GENERATED: dict[str, Callable[[Path], None]] = {
     "params.yaml": params_yaml,
     "dvc.yaml": dvc_yaml,
     "pipelines/finetune.yaml": finetune_yaml,
+    "pipelines/sweep.yaml": sweep_yaml,
     "images/constraints.txt": constraints_txt,
     "tests/golden": golden,
 }

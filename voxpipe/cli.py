@@ -123,6 +123,15 @@ STEPS: tuple[Step, ...] = (
          ("register.model_name", "ingest.input"), out_folder=False),
     Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
          "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
+    Step("sweep-open", "open a sweep: its MLflow parent run, the grid recorded on it; the id in "
+         "sweep.out/sweep.json (each point then runs with --set tracking.parent_run=ID)",
+         "voxpipe.track.sweep:sweep_open", None, ("sweep", "tracking", "register.model_name", "ingest.input"),
+         ("ingest.input", "sweep.workers", "tracking.parent_run")),
+    Step("sweep-close", "close a sweep: rank its children by the promotion rule then loss, tag the best on "
+         "the parent and register only it (@champion only by beating the current one)",
+         "voxpipe.track.sweep:sweep_close", None,
+         ("sweep", "tracking", "register.model_name", "register.lock_timeout_s", "ingest.input"),
+         ("ingest.input", "sweep.grid", "sweep.workers")),
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
          "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
          None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),

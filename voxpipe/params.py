@@ -683,6 +683,20 @@ class CompareParams(Section):
         "`mlflow.parentRunId`); the table and compare.html are also logged to the parent")
 
 
+class SweepParams(Section):
+    """`sweep-open` / `sweep-close`: one MLflow parent run per sweep, its children the grid's points; only
+    the best child by the promotion rule is registered (voxpipe/track/sweep.py)."""
+
+    grid: list[str] = Field(
+        default_factory=list, description="the swept settings, one `section.key=v1,v2,...` each; the sweep "
+        "runs every combination (recorded on the parent run)"
+    )
+    out: str = Field("work/sweep", description="sweep.json (the parent run id, the grid and, once closed, "
+                     "the best child)", json_schema_extra={"result": False})
+    workers: int = Field(0, ge=0, description="experiments run at once by the local sweep (`dvc queue start "
+                         "-j`); 0: one per two cores, at least one")
+
+
 class SynthesizeParams(Section):
     """`synthesize`: text to a WAV file with a registered model or a checkpoint folder, optionally in the
     voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
@@ -760,6 +774,11 @@ class TrackingParams(Section):
         json_schema_extra={"wired": True},
     )
     experiment: str = Field("voxpipe", description="MLflow experiment of the runs")
+    parent_run: str | None = Field(
+        None, description="a sweep's MLflow parent run id (`voxpipe sweep-open` makes it): register logs the "
+        "run as its child (`mlflow.parentRunId`, the swept keys tagged) and registers no model version; "
+        "`voxpipe sweep-close` registers the sweep's best. None: no sweep, register registers the run"
+    )
     work: str = Field(
         "work", description="mlflow_run.json (the pipeline run's MLflow run); with no tracking URI also "
         "mlflow.db and mlruns/",
@@ -820,6 +839,7 @@ class Params(Section):
     register_: RegisterParams = Field(default_factory=RegisterParams, alias="register")
     promote: PromoteParams = Field(default_factory=PromoteParams)
     compare: CompareParams = Field(default_factory=CompareParams)
+    sweep: SweepParams = Field(default_factory=SweepParams)
     synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
     serve: ServeParams = Field(default_factory=ServeParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)

@@ -35,13 +35,13 @@ from voxpipe.track.compare_page import compare_page, run_media
 from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, setting_keys
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
+from voxpipe.track.sweep import PARENT_TAG, SWEEP_TAG
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under it
 SUFFIX = {"table": "txt", "markdown": "md", "csv": "csv", "json": "json"}
 WIDTH = 150  # characters of a table line before it wraps into another block
 KEY_COLUMNS = ("run", "id")
@@ -173,7 +173,8 @@ def _runs(client: MlflowClient, experiment_id: str, max_runs: int, sweep: str | 
     newest = client.search_runs([experiment_id], filter_string=where, max_results=max_runs,
                                 order_by=["attributes.start_time DESC"])
     parents = {r.data.tags.get(PARENT_TAG) for r in newest}
-    return [r for r in reversed(newest) if LOCK_TAG not in r.data.tags and r.info.run_id not in parents]
+    return [r for r in reversed(newest) if LOCK_TAG not in r.data.tags and SWEEP_TAG not in r.data.tags
+            and r.info.run_id not in parents]
 
 
 def _curve_label(row: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ from voxpipe.track.tracking import active_run, redact_params, scrub
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-TRACKING_SECTIONS = ("register", "compare", "synthesize", "tracking")  # where it logs, not what ran
+TRACKING_SECTIONS = ("register", "compare", "sweep", "synthesize", "tracking")  # where it logs, not what ran
 RUN_FIELDS = ("world_size", "device_type", "device_name", "dtype", "lora", "kernels", "compile")
 DATA_COUNTS = ("rows_in", "rows_kept", "rows_quarantined", "hours_kept")
 TRAIN_TOTALS = (

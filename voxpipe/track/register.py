@@ -5,7 +5,9 @@ folder), finds or creates the pipeline's MLflow run (tracking.py; with `train.tr
 trainer logged into live), logs what is not logged yet (record.py), registers the export
 (registry.py) and writes `registered.json`. Before it writes anything, it checks that nobody but the
 pipeline's account (and MLflow admins) can edit the experiment or the registered model
-(ownership.py). Rank-free: it runs once, after training (the trainer's live logging is over by
+(ownership.py). In a sweep (`tracking.parent_run` set) the run is logged as the parent's child and
+its export as a model in it, but no model version is made: `sweep-close` registers the sweep's best
+(sweep.py). Rank-free: it runs once, after training (the trainer's live logging is over by
 then), so one process writes the run at a time.
 """
 
@@ -25,6 +27,7 @@ from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params, run_title
 from voxpipe.track.registry import Place, ensure_registered_model, register_export
+from voxpipe.track.sweep import child_record
 from voxpipe.track.tracking import (
     not_secret_values,
     orchestrator_run,
@@ -48,6 +51,10 @@ class RegisterResult:
 
     def summary(self) -> str:
         r = self.registered
+        if "sweep" in r:
+            return (f"register: run {r['run_id']} logged as a child of sweep {r['sweep']['parent_run']} "
+                    f"(logged: {', '.join(r['logged']) or 'nothing new'}); no model version: `voxpipe "
+                    f"sweep-close` registers the sweep's best -> {self.out / 'registered.json'}")
         d = r["decision"]
         aliases = " ".join(f"@{a}" for a in r["aliases"]) or "no alias"
         state = "registered" if r["created"] else "already registered (nothing new)"
@@ -87,23 +94,21 @@ def _register(params: Params) -> RegisterResult:
         if orchestrator_run(client) is None:  # the trainer's live run, or ours: named for what it is
             client.set_tag(ref.run_id, RUN_NAME_TAG, run_name)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)
-        place = Place(uri, locks, p.lock_timeout_s)
-        reg = register_export(client, place, name, ref.run_id, art, extra)
+        if tracking.parent_run:
+            child = child_record(client, ref.run_id, tracking.parent_run, art, logged_params)
+        else:
+            reg = register_export(client, Place(uri, locks, p.lock_timeout_s), name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         client.set_terminated(ref.run_id, "FINISHED")
-    registered = {
-        "name": reg.name,
-        "version": reg.version,
-        "aliases": reg.aliases,
-        "created": reg.created,
-        "decision": reg.decision.as_dict(),
-        "run_id": ref.run_id,
-        "experiment_id": ref.experiment_id,
-        "model_uri": f"models:/{reg.name}/{reg.version}",
-        "logged_model_uri": reg.model_source,
-        "tracking_uri": redact_uri(uri),
-        "logged": logged,
-    }
+    common = {"run_id": ref.run_id, "experiment_id": ref.experiment_id, "tracking_uri": redact_uri(uri),
+              "logged": logged}
+    if tracking.parent_run:  # a sweep's child: sweep-close registers the best
+        registered = {"name": name, "sweep": child, **common}
+    else:
+        registered = {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
+                      "created": reg.created, "decision": reg.decision.as_dict(),
+                      "model_uri": f"models:/{reg.name}/{reg.version}",
+                      "logged_model_uri": reg.model_source, **common}
     write_json(out / "registered.json", registered)
     write_report(out, registered, run={"seconds": round(time.perf_counter() - start, 3)})
     return RegisterResult(out, registered)

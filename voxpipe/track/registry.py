@@ -197,18 +197,19 @@ def alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion |
         return None
 
 
-def decide(client: MlflowClient, name: str, art: PipelineArtifacts) -> tuple[Decision, str | None]:
-    """The rule for this candidate against the registry's current champion; also the champion's version."""
-    verdict = Verdict.from_dict(art.eval["promotion"])
-    candidate = Scores.from_dict(art.eval["scores"]["model"])
+def decide(client: MlflowClient, name: str, evaluation: dict[str, Any]) -> tuple[Decision, str | None]:
+    """The rule for this candidate (its eval.json) against the registry's current champion; also the
+    champion's version."""
+    verdict = Verdict.from_dict(evaluation["promotion"])
+    candidate = Scores.from_dict(evaluation["scores"]["model"])
     champion = alias_version(client, name, CHAMPION)
     if not math.isfinite(candidate.loss):
         verdict = Verdict(False, verdict.against, verdict.criteria)
     elif champion is not None:
         label = f"champion v{champion.version}"
         recorded, std = champion.tags.get(LOSS_TAG), champion.tags.get(LOSS_STD_TAG, "0")
-        digest, mine = champion.tags.get(VAL_TAG), art.eval.get("val_digest")
-        again = art.eval.get("champion") or {}  # evaluate re-scored it on this val set
+        digest, mine = champion.tags.get(VAL_TAG), evaluation.get("val_digest")
+        again = evaluation.get("champion") or {}  # evaluate re-scored it on this val set
         if digest != mine and again.get("rescored") and (again.get("version"), again.get("val_digest")) == (
                 champion.version, mine):
             label += " (re-scored on this val set)"
@@ -270,14 +271,15 @@ class Place:
     lock_timeout_s: float
 
 
-def promote(client: MlflowClient, place: Place, name: str, version: str, art: PipelineArtifacts) -> Decision:
+def promote(client: MlflowClient, place: Place, name: str, version: str, evaluation: dict[str, Any]
+            ) -> Decision:
     """Under the registry lock: decide against the current champion, tag the version, move the aliases.
 
     Compare-and-set: the champion is read again right before `@champion` moves; if it changed (someone
     outside voxpipe moved it), the decision is made again, at most CAS_TRIES times, then refused."""
     with register_lock(client, place.uri, place.experiment_id, name, place.lock_timeout_s):
         for _ in range(CAS_TRIES):
-            decision, read = decide(client, name, art)
+            decision, read = decide(client, name, evaluation)
             now = alias_version(client, name, CHAMPION)
             if (now.version if now else None) == read:
                 break
@@ -285,8 +287,8 @@ def promote(client: MlflowClient, place: Place, name: str, version: str, art: Pi
             decision = Decision(False, decision.eval_loss, decision.compared_to, decision.compared_loss,
                                 f"not promoted: @champion kept moving while this register decided "
                                 f"({CAS_TRIES} tries); rerun register", decision.criteria)
-        for key, value in {**decision.tags(), LOSS_STD_TAG: repr(art.eval["scores"]["model"]["loss_std"]),
-                           VAL_TAG: str(art.eval["val_digest"])}.items():
+        for key, value in {**decision.tags(), LOSS_STD_TAG: repr(evaluation["scores"]["model"]["loss_std"]),
+                           VAL_TAG: str(evaluation["val_digest"])}.items():
             client.set_model_version_tag(name, version, key, value)
         client.set_registered_model_alias(name, CANDIDATE, version)
         if decision.promoted:
@@ -304,9 +306,27 @@ def register_export(
         current = client.get_model_version(name, existing.version)
         return Registration(name, current.version, False, Decision.from_tags(current.tags), current.source,
                             sorted(current.aliases))
-    model_uri, model_id = log_model(run_id, art)
-    tags = {EXPORT_TAG: art.export_md5, **extra_tags}
-    mv = client.create_model_version(name, model_uri, run_id=run_id, tags=tags, model_id=model_id)
-    decision = promote(client, place, name, mv.version, art)
+    model = LoggedModel(*log_model(run_id, art), art.export_md5)
+    return register_logged(client, place, name, run_id, model, art.eval, extra_tags)
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """A pyfunc model already logged in a run (`log_model`): what a model version is made from."""
+
+    uri: str  # models:/<model id>
+    model_id: str
+    export_md5: str
+
+
+def register_logged(
+    client: MlflowClient, place: Place, name: str, run_id: str, model: LoggedModel,
+    evaluation: dict[str, Any], extra_tags: dict[str, str],
+) -> Registration:
+    """A new version of `name` from a model logged in `run_id`, then the promotion rule against the
+    champion (`promote`); a sweep's close registers its best child this way (sweep.py)."""
+    tags = {EXPORT_TAG: model.export_md5, **extra_tags}
+    mv = client.create_model_version(name, model.uri, run_id=run_id, tags=tags, model_id=model.model_id)
+    decision = promote(client, place, name, mv.version, evaluation)
     current = client.get_model_version(name, mv.version)  # what the registry holds now, not what we meant
     return Registration(name, current.version, True, decision, current.source, sorted(current.aliases))
