@@ -49,6 +49,17 @@ MAX_BUCKET_DISTANCE = 800  # WavLM-Large's relative-position max distance (not v
 HEAD_CHANNELS, POOL_CHANNELS, RES2_SCALE, SE_BOTTLENECK, ATTENTION_CHANNELS = 512, 1536, 8, 128, 128
 
 
+def voiced_16k(wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
+    """The clip as every speaker encoder takes it, mono float32 at 16 kHz; None when there is no voice to
+    embed (shorter than MIN_SECONDS, or silent)."""
+    wav = np.asarray(wav, dtype=np.float32)
+    if sample_rate != SAMPLE_RATE:
+        wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
+    if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+        return None
+    return wav
+
+
 class ConvReluBn(nn.Module):
     """Conv1d, ReLU, then BatchNorm (this order is the checkpoint's)."""
 
@@ -304,10 +315,8 @@ class WavLMEcapaEncoder:
 
     def embed(self, wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
         """Unit-norm embedding of one clip (seed-tts-eval's cosine is of these); None when no voice."""
-        wav = np.asarray(wav, dtype=np.float32)
-        if sample_rate != SAMPLE_RATE:
-            wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
-        if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+        wav = voiced_16k(wav, sample_rate)
+        if wav is None:
             return None
         x = torch.from_numpy(wav)[None]
         with torch.no_grad():

@@ -31,14 +31,10 @@ import numpy as np
 import torch
 
 from voxpipe.backends import SPEAKER
-from voxpipe.data.audio import to_mono_resampled
 from voxpipe.device import cpu_threads
 from voxpipe.errors import StepError
-from voxpipe.evaluate.ecapa import WavLMEcapaEncoder
+from voxpipe.evaluate.ecapa import MIN_SECONDS, SAMPLE_RATE, WavLMEcapaEncoder, voiced_16k
 
-SAMPLE_RATE = 16000  # what the encoder was trained on
-MIN_SECONDS = 0.3  # below this (after trimming silence) there is no voice to embed
-SILENCE_RMS = 1e-4
 _CPU = torch.device("cpu")  # the GE2E encoder's LSTM is a chain of tiny matmuls: one thread, no sync
 
 
@@ -69,10 +65,8 @@ class SpeakerEncoder:
         Like Resemblyzer's own pipeline: 16 kHz, volume raised to -30 dBFS, long silences cut
         (webrtcvad); when the cut leaves too little, the uncut clip is used.
         """
-        wav = np.asarray(wav, dtype=np.float32)
-        if sample_rate != SAMPLE_RATE:
-            wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
-        if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+        wav = voiced_16k(wav, sample_rate)
+        if wav is None:
             return None
         trimmed = self._preprocess(wav)
         if trimmed.size < MIN_SECONDS * SAMPLE_RATE:
@@ -100,10 +94,8 @@ class WavLMEncoder:
         self._net = WavLMForXVector.from_pretrained(folder).eval()
 
     def embed(self, wav: np.ndarray, sample_rate: int) -> np.ndarray | None:
-        wav = np.asarray(wav, dtype=np.float32)
-        if sample_rate != SAMPLE_RATE:
-            wav = to_mono_resampled(wav, sample_rate, SAMPLE_RATE)
-        if wav.size < MIN_SECONDS * SAMPLE_RATE or float(np.sqrt(np.mean(wav**2))) < SILENCE_RMS:
+        wav = voiced_16k(wav, sample_rate)
+        if wav is None:
             return None
         inputs = self._features(wav, sampling_rate=SAMPLE_RATE, return_tensors="pt")
         with torch.no_grad():
