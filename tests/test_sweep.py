@@ -132,3 +132,20 @@ def test_a_cluster_point_sets_its_values_in_train_and_evaluate_and_the_parent_in
     assert point.train == {"lr": 3e-4, "lora": {"enabled": True, "r": 32}}
     assert point.evaluate == {"seeds": [1]}
     assert point.tracking == {"experiment": "x", "parent_run": "abc"} and point.part == "p1"
+
+
+def test_the_figures_dvc_exp_show_keeps_are_the_ones_the_demo_writes():
+    """`make demo` and `make sweep` end with `dvc exp show --keep` on figure names: a renamed figure
+    would silently drop its column (speaker_similarity_mean did). Every name is in the committed demo's
+    eval.json or mfu.json."""
+    import re
+
+    from tools.sweep import HEADLINE
+
+    written = {**json.loads((ROOT / "work/eval/eval.json").read_text()),
+               **json.loads((ROOT / "work/mfu/mfu.json").read_text())}
+    makefile = re.search(r"^HEADLINE := '(.*)'$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    figures = [t.strip("^").replace("$$", "") for t in makefile.split("|")
+               if t != "Experiment" and not t.startswith(("train.", "^train."))]
+    assert figures and set(HEADLINE) <= set(written), sorted(set(HEADLINE) - set(written))
+    assert set(figures) <= set(written), sorted(set(figures) - set(written))

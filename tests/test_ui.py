@@ -114,11 +114,8 @@ def test_a_real_eval_json_reads_as_a_report_with_every_baseline_and_each_n_a_wit
     assert "the real clips themselves score" in text and "cer (pocketsphinx): n/a: no Chinese row" in text
     assert len(text.splitlines()) < 20 and max(map(len, lines)) < 240
     rows = dict((label, (model, base)) for label, model, base in headline_rows(figures))
-    # the committed demo eval.json may predate the rename (speaker_similarity_*): the page reads either
-    new = "similarity_to_speaker_mean" in figures
-    mean, base = (("similarity_to_speaker_mean", "similarity_to_speaker_baseline") if new else
-                  ("speaker_similarity_mean", "speaker_similarity_baseline"))
-    assert rows["similarity to speaker"] == (f"{figures[mean]:.3f}", f"{figures[base]:.3f}")
+    assert rows["similarity to speaker"] == (f"{figures['similarity_to_speaker_mean']:.3f}",
+                                             f"{figures['similarity_to_speaker_baseline']:.3f}")
     assert all(base != "n/a" for label, (_, base) in rows.items() if not label.startswith("CER"))
     assert rows["CER (pocketsphinx)"][0].startswith("n/a (no Chinese row")
 
