@@ -145,3 +145,12 @@ def small_disk(tmp_path) -> Iterator[SmallDisks]:
     yield disks
     for folder in reversed(disks.mounted):
         subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.fixture
+def local_runner(tmp_path):
+    """kfp.local in this venv (SubprocessRunner), its pipeline root under tmp_path; yields tmp_path."""
+    from kfp import local
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    return tmp_path
