@@ -93,7 +93,7 @@ from voxpipe.train.fixed_seed_loss import (
 log = logging.getLogger(__name__)
 STAGING = ".samples-new"  # this run's clips until eval.json is written (then they become samples/)
 # torch's intra-op threads on the CPU: one, so the figures never depend on the core count, and generation
-# and the scoring thread beside it each hold a core instead of four threads fighting over two
+# and the two scoring threads beside it (scoring_threads.py) do not multiply into more threads than cores
 CPU_THREADS = 1
 
 
