@@ -107,21 +107,28 @@ def test_init_model_hands_on_a_given_checkpoint(local_runner, capfd):
     assert "no config.json" in capfd.readouterr().out
 
 
-def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
-    workspace = local_runner / "workspace"
+def small_run(root: Path, experiment: str) -> dict:
+    """The arguments of a kfp.local run (finetune's, which the sweep pipeline shares) on a few rows per
+    speaker of the sample under root/workspace, training in the task, tracked in root/mlflow.db."""
+    workspace = root / "workspace"
     data = write_small_sample(workspace / "datasets" / "sample", per_speaker=6)
-    tracking = f"sqlite:///{local_runner / 'mlflow.db'}"
-    run = pipeline.finetune_pipeline()(
-        data_version=dvc_md5(data),
-        workspace=str(workspace),
-        launch_backend="in-task",
-        ingest={**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
-        encode={**pipeline.ENCODE, "device": "cpu"},
-        train={**pipeline.TRAIN, **SMALL["train"]},
-        evaluate={**pipeline.EVALUATE, **SMALL["evaluate"]},
-        tracking={**pipeline.TRACKING, "experiment": "kfp-local"},
-        mlflow_tracking_uri=tracking,
-    )
+    return {
+        "data_version": dvc_md5(data),
+        "workspace": str(workspace),
+        "launch_backend": "in-task",
+        "ingest": {**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
+        "encode": {**pipeline.ENCODE, "device": "cpu"},
+        "train": {**pipeline.TRAIN, **SMALL["train"]},
+        "evaluate": {**pipeline.EVALUATE, **SMALL["evaluate"]},
+        "tracking": {**pipeline.TRACKING, "experiment": experiment},
+        "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+    }
+
+
+def test_pipeline_runs_under_kfp_local_and_registers_the_model(local_runner):
+    args = small_run(local_runner, "kfp-local")
+    workspace, tracking = Path(args["workspace"]), args["mlflow_tracking_uri"]
+    run = pipeline.finetune_pipeline()(**args)
     registered = run.output.metadata
     assert registered["name"] == "voxpipe-sample"  # the voice's own model, named after ingest.input
     assert {"candidate"} <= set(registered["aliases"])

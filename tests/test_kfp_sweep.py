@@ -3,13 +3,11 @@ loadfile schedule can run it beside test_kfp.py's whole-pipeline run instead of 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlflow import MlflowClient
-from small_sample import write_small_sample
-from test_kfp import SMALL
-
-from pipelines import finetune as pipeline
-from voxpipe.lineage import dvc_md5
+from test_kfp import small_run
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),
@@ -22,21 +20,9 @@ def test_sweep_runs_under_kfp_local_one_encode_a_child_per_point_and_only_the_be
     """pipelines/sweep.py on the demo: two learning rates, one ingest and encode for both."""
     from pipelines import sweep
 
-    workspace = local_runner / "workspace"
-    data = write_small_sample(workspace / "datasets" / "sample", per_speaker=6)
-    tracking = f"sqlite:///{local_runner / 'mlflow.db'}"
-    run = sweep.sweep_pipeline()(
-        data_version=dvc_md5(data),
-        grid=["train.lr=1e-4,3e-4"],
-        workspace=str(workspace),
-        launch_backend="in-task",
-        ingest={**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
-        encode={**pipeline.ENCODE, "device": "cpu"},
-        train={**pipeline.TRAIN, **SMALL["train"]},
-        evaluate={**pipeline.EVALUATE, **SMALL["evaluate"]},
-        tracking={**pipeline.TRACKING, "experiment": "kfp-sweep"},
-        mlflow_tracking_uri=tracking,
-    )
+    args = small_run(local_runner, "kfp-sweep")
+    workspace, tracking = Path(args["workspace"]), args["mlflow_tracking_uri"]
+    run = sweep.sweep_pipeline()(grid=["train.lr=1e-4,3e-4"], **args)
     best = run.output.metadata
     assert best["children"] == 2
     client = MlflowClient(tracking)
