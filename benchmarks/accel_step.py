@@ -49,7 +49,8 @@ from voxpipe.mfu.peak import UnknownPeakError, device_name, peak_flops
 from voxpipe.mfu.published import frames_only_flops
 from voxpipe.model.config import preset
 from voxpipe.model.npu import resolve_kernels, use_npu_kernels
-from voxpipe.model.voxcpm2 import VoxCPM2, host_rows
+from voxpipe.model.rows import host_rows
+from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams, TrainParams
 from voxpipe.train import lora
 from voxpipe.train.device import Runtime, distributed_runtime

@@ -26,7 +26,7 @@ from _bench import nulls, parse_args
 from accel_step import reset_memory, synchronize
 
 from voxpipe.model.config import preset
-from voxpipe.model.voxcpm2 import host_rows
+from voxpipe.model.rows import host_rows
 from voxpipe.params import LoraParams, TrainParams
 from voxpipe.train import plan as P
 from voxpipe.train.device import Runtime, distributed_runtime

@@ -33,7 +33,7 @@ QUOTED: dict[str, tuple[str, ...]] = {
                       "pre_encoded.upstream_same_batches.tokens_per_s", "one_time_encode_s",
                       "padding_waste.token_budget", "padding_waste.fixed_size"),
     "model_step.py": ("ours_s", "upstream_s", "ratio_ours_over_upstream", "max_rel_loss_diff",
-                      "median_pair_ratio_audio_rows_over_every_row"),
+                      "median_pair_ratio_planned_over_upstream_rows"),
     "gpu_check.sh": ACCEL_STEP,
     "accel_step.py": ACCEL_STEP,
     "plan_check.py": PLAN_CHECK,

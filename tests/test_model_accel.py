@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from upstream import upstream_rows
 
 from voxpipe.errors import StepError
 from voxpipe.model.config import preset
-from voxpipe.model.minicpm import MiniCPMMLP, RMSNorm, apply_rope, rope_cos_sin
+from voxpipe.model.minicpm import MiniCPMMLP, RMSNorm, rope_cos_sin, rotate
 from voxpipe.model.npu import OFF, NpuKernels, resolve_kernels
-from voxpipe.model.voxcpm2 import VoxCPM2, host_rows
+from voxpipe.model.rows import host_rows, plan_rows
+from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import Params, TrainParams
 from voxpipe.train.device import distributed_runtime
 from voxpipe.train.loop import Trainer
@@ -112,15 +114,15 @@ def test_bf16_rope_stays_within_the_ports_tolerance_at_the_real_shape():
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(4, config.num_attention_heads, 830, 128, generator=gen).bfloat16()
     k = torch.randn(4, config.num_key_value_heads, 830, 128, generator=gen).bfloat16()
-    want = apply_rope(q.float(), k.float(), cos, sin)  # fp32 math on the same bf16 inputs
-    got = apply_rope(q, k, cos, sin, upcast=False)
+    want = [rotate(x.float(), cos, sin) for x in (q, k)]  # fp32 math on the same bf16 inputs
+    got = [rotate(x, cos, sin, upcast=False) for x in (q, k)]
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.bfloat16
         error = ((g.float() - w).norm() / w.norm()).item()
         assert 0 < error < 1e-2  # > 0: the bf16 path really ran in bf16
 
 
-# -- work not done: the local encoder on audio rows only --------------------------------------------
+# -- work not done: each tower on the rows the losses read --------------------------------------------
 def batch_with_references(config) -> dict[str, torch.Tensor]:
     """Rows: [103, ref, 104,] text, 101, target, 102, padding; two of three with a reference."""
     p, d = config.patch_size, config.feat_dim
@@ -151,16 +153,16 @@ def batch_with_references(config) -> dict[str, torch.Tensor]:
     return batch
 
 
-def test_local_encoder_runs_only_on_audio_rows_with_the_same_losses_and_draws():
+def test_each_tower_computes_only_what_the_losses_read_with_the_same_losses_grads_and_draws():
     config = preset("tiny")
     torch.manual_seed(0)
     model = VoxCPM2(config)
     batch = batch_with_references(config)
     b, t = batch["text_tokens"].shape
-    encoded_rows = []
-    model.feat_encoder.register_forward_pre_hook(
-        lambda _m, args: encoded_rows.append(args[0].shape[:2].numel())  # patches [B, T, P, D]
-    )
+    seen = {"encoder": [], "base_lm": [], "residual_lm": [], "dit": []}
+    for name, module in (("encoder", model.feat_encoder), ("base_lm", model.base_lm),
+                         ("residual_lm", model.residual_lm), ("dit", model.feat_decoder.estimator.decoder)):
+        module.register_forward_hook(lambda _m, _a, out, name=name: seen[name].append(out.shape[:-1].numel()))
 
     def run(**rows) -> tuple[dict, list[torch.Tensor], torch.Tensor]:
         model.zero_grad(set_to_none=True)
@@ -169,18 +171,43 @@ def test_local_encoder_runs_only_on_audio_rows_with_the_same_losses_and_draws():
         (out["loss/diff"] + out["loss/stop"]).backward()
         return out, [p.grad.clone() for p in model.parameters() if p.grad is not None], torch.get_rng_state()
 
-    every_row, every_grad, every_rng = run(audio_rows=torch.arange(b * t))  # upstream's way: all B*T
-    audio_only, audio_grad, audio_rng = run()
-    host, _, host_rng = run(**host_rows(batch))  # the trainer's way: rows found on the host
-    assert encoded_rows == [b * t, int(batch["audio_mask"].sum()), int(batch["audio_mask"].sum())]
-    assert encoded_rows[1] < b * t / 2  # text, reference markers and padding are most rows here
+    every, every_grad, every_rng = run(**upstream_rows(batch))
+    planned, planned_grad, planned_rng = run()
+    host, _, host_rng = run(**host_rows(batch))  # the trainer's way: planned on the host
+    plan = plan_rows(batch["audio_mask"], batch["loss_mask"])
+    last_loss = [int(torch.nonzero(row).max()) for row in batch["loss_mask"]]
+    assert plan.lm_rows.tolist() == [r * t + i for r, last in enumerate(last_loss) for i in range(last)]
+    n_loss = int(batch["loss_mask"].sum())
+    # encoder: every row, then audio rows before each last loss row; its last layer reads one position each
+    assert seen["encoder"][:2] == [b * t, int(batch["audio_mask"].sum()) - b]
+    assert seen["base_lm"][:2] == [b * t, plan.lm_rows.numel()]
+    assert seen["residual_lm"][:2] == [n_loss, n_loss]  # read only before the loss rows, both ways
+    assert seen["dit"][0] == seen["dit"][1] == n_loss * config.patch_size  # the noisy patch's positions
     for key in ("loss/diff", "loss/stop"):
-        assert audio_only[key].item() == pytest.approx(every_row[key].item(), rel=1e-6, abs=1e-6)
-        assert host[key].item() == audio_only[key].item()
-    assert len(audio_grad) == len(every_grad)
-    for got, want in zip(audio_grad, every_grad, strict=True):
+        assert planned[key].item() == pytest.approx(every[key].item(), rel=1e-6, abs=1e-6)
+        assert host[key].item() == planned[key].item()
+    assert len(planned_grad) == len(every_grad)
+    for got, want in zip(planned_grad, every_grad, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert torch.equal(audio_rng, every_rng) and torch.equal(host_rng, every_rng)  # same draws
+    assert torch.equal(planned_rng, every_rng) and torch.equal(host_rng, every_rng)  # same draws
+    with pytest.raises(ValueError, match="all five"):
+        model(**batch, loss_rows=plan.loss_rows)
+
+
+def test_a_batch_without_loss_rows_still_runs_every_tower_and_gives_zero_losses():
+    """Every rank must run each FSDP-sharded tower (their collectives need all ranks), even on a batch
+    of nothing but text."""
+    config = preset("tiny")
+    torch.manual_seed(0)
+    model = VoxCPM2(config)
+    batch = batch_with_references(config)
+    batch["loss_mask"].zero_()
+    plan = plan_rows(batch["audio_mask"], batch["loss_mask"])
+    assert [x.numel() for x in plan] == [1, 1, 1, 1, 1] and plan.loss_prev.item() == -1
+    out = model(**batch)
+    (out["loss/diff"] + out["loss/stop"]).backward()
+    assert out["loss/diff"].item() == 0.0 and out["loss/stop"].item() == 0.0
+    assert all(p.grad is not None for p in model.feat_decoder.parameters())
 
 
 # -- one device-to-host read per optimizer step ---------------------------------------------------

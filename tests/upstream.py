@@ -47,3 +47,15 @@ def upstream_packer_class():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.AudioFeatureProcessingPacker
+
+
+def upstream_rows(batch: dict) -> dict:
+    """A row plan (voxpipe/model/rows.py) that computes what upstream does: both LMs on all B*T positions
+    and the local encoder on every row, so that a test or benchmark can measure what the plan leaves out."""
+    import torch
+
+    n = batch["text_tokens"].numel()
+    every = torch.arange(n)
+    loss = torch.nonzero(batch["loss_mask"].reshape(-1) > 0).squeeze(1)
+    return {"lm_rows": every, "audio_rows": every, "audio_slots": every,
+            "loss_rows": loss, "loss_prev": loss - 1}

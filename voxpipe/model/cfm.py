@@ -76,17 +76,17 @@ class ConditionalFlowMatching(nn.Module):
 
         x1 [N, C, P] target patches, mu [N, k*hidden] LM conditions, cond [N, C, P'] previous
         patches, tgt_mask [N, 1, P] 1 where the loss counts, progress in [0, 1] of training.
-        rows: indices of the rows with loss weight (`active_rows`); None = found from tgt_mask.
+        rows: indices of the rows with loss weight (`active_rows`), and then mu holds only theirs
+        ([len(rows), k*hidden]); None = found from tgt_mask.
         """
         cfm = self.cfm
         n = x1.size(0)
         device = x1.device
         x1 = x1.float()
 
+        keep = None
         if cfm.training_cfg_rate > 0:
             keep = torch.rand(n, generator=generator, device=device) > cfm.training_cfg_rate
-            if cond_dropout:
-                mu = mu * keep.view(-1, 1)
         if cond is None:
             cond = torch.zeros_like(x1)
 
@@ -104,18 +104,19 @@ class ConditionalFlowMatching(nn.Module):
         r, t = self._sample_r_t(n, ratio, device, generator)
         z = torch.randn(x1.shape, generator=generator, device=device, dtype=torch.float32)
 
-        weights = None
-        if tgt_mask is not None:
-            # Every draw above covers all N rows (RNG parity); the DiT then runs only on rows
-            # that carry loss weight: text, reference and padding rows would add exact zeros.
-            # One row is kept when none count, so every rank still runs the FSDP-sharded DiT.
-            weights = tgt_mask.squeeze(1).float()
-            if rows is None:
-                rows = active_rows(weights.amax(dim=1))
-            if rows.numel() < n:
-                x1, mu, cond, z, r, t, weights = (
-                    x.index_select(0, rows) for x in (x1, mu, cond, z, r, t, weights)
-                )
+        # Every draw above covers all N rows (RNG parity); the DiT then runs only on rows that
+        # carry loss weight: text, reference and padding rows would add exact zeros. One row is
+        # kept when none count, so every rank still runs the FSDP-sharded DiT.
+        weights = None if tgt_mask is None else tgt_mask.squeeze(1).float()
+        if rows is None and weights is not None:
+            rows = active_rows(weights.amax(dim=1))
+            mu = mu.index_select(0, rows)
+        if rows is not None:
+            x1, cond, z, r, t = (x.index_select(0, rows) for x in (x1, cond, z, r, t))
+            weights = None if weights is None else weights.index_select(0, rows)
+            keep = None if keep is None else keep.index_select(0, rows)
+        if keep is not None and cond_dropout:
+            mu = mu * keep.view(-1, 1)
         t3 = t.view(-1, 1, 1)
         y = (1 - t3) * x1 + t3 * z
         v = z - x1

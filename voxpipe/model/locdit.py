@@ -1,8 +1,9 @@
 """Local diffusion transformer: predicts the velocity of one patch of latent frames.
 
 The bidirectional sequence is [LM conditions (mu), time token, previous patch (cond), noisy
-patch (x)]; only the noisy-patch positions are read out. `mu` holds one or more condition
-vectors per row (VoxCPM2 concatenates the base-LM and residual-LM projections).
+patch (x)]; only the noisy-patch positions are read out, and the last layer computes only those.
+`mu` holds one or more condition vectors per row (VoxCPM2 concatenates the base-LM and residual-LM
+projections).
 """
 
 from __future__ import annotations
@@ -66,5 +67,5 @@ class LocalDiT(nn.Module):
         # one dtype for the sequence: the parameters' (under autocast, pieces arrive in mixed dtypes)
         parts = (mu, time.expand(x.size(0), -1).unsqueeze(1), cond, x)
         seq = torch.cat([part.to(dtype) for part in parts], dim=1)
-        hidden = self.decoder(seq, is_causal=False)[:, prefix:]
+        hidden = self.decoder(seq, is_causal=False, read=slice(prefix, None))
         return self.out_proj(hidden).transpose(1, 2)

@@ -1,7 +1,8 @@
 """Local encoder: summarises each patch of latent frames into one LM-width vector.
 
 Every patch [P, D] becomes a short sequence [special token, P projected frames] run through a
-bidirectional MiniCPM stack; the special token's output is the patch embedding.
+bidirectional MiniCPM stack; the special token's output is the patch embedding, and the last layer
+computes only that position.
 """
 
 from __future__ import annotations
@@ -28,4 +29,4 @@ class LocalEncoder(nn.Module):
         frames = self.in_proj(patches.to(self.in_proj.weight.dtype))
         special = self.special_token.expand(b, t, 1, -1)
         seq = torch.cat((special, frames.to(special.dtype)), dim=2).reshape(b * t, p + 1, -1)
-        return self.encoder(seq, is_causal=False)[:, 0].reshape(b, t, -1)
+        return self.encoder(seq, is_causal=False, read=slice(0, 1))[:, 0].reshape(b, t, -1)

@@ -5,12 +5,15 @@ Differences from upstream's inference-first module, all numerically neutral in f
 - no buffers at all: RoPE tables are computed per call from the positions, so the model builds
   on the meta device and needs nothing recomputed after `to_empty`;
 - optional `[B, T]` padding mask and per-row positions, turned into 4-D SDPA masks;
-- KV caches are per-call objects (`MiniCPMModel.new_cache`), never allocated at construction.
+- KV caches are per-call objects (`MiniCPMModel.new_cache`), never allocated at construction;
+- work whose output nobody reads is not done: a causal stack can compute only some positions of a
+  right-padded batch (`Packed`), and any stack's last layer only the positions its caller reads.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -64,27 +67,61 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upcast: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q, k ([B, H, T, D]) with cos/sin ([T, D] or [B, T, D]); fp32 math unless told otherwise."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+    """Rotate x ([B, H, T, D]) with cos/sin ([T, D] or [B, T, D]); fp32 math unless told otherwise."""
     if cos.dim() == 3:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    work = torch.float32 if upcast else q.dtype
-    cos, sin = cos.to(work), sin.to(work)
-    q_, k_ = q.to(work), k.to(work)
-    return (q_ * cos + _rotate_half(q_) * sin).to(q.dtype), (k_ * cos + _rotate_half(k_) * sin).to(k.dtype)
+    work = torch.float32 if upcast else x.dtype
+    x_ = x.to(work)
+    return (x_ * cos.to(work) + _rotate_half(x_) * sin.to(work)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Some positions (`rows`, flat indices into batch * length, sorted) of a [batch, length] batch.
+
+    The position-wise work of a layer (norms, projections, MLP) runs on these rows only; attention runs
+    on the padded layout, where the other positions hold zeros. That is exact in a causal stack when no
+    kept position comes after a left-out one of its sequence (right padding, a sequence's unread tail).
+    """
+
+    batch: int
+    length: int
+    rows: torch.Tensor
+
+    def unpack(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, C] values of `rows` (default: all kept) -> [batch, length, C], zeros elsewhere."""
+        rows = self.rows if rows is None else rows
+        flat = x.new_zeros(self.batch * self.length, x.size(-1)).index_copy(0, rows, x)
+        return flat.view(self.batch, self.length, -1)
+
+    def pack(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[batch, length, C] -> [n, C] at `rows` (default: all kept)."""
+        return x.reshape(self.batch * self.length, -1).index_select(0, self.rows if rows is None else rows)
+
+
+Read = slice | torch.Tensor | None  # the positions a layer returns: None = all
+
+
+def _pick(x: torch.Tensor, read: Read) -> torch.Tensor:
+    """The positions `read` of x: a slice of dim 1 of [B, T, H], or indices into the rows of packed [N, H].
+
+    A slice is copied out: a GEMM on the strided view gave results that varied in the last bit from
+    call to call on CPU (MKL), and the read rows are few."""
+    if read is None:
+        return x
+    return x[:, read].contiguous() if isinstance(read, slice) else x.index_select(0, read)
 
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
 ) -> torch.Tensor:
     """SDPA with grouped KV heads; `mask` is a 4-D boolean mask (True = attend) or None."""
-    if q.device.type in ("cpu", "cuda", "meta"):
+    if q.device.type in ("cpu", "cuda", "meta"):  # strided [B, H, T, D] views as they come: no copies
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
     groups = q.size(1) // k.size(1)  # backends without enable_gqa (npu, mps) get expanded heads
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    return F.scaled_dot_product_attention(q.contiguous(), k, v, attn_mask=mask, is_causal=is_causal)
 
 
 class KVCache:
@@ -159,17 +196,30 @@ class MiniCPMAttention(nn.Module):
         mask: torch.Tensor | None,
         is_causal: bool,
         cache: KVCache | None = None,
+        packed: Packed | None = None,
+        read: Read = None,
     ) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        """x [B, T, H], or [N, H] rows of a `packed` batch; outputs at the positions `read` only."""
+        q, k, v = self.q_proj(_pick(x, read)), self.k_proj(x), self.v_proj(x)
+        if packed is not None:
+            q_rows = packed.rows if read is None else packed.rows.index_select(0, read)
+            q, k, v = packed.unpack(q, q_rows), packed.unpack(k), packed.unpack(v)
+        b, t = k.shape[:2]
+        q = q.reshape(b, q.size(1), self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
-            q, k = apply_rope(q, k, *rope, upcast=not self.npu_kernels.bf16_rope)
+            cos, sin = rope
+            upcast = not self.npu_kernels.bf16_rope
+            q_at = read if isinstance(read, slice) else slice(None)  # packed queries sit in the padded layout
+            q, k = rotate(q, cos[..., q_at, :], sin[..., q_at, :], upcast), rotate(k, cos, sin, upcast)
         if cache is not None:
             k, v = cache.write(self.layer_idx, k, v)
-        out = attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, is_causal)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        out = attention(q, k, v, mask, is_causal)
+        out = out.transpose(1, 2).reshape(b, q.size(2), self.num_heads * self.head_dim)
+        if packed is not None:
+            out = packed.pack(out, q_rows)
+        return self.o_proj(out)
 
 
 class MiniCPMMLP(nn.Module):
@@ -200,7 +250,7 @@ class MiniCPMDecoderLayer(nn.Module):
         )
 
     def _residual(self, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        return x + (branch if self.branch_scale is None else branch * self.branch_scale)
+        return x + branch if self.branch_scale is None else torch.add(x, branch, alpha=self.branch_scale)
 
     def forward(
         self,
@@ -209,8 +259,11 @@ class MiniCPMDecoderLayer(nn.Module):
         mask: torch.Tensor | None,
         is_causal: bool,
         cache: KVCache | None = None,
+        packed: Packed | None = None,
+        read: Read = None,
     ) -> torch.Tensor:
-        x = self._residual(x, self.self_attn(self.input_layernorm(x), rope, mask, is_causal, cache))
+        attended = self.self_attn(self.input_layernorm(x), rope, mask, is_causal, cache, packed, read)
+        x = self._residual(_pick(x, read), attended)
         return self._residual(x, self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -239,16 +292,32 @@ class MiniCPMModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        *,
+        packed: Packed | None = None,
+        read: Read = None,
     ) -> torch.Tensor:
         """Hidden states [B, T, H] after the final norm.
 
         attention_mask: [B, T], True/1 on real tokens (None: all real, upstream's behaviour).
         position_ids: [T] or [B, T] (None: counted over real tokens, continuing after the cache).
         cache: KVCache from `new_cache`; the new tokens are appended to it (causal stacks only).
+        packed: inputs_embeds is [N, H], the kept rows of a right-padded batch (`Packed`; causal
+        stacks only), and so are the hidden states returned.
+        read: the positions returned, computed only in the last layer (the others are keys and values
+        only): a slice of T (bidirectional stacks), or indices into the packed rows. None: all.
         """
         if cache is not None and not is_causal:
             raise ValueError("a KV cache needs causal attention")
-        b, t, _ = inputs_embeds.shape
+        if packed is not None and (not is_causal or cache is not None or attention_mask is not None):
+            raise ValueError("packed rows need causal attention, no cache and no attention mask")
+        if isinstance(read, slice) and (is_causal or cache is not None):
+            raise ValueError("a slice of positions to read needs bidirectional attention and no cache")
+        if isinstance(read, torch.Tensor) and packed is None:
+            raise ValueError("indices of positions to read are indices into packed rows")
+        if packed is not None:
+            b, t = packed.batch, packed.length
+        else:
+            b, t, _ = inputs_embeds.shape
         device = inputs_embeds.device
         new_valid = (
             torch.ones(b, t, dtype=torch.bool, device=device)
@@ -279,8 +348,9 @@ class MiniCPMModel(nn.Module):
             rope = rope_cos_sin(self.config, position_ids)
 
         hidden = inputs_embeds.to(self.norm.weight.dtype)  # e.g. fp32 embeddings into a bf16 model
-        for layer in self.layers:
-            hidden = layer(hidden, rope, mask, use_sdpa_causal, cache)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, rope, mask, use_sdpa_causal, cache, packed, read if i == last else None)
         if cache is not None:
             cache.commit(new_valid)
         return self.norm(hidden)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxpipe.model.cfm import ConditionalFlowMatching, active_rows
+from voxpipe.model.cfm import ConditionalFlowMatching
 from voxpipe.model.config import (
     AUDIO_START_ID,
     REF_AUDIO_END_ID,
@@ -31,22 +31,8 @@ from voxpipe.model.config import (
 from voxpipe.model.fsq import ScalarQuantizer
 from voxpipe.model.locdit import LocalDiT
 from voxpipe.model.locenc import LocalEncoder
-from voxpipe.model.minicpm import MiniCPMModel
-
-ROW_MASKS = {"audio_rows": "audio_mask", "loss_rows": "loss_mask"}
-
-
-def host_rows(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`audio_rows` and `loss_rows` (see `VoxCPM2.forward`) of a batch still in host memory.
-
-    numpy finds them, so no device is involved; moved to the device with the batch, they spare
-    the forward its two device-to-host syncs. Same rule as `active_rows`: at least one row.
-    """
-    out = {}
-    for name, key in ROW_MASKS.items():
-        rows = np.flatnonzero(batch[key].numpy().reshape(-1) > 0)
-        out[name] = torch.from_numpy(rows if rows.size else np.zeros(1, dtype=np.int64))
-    return out
+from voxpipe.model.minicpm import MiniCPMModel, Packed
+from voxpipe.model.rows import RowPlan, plan_rows
 
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
@@ -132,31 +118,16 @@ class VoxCPM2(nn.Module):
         # a root-owned parameter: under FSDP2 it is already cast to param_dtype during forward
         return self.enc_to_lm_proj.weight.dtype
 
-    def _embed(
-        self,
-        tokens: torch.Tensor,
-        feats: torch.Tensor,
-        text_w: torch.Tensor,
-        audio_w: torch.Tensor,
-        audio_rows: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """LM input (text embedding or patch embedding per position) and the patch embeddings.
-
-        audio_rows: flat indices (into B*T) of the patches to encode; every other row gets a zero
-        patch embedding, which its zero audio weight would have multiplied away (None: encode all).
-        """
-        if audio_rows is None:
-            feat_embed = self.enc_to_lm_proj(self.feat_encoder(feats))
-        else:
-            b, t, p, d = feats.shape
-            picked = feats.reshape(b * t, p, d).index_select(0, audio_rows).unsqueeze(0)  # [1, R, P, D]
-            encoded = self.enc_to_lm_proj(self.feat_encoder(picked))[0]  # [R, H]
-            feat_embed = encoded.new_zeros(b * t, encoded.size(-1)).index_copy(0, audio_rows, encoded)
-            feat_embed = feat_embed.view(b, t, -1)
+    def _embed_text(self, tokens: torch.Tensor) -> torch.Tensor:
         text_embed = self.base_lm.embed_tokens(tokens.long())
-        if self.embed_scale != 1.0:
-            text_embed = text_embed * self.embed_scale
-        return text_w * text_embed + audio_w * feat_embed, feat_embed
+        return text_embed * self.embed_scale if self.embed_scale != 1.0 else text_embed
+
+    def _embed(
+        self, tokens: torch.Tensor, feats: torch.Tensor, text_w: torch.Tensor, audio_w: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """LM input (text embedding or patch embedding per position) and the patch embeddings."""
+        feat_embed = self.enc_to_lm_proj(self.feat_encoder(feats))
+        return text_w * self._embed_text(tokens) + audio_w * feat_embed, feat_embed
 
     def _stop_logits(self, lm_hidden: torch.Tensor) -> torch.Tensor:
         return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
@@ -175,8 +146,11 @@ class VoxCPM2(nn.Module):
         generator: torch.Generator | None = None,
         cond_dropout: bool = True,
         progress: float = 0.0,
+        lm_rows: torch.Tensor | None = None,
         audio_rows: torch.Tensor | None = None,
+        audio_slots: torch.Tensor | None = None,
         loss_rows: torch.Tensor | None = None,
+        loss_prev: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Flow-matching and stop losses (fp32 scalars) for a right-padded batch.
 
@@ -186,48 +160,60 @@ class VoxCPM2(nn.Module):
         accepted for the batch contract only. Random draws (condition dropout, t, noise) come
         from `generator` when given, else from the global RNG in upstream's order.
 
-        Work not done: the local encoder runs only on audio rows (targets and references) and
-        the local DiT only on loss rows (targets); text and padding rows would only be masked
-        away. `audio_rows`/`loss_rows` are those flat indices (`host_rows` of the host batch);
-        None = found here from the masks, a device-to-host sync each on an accelerator.
+        Work not done (voxpipe/model/rows.py): each tower computes only the positions the losses
+        read. `lm_rows` ... `loss_prev` are that plan (`host_rows` of the host batch); None = planned
+        here from the masks, a device-to-host sync each on an accelerator.
         """
         del position_ids
+        given = (lm_rows, audio_rows, audio_slots, loss_rows, loss_prev)
+        if all(x is None for x in given):
+            plan = plan_rows(audio_mask, loss_mask)
+        elif any(x is None for x in given):
+            raise ValueError("the row plan is all five of lm_rows ... loss_prev (host_rows), or none of them")
+        else:
+            plan = RowPlan(*given)
         dtype = self._compute_dtype()
         b, t, p, d = audio_feats.shape
-        feats = audio_feats.to(dtype)
-        text_w = text_mask.to(dtype).unsqueeze(-1)
-        audio_w = audio_mask.to(dtype).unsqueeze(-1)
+        feats = audio_feats.to(dtype).reshape(b * t, p, d)
+        text_w = text_mask.reshape(-1).index_select(0, plan.lm_rows).to(dtype).unsqueeze(-1)  # [N, 1]
+        audio_w = audio_mask.reshape(-1).index_select(0, plan.lm_rows).to(dtype).unsqueeze(-1)
 
-        if audio_rows is None:
-            audio_rows = active_rows(audio_mask)
-        if loss_rows is None:
-            loss_rows = active_rows(loss_mask)
-        embed, feat_embed = self._embed(text_tokens, feats, text_w, audio_w, audio_rows)
-        enc = self.base_lm(embed, is_causal=True)
+        patches = feats.index_select(0, plan.audio_rows).unsqueeze(0)  # [1, A, P, D]
+        encoded = self.enc_to_lm_proj(self.feat_encoder(patches))[0]
+        feat_embed = encoded.new_zeros(plan.lm_rows.numel(), encoded.size(-1)).index_copy(
+            0, plan.audio_slots, encoded
+        )  # [N, H]: zeros off audio rows, which their zero audio weight would multiply away
+        text_embed = self._embed_text(text_tokens.reshape(-1).index_select(0, plan.lm_rows))
+        packed = Packed(b, t, plan.lm_rows)
+        enc = self.base_lm(text_w * text_embed + audio_w * feat_embed, packed=packed)
         enc = self.fsq_layer(enc) * audio_w + enc * text_w
-        lm_hidden = _shift_right(enc)
-        residual = self.residual_lm(self.fusion_concat_proj(torch.cat((enc, audio_w * feat_embed), dim=-1)))
-        residual_hidden = _shift_right(residual)
+        # the LMs' outputs just before each loss row (zeros at a sequence's start, as a shift right gives)
+        at_start = (plan.loss_prev < 0).unsqueeze(-1)
+        before = plan.loss_prev.clamp(min=0)
+        residual_in = self.fusion_concat_proj(torch.cat((enc, audio_w * feat_embed), dim=-1))
+        residual_hidden = self.residual_lm(residual_in, packed=packed, read=before).masked_fill(at_start, 0.0)
+        lm_hidden = enc.index_select(0, before).masked_fill(at_start, 0.0)  # [L, H]
 
         mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
-        target = feats.reshape(b * t, p, d).transpose(1, 2)
-        previous = _shift_right(feats).reshape(b * t, p, d).transpose(1, 2)
-        weights = loss_mask.float()
-        patch_weights = weights.reshape(b * t, 1, 1).expand(b * t, 1, p)
+        target = feats.transpose(1, 2)
+        previous = _shift_right(feats.view(b, t, p, d)).reshape(b * t, p, d).transpose(1, 2)
+        weights = loss_mask.float().reshape(-1)
         diff_loss = self.feat_decoder(
             target.contiguous(),
-            mu.reshape(b * t, -1),
+            mu,
             cond=previous.contiguous(),
-            tgt_mask=patch_weights,
+            tgt_mask=weights.view(b * t, 1, 1).expand(b * t, 1, p),
             progress=progress,
             generator=generator,
             cond_dropout=cond_dropout,
-            rows=loss_rows,
+            rows=plan.loss_rows,
         )
 
         stop_logits = self._stop_logits(lm_hidden).float()
-        stop_losses = F.cross_entropy(stop_logits.transpose(1, 2), labels.long(), reduction="none")
-        stop_loss = (stop_losses * weights).sum() / weights.sum().clamp(min=1.0)
+        stop_labels = labels.reshape(-1).index_select(0, plan.loss_rows).long()
+        stop_losses = F.cross_entropy(stop_logits, stop_labels, reduction="none")
+        stop_weights = weights.index_select(0, plan.loss_rows)
+        stop_loss = (stop_losses * stop_weights).sum() / weights.sum().clamp(min=1.0)
         return {"loss/diff": diff_loss, "loss/stop": stop_loss}
 
     # -- generation -----------------------------------------------------------------------------

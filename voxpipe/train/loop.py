@@ -32,7 +32,7 @@ from voxpipe.integrity import signing_key
 from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.npu import resolve_kernels
-from voxpipe.model.voxcpm2 import host_rows
+from voxpipe.model.rows import host_rows
 from voxpipe.params import Params, TrainParams
 from voxpipe.progress import StepProgress
 from voxpipe.report import write_report

@@ -43,7 +43,8 @@ from voxpipe.files import atomic_write_text
 from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes
-from voxpipe.model.voxcpm2 import VoxCPM2, host_rows
+from voxpipe.model.rows import host_rows
+from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams, Params
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
