@@ -21,8 +21,7 @@ import torch
 from _bench import parse_args
 
 from voxpipe.mfu.flops import (
-    batch_dit_rows,
-    batch_enc_rows,
+    batch_rows,
     batch_training_flops,
     forward_flops,
     tower_shares,
@@ -92,7 +91,7 @@ def main() -> None:
         if step:
             times.append(took)
 
-    rows = {"dit_rows": batch_dit_rows(batch), "enc_rows": batch_enc_rows(batch)}
+    rows = batch_rows(batch)
     flops = batch_training_flops(config, batch)
     step_time = sum(times) / len(times)
     achieved = flops / step_time

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.fx.experimental import _config as fx_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from voxpipe.cli import main
 from voxpipe.mfu.flops import (
-    batch_dit_rows,
-    batch_enc_rows,
+    batch_rows,
     batch_training_flops,
     forward_flops,
     training_flops,
@@ -25,6 +23,7 @@ from voxpipe.mfu.flops import (
 from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, measure_cpu_gemm_peak, peak_flops, table_peak
 from voxpipe.mfu.published import PUBLISHED, frames_only_flops, published_check
 from voxpipe.model.config import preset
+from voxpipe.model.rows import host_rows
 from voxpipe.model.voxcpm2 import VoxCPM2
 
 # tiny/small at training-like shapes, voxcpm2 at the published configuration (B=4, L=830)
@@ -66,33 +65,34 @@ def make_batch(config, b: int, length: int, device: str | torch.device = "cpu") 
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n == "small" else n
                                         for n in SHAPES])
 def counted(request):
-    """(config, B, L, DiT rows, forward counter, forward+backward total) of our VoxCPM2.
+    """(config, B, L, rows per tower, forward counter, forward+backward total) of our VoxCPM2.
 
-    tiny and small run for real, so the count sees the DiT skip the rows without loss weight. The
-    real shape runs on the meta device, where the data-dependent row selection cannot be known:
-    there torch's fake `nonzero` assumes every row counts.
+    The batch's row plan (rows.py) is made on the host, as the trainer makes it, so the count sees
+    each tower run on its rows; the real shape then runs on the meta device.
     """
     config = preset(request.param)
     b, length = SHAPES[request.param]
     batch = make_batch(config, b, length)
+    rows = batch_rows(batch)
+    assert rows["lm_rows"] < b * length and rows["dit_rows"] < b * length  # rows really left out
+    batch = {**batch, **host_rows(batch)}
     on_meta = request.param == "voxcpm2"
-    dit_rows = b * length if on_meta else int(batch["loss_mask"].sum())
     with torch.device("meta" if on_meta else "cpu"):
         model = VoxCPM2(config)
     if on_meta:
         batch = {name: value.to("meta") for name, value in batch.items()}
-    with fx_config.patch(meta_nonzero_assume_all_nonzero=True), sdpa_kernel(SDPBackend.MATH):
+    with sdpa_kernel(SDPBackend.MATH):
         with FlopCounterMode(display=False) as forward:
             model(**batch)
         with FlopCounterMode(display=False) as both:
             losses = model(**batch)
             (losses["loss/diff"] + losses["loss/stop"]).backward()
-    return config, b, length, dit_rows, forward, both.get_total_flops()
+    return config, b, length, rows, forward, both.get_total_flops()
 
 
 def test_forward_flops_agree_with_flop_counter(counted):
-    config, b, length, dit_rows, forward, _ = counted
-    ours = forward_flops(config, b, length, dit_rows=dit_rows, enc_rows=dit_rows)  # audio = loss rows here
+    config, b, length, rows, forward, _ = counted
+    ours = forward_flops(config, b, length, **rows)
     assert sum(ours.values()) == pytest.approx(forward.get_total_flops(), rel=0.02)
     counts = forward.get_flop_counts()
     for module, tower in MODULES.items():
@@ -100,34 +100,35 @@ def test_forward_flops_agree_with_flop_counter(counted):
 
 
 def test_training_flops_are_three_forwards_like_the_counter(counted):
-    config, b, length, dit_rows, _, both = counted
+    config, b, length, rows, _, both = counted
     # backward skips input grads of the first layers (data needs none), so the counter is just under 3x
-    ours = training_flops(config, b, length, dit_rows=dit_rows, enc_rows=dit_rows)
+    ours = training_flops(config, b, length, **rows)
     assert ours == pytest.approx(both, rel=0.02)
 
 
 def test_causal_half_removes_half_of_the_lm_attention_matmuls(counted):
-    config, b, length, _, forward, _ = counted
+    config, b, length, rows, forward, _ = counted
     counts = forward.get_flop_counts()
     lm_attention = sum(
         counts[m].get(torch.ops.aten.bmm, 0) for m in ("VoxCPM2.base_lm", "VoxCPM2.residual_lm")
     )
     assert lm_attention > 0
-    removed = training_flops(config, b, length) - training_flops(config, b, length, causal_half=True)
+    removed = training_flops(config, b, length, **rows) - training_flops(config, b, length, True, **rows)
     assert removed == pytest.approx(3 * lm_attention / 2, rel=1e-9)
 
 
-def test_batch_flops_read_the_padded_shape():
+def test_batch_flops_read_the_padded_shape_and_the_rows_each_tower_runs_on():
     config = preset("tiny")
     batch = make_batch(config, 3, 21)
-    dit_rows = 3 * (21 - 3 - 21 // 4)  # make_batch: text + audio_start, then audio, then 2 padding
-    rows = {"dit_rows": dit_rows, "enc_rows": dit_rows}  # make_batch: the audio rows are the loss rows
+    # make_batch: text + audio_start, then audio (the loss rows), then 2 padding
+    dit_rows = 3 * (21 - 3 - 21 // 4)
+    lm_rows = 3 * (21 - 3)  # each sequence up to its last loss row
+    rows = {"dit_rows": dit_rows, "enc_rows": dit_rows - 3, "lm_rows": lm_rows}  # audio before the last
+    assert batch_rows(batch) == rows
     assert batch_training_flops(config, batch) == training_flops(config, 3, 21, **rows)
     assert batch_training_flops(config, batch) < training_flops(config, 3, 21)
-    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])  # the DiT still runs one row
-    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1, enc_rows=dit_rows)
-    batch["audio_mask"] = torch.zeros_like(batch["audio_mask"])  # and so does the encoder
-    assert batch_training_flops(config, batch) == training_flops(config, 3, 21, dit_rows=1, enc_rows=1)
+    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])  # every tower still runs one row
+    assert batch_rows(batch) == {"dit_rows": 1, "enc_rows": 1, "lm_rows": 1}
     batch["audio_feats"] = batch["audio_feats"][:, :, :2]
     with pytest.raises(ValueError, match="audio_feats must be"):
         batch_training_flops(config, batch)
@@ -224,7 +225,7 @@ def real_run(tmp_path_factory) -> tuple:
         line = {
             "step": step,
             "step_time_s": time.perf_counter() - start,
-            "shapes": [[2, 24 + 8 * step, batch_dit_rows(batch), batch_enc_rows(batch)]],
+            "shapes": [[2, 24 + 8 * step, *batch_rows(batch).values()]],
             "real_tokens": int((batch["text_mask"] + batch["audio_mask"]).sum()),
         }
         if step != 2:  # step 2 exercises the fallback from shapes
@@ -257,8 +258,8 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
     figures = json.loads((out / "mfu.json").read_text())
     used = lines[1:]  # warmup_steps = 1
     seconds = sum(x["step_time_s"] for x in used)
-    flops = sum(training_flops(config, b, n, dit_rows=rows, enc_rows=enc)
-                for x in used for b, n, rows, enc in x["shapes"])
+    flops = sum(training_flops(config, b, n, dit_rows=rows, enc_rows=enc, lm_rows=lm)
+                for x in used for b, n, rows, enc, lm in x["shapes"])
     assert figures["steps_measured"] == 2 and figures["steps_skipped"] == 1
     assert figures["achieved_tflops_per_device"] == pytest.approx(flops / seconds / 1e12)
     assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / figures["peak_tflops"])
@@ -270,7 +271,7 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
     assert sum(figures["tower_shares"].values()) == pytest.approx(1.0)
     assert figures["mfu_causal_half"] < figures["mfu"]
     md = (out / "mfu.md").read_text()
-    assert "## Check against a published figure" in md and "103.1 TFLOP per step" in md
+    assert "## Check against a published figure" in md and "99.4 TFLOP per step" in md
     assert json.loads((out / "report.json").read_text())["mfu"] == figures["mfu"]
 
     assert main([*args, "--peak-tflops", "2.5"]) == 0

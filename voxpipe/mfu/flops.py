@@ -10,8 +10,13 @@ Conventions (they decide every MFU figure, so they are fixed here and tested):
   only the lower triangle.
 - Training = 3 x forward (backward does two matmuls per forward matmul). Activation recompute
   is not model work and is not counted.
-- The LMs and the heads run at the padded batch shape: B sequences of L in the base and
-  residual LM. Padding positions are computed there, so they count.
+- Work the model leaves out does not count (voxpipe/model/rows.py). The LMs' position-wise work
+  (projections, MLP, FSQ, fusion) runs on `lm_rows` positions: in each sequence those before its
+  last loss row (`lm_rows=None`: all B*L, as upstream and voxpipe before 2026-12 ran them); their
+  attention runs on the padded [B, L] layout, so its square counts in full. The last layer of each
+  stack computes only what is read: the residual LM the `dit_rows` positions before the loss rows,
+  the local encoder one position (the special token), the local DiT the P noisy-patch positions;
+  the layer's keys and values still cover every position.
 - The local encoder runs on `enc_rows` inner sequences of P+1 (a special token + P frames,
   bidirectional): voxpipe's model encodes only the audio rows (targets and references), so a
   batch counts those; `enc_rows=None` means all B*L rows, as upstream's model runs it.
@@ -31,6 +36,7 @@ from collections.abc import Mapping
 import torch
 
 from voxpipe.model.config import MiniCPM4Config, VoxCPM2Config
+from voxpipe.model.rows import plan_rows
 
 TOWERS = ("base_lm", "residual_lm", "local_encoder", "local_dit", "projections", "fsq", "stop_head")
 DIT_CONDITION_TOKENS = 2  # the base-LM and the residual-LM condition vectors (mu)
@@ -41,19 +47,37 @@ def _linear(rows: int, fan_in: int, fan_out: int) -> int:
     return 2 * rows * fan_in * fan_out
 
 
-def stack_flops(config: MiniCPM4Config, sequences: int, length: int, causal_half: bool = False) -> int:
-    """Forward FLOPs of one MiniCPM decoder stack over `sequences` sequences of `length` tokens."""
+def stack_flops(
+    config: MiniCPM4Config,
+    sequences: int,
+    length: int,
+    causal_half: bool = False,
+    *,
+    tokens: int | None = None,
+    read: int | None = None,
+    read_queries: int | None = None,
+) -> int:
+    """Forward FLOPs of one MiniCPM decoder stack over `sequences` sequences of `length` tokens.
+
+    tokens: positions the position-wise work runs on (None: all); read: positions the last layer
+    returns, whose queries, output projection and MLP it computes (None: `tokens`); read_queries:
+    query positions per sequence of the last layer's attention (None: `length`, the padded layout).
+    """
     hidden, head_dim = config.hidden_size, config.head_dim
     q_width = config.num_attention_heads * head_dim
     kv_width = config.num_key_value_heads * head_dim
-    tokens = sequences * length
-    projections = _linear(tokens, hidden, q_width) * 2 + _linear(tokens, hidden, kv_width) * 2
-    mlp = _linear(tokens, hidden, config.intermediate_size) * 3
-    # QK^T and AV: every query head against the (shared) KV heads, L x L scores per head
-    attention = 2 * 2 * sequences * config.num_attention_heads * length * length * head_dim
-    if causal_half:
-        attention //= 2
-    return config.num_hidden_layers * (projections + mlp + attention)
+    tokens = sequences * length if tokens is None else tokens
+    read = tokens if read is None else read
+
+    def layer(queries: int, query_length: int) -> int:
+        projections = _linear(queries, hidden, q_width) * 2 + _linear(tokens, hidden, kv_width) * 2
+        mlp = _linear(queries, hidden, config.intermediate_size) * 3
+        # QK^T and AV: every query head against the (shared) KV heads, one score per query and key
+        attention = 2 * 2 * sequences * config.num_attention_heads * query_length * length * head_dim
+        return projections + mlp + (attention // 2 if causal_half else attention)
+
+    last = layer(read, length if read_queries is None else read_queries)
+    return (config.num_hidden_layers - 1) * layer(tokens, length) + last
 
 
 def dit_inner_length(config: VoxCPM2Config) -> int:
@@ -68,36 +92,41 @@ def forward_flops(
     causal_half: bool = False,
     dit_rows: int | None = None,
     enc_rows: int | None = None,
+    lm_rows: int | None = None,
 ) -> dict[str, int]:
     """Forward FLOPs per tower for a batch padded to [batch_size, seq_len] LM positions."""
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch shape must be positive, got B={batch_size}, L={seq_len}")
-    rows = batch_size * seq_len  # one patch per LM position
-    dit_rows = rows if dit_rows is None else dit_rows
-    enc_rows = rows if enc_rows is None else enc_rows
+    rows = batch_size * seq_len if lm_rows is None else lm_rows  # one patch per LM position
+    dit_rows = batch_size * seq_len if dit_rows is None else dit_rows
+    enc_rows = batch_size * seq_len if enc_rows is None else enc_rows
     p, d = config.patch_size, config.feat_dim
     hidden = config.lm_config.hidden_size
     enc, dit = config.encoder_config.hidden_dim, config.dit_config.hidden_dim
     latent = config.scalar_quantization_latent_dim
     return {
-        "base_lm": stack_flops(config.lm_config, batch_size, seq_len, causal_half),
-        "residual_lm": stack_flops(config.residual_lm_config(), batch_size, seq_len, causal_half),
+        "base_lm": stack_flops(config.lm_config, batch_size, seq_len, causal_half, tokens=rows),
+        "residual_lm": stack_flops(
+            config.residual_lm_config(), batch_size, seq_len, causal_half, tokens=rows, read=dit_rows
+        ),
         "local_encoder": (
-            _linear(enc_rows * p, d, enc) + stack_flops(config.encoder_lm_config(), enc_rows, p + 1)
+            _linear(enc_rows * p, d, enc)
+            + stack_flops(config.encoder_lm_config(), enc_rows, p + 1, read=enc_rows, read_queries=1)
         ),
         "local_dit": (
             _linear(dit_rows * p, d, dit) * 2  # in_proj (noisy patch) and cond_proj (previous patch)
             + _linear(dit_rows, dit, dit) * 4  # time_mlp and delta_time_mlp, two layers each
-            + stack_flops(config.dit_lm_config(), dit_rows, dit_inner_length(config))
+            + stack_flops(config.dit_lm_config(), dit_rows, dit_inner_length(config), read=dit_rows * p,
+                          read_queries=p)
             + _linear(dit_rows * p, dit, d)  # out_proj
         ),
         "projections": (
             _linear(enc_rows, enc, hidden)  # enc_to_lm_proj
             + _linear(rows, 2 * hidden, hidden)  # fusion_concat_proj
-            + _linear(rows, hidden, dit) * 2  # lm_to_dit_proj, res_to_dit_proj
+            + _linear(dit_rows, hidden, dit) * 2  # lm_to_dit_proj, res_to_dit_proj: at the DiT's rows
         ),
         "fsq": _linear(rows, hidden, latent) + _linear(rows, latent, hidden),
-        "stop_head": _linear(rows, hidden, hidden) + _linear(rows, hidden, 2),
+        "stop_head": _linear(dit_rows, hidden, hidden) + _linear(dit_rows, hidden, 2),  # at the loss rows
     }
 
 
@@ -108,9 +137,10 @@ def training_flops(
     causal_half: bool = False,
     dit_rows: int | None = None,
     enc_rows: int | None = None,
+    lm_rows: int | None = None,
 ) -> float:
     """Model FLOPs of one forward + backward over a [batch_size, seq_len] batch (3 x forward)."""
-    per_tower = forward_flops(config, batch_size, seq_len, causal_half, dit_rows, enc_rows)
+    per_tower = forward_flops(config, batch_size, seq_len, causal_half, dit_rows, enc_rows, lm_rows)
     return float((1 + BACKWARD_FACTOR) * sum(per_tower.values()))
 
 
@@ -124,22 +154,16 @@ def batch_shape(batch: Mapping[str, torch.Tensor], config: VoxCPM2Config) -> tup
     return int(feats.size(0)), int(feats.size(1))
 
 
-def batch_dit_rows(batch: Mapping[str, torch.Tensor]) -> int:
-    """Patch rows the local DiT runs on: those with loss weight, at least one (see cfm.py)."""
-    return max(1, int((batch["loss_mask"] > 0).sum()))
-
-
-def batch_enc_rows(batch: Mapping[str, torch.Tensor]) -> int:
-    """Patch rows the local encoder runs on: the audio rows, at least one (see voxcpm2.py)."""
-    return max(1, int((batch["audio_mask"] > 0).sum()))
+def batch_rows(batch: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """How many rows each tower of the model runs on for this batch (its row plan, rows.py)."""
+    plan = plan_rows(batch["audio_mask"], batch["loss_mask"])
+    return {"dit_rows": plan.loss_rows.numel(), "enc_rows": plan.audio_rows.numel(),
+            "lm_rows": plan.lm_rows.numel()}
 
 
 def batch_training_flops(config: VoxCPM2Config, batch: Mapping[str, torch.Tensor]) -> float:
-    """Training FLOPs of one micro-batch: its padded shape, the encoder on its audio rows and the
-    DiT on its loss-weighted rows."""
-    return training_flops(
-        config, *batch_shape(batch, config), dit_rows=batch_dit_rows(batch), enc_rows=batch_enc_rows(batch)
-    )
+    """Training FLOPs of one micro-batch: its padded shape and the rows its towers run on."""
+    return training_flops(config, *batch_shape(batch, config), **batch_rows(batch))
 
 
 def tower_shares(per_tower: Mapping[str, float]) -> dict[str, float]:

@@ -56,19 +56,24 @@ class MfuResult:
         )
 
 
-def _shapes(value: Any, where: str) -> tuple[tuple[int, int, int | None, int | None], ...]:
+Shape = tuple[int, int, int | None, int | None, int | None]  # B, L, DiT, encoder and LM rows
+
+
+def _shapes(value: Any, where: str) -> tuple[Shape, ...]:
+    """Micro-batch shapes of a step line; rows left out are None: every row, as runs before the row
+    plan (voxpipe/model/rows.py) computed them."""
     if value is None:
         return ()
     ok = isinstance(value, list) and all(
-        isinstance(s, list) and len(s) in (2, 3, 4) and all(isinstance(x, int) and x > 0 for x in s)
+        isinstance(s, list) and 2 <= len(s) <= 5 and all(isinstance(x, int) and x > 0 for x in s)
         for s in value
     )
     if not ok:
         raise StepError(
-            f"{where}: 'shapes' must be a list of [batch_size, seq_len(, dit_rows(, encoder_rows))], "
-            f"got {value!r}"
+            f"{where}: 'shapes' must be a list of "
+            f"[batch_size, seq_len(, dit_rows(, encoder_rows(, lm_rows)))], got {value!r}"
         )
-    return tuple((*s, *[None] * (4 - len(s))) for s in value)
+    return tuple((*s, *[None] * (5 - len(s))) for s in value)
 
 
 def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepRecord]:
@@ -90,7 +95,8 @@ def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepR
             flops = float(row["flops"])
         elif shapes:
             flops = world_size * sum(
-                training_flops(config, b, length, dit_rows=r, enc_rows=e) for b, length, r, e in shapes
+                training_flops(config, b, length, dit_rows=r, enc_rows=e, lm_rows=n)
+                for b, length, r, e, n in shapes
             )
         else:
             raise StepError(f"{where}: a step line needs 'flops' or 'shapes' to count model FLOPs")
@@ -188,10 +194,11 @@ def compute(p: MfuParams, base: Path) -> dict[str, Any]:
     if shapes:
         towers = {name: 0.0 for name in TOWERS}
         half = 0.0
-        for b, length, rows, enc_rows in shapes:
-            for name, value in forward_flops(config, b, length, dit_rows=rows, enc_rows=enc_rows).items():
+        for b, length, dit_rows, enc_rows, lm_rows in shapes:
+            rows = {"dit_rows": dit_rows, "enc_rows": enc_rows, "lm_rows": lm_rows}
+            for name, value in forward_flops(config, b, length, **rows).items():
                 towers[name] += value
-            half += training_flops(config, b, length, causal_half=True, dit_rows=rows, enc_rows=enc_rows)
+            half += training_flops(config, b, length, causal_half=True, **rows)
         figures["tower_shares"] = tower_shares(towers)
         if peak:  # same run, the lower-triangle attention convention of other ports
             figures["mfu_causal_half"] = figures["mfu"] * half / (3 * sum(towers.values()))
