@@ -148,7 +148,7 @@ def test_agrees_with_the_reference_implementation(dnsmos):
 
 def test_noise_scores_below_speech_and_reruns_are_identical(dnsmos):
     rng = np.random.default_rng(0)
-    clean = _speech(3)
+    clean = _speech(2)
     noisy = [c + rng.standard_normal(c.size).astype(np.float32) * np.sqrt(np.mean(c**2)) for c in clean]
     clean_scores = [dnsmos.score(c, 16_000) for c in clean]
     noisy_scores = [dnsmos.score(np.clip(n, -1, 1), 16_000) for n in noisy]
