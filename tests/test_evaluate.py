@@ -339,7 +339,7 @@ def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_cli
     for speaker, clips in real_clips.items():
         centre = unit_mean([scorers.encoder.embed(w, 16000) for w in clips[:3]])
         voices[speaker] = Voice(speaker, centre, None, [], scorers.encoder.embed(clips[3], 16000))
-    generated = [  # one clip a speaker, one with a reference and one without: each scorer runs on both threads
+    generated = [  # one clip a speaker, one with a reference and one without, each scorer on both threads
         Generated(Utterance(i, speaker, f"{speaker}-{i}", "val", "a short test sentence", Path("real.wav"),
                             2.0, i % 2 == 0, "en", 2.0), clips[3], 16000, 8, 4, False, 0.1)
         for i, (speaker, clips) in enumerate(real_clips.items())
