@@ -107,7 +107,8 @@ def _pick(x: torch.Tensor, read: Read) -> torch.Tensor:
     """The positions `read` of x: a slice of dim 1 of [B, T, H], or indices into the rows of packed [N, H].
 
     A slice is copied out: a GEMM on the strided view gave results that varied in the last bit from
-    call to call on CPU (MKL), and the read rows are few."""
+    call to call on CPU (MKL). The copy is one position (the encoder) or one F.linear's reshape would
+    make anyway (the DiT's P of 2P + 3)."""
     if read is None:
         return x
     return x[:, read].contiguous() if isinstance(read, slice) else x.index_select(0, read)
