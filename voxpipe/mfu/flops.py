@@ -154,11 +154,16 @@ def batch_shape(batch: Mapping[str, torch.Tensor], config: VoxCPM2Config) -> tup
     return int(feats.size(0)), int(feats.size(1))
 
 
+def row_counts(plan: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """How many rows each tower runs on under a row plan (rows.py; `host_rows`'s keys), as this
+    module's keyword arguments."""
+    return {"dit_rows": plan["loss_rows"].numel(), "enc_rows": plan["audio_rows"].numel(),
+            "lm_rows": plan["lm_rows"].numel()}
+
+
 def batch_rows(batch: Mapping[str, torch.Tensor]) -> dict[str, int]:
     """How many rows each tower of the model runs on for this batch (its row plan, rows.py)."""
-    plan = plan_rows(batch["audio_mask"], batch["loss_mask"])
-    return {"dit_rows": plan.loss_rows.numel(), "enc_rows": plan.audio_rows.numel(),
-            "lm_rows": plan.lm_rows.numel()}
+    return row_counts(plan_rows(batch["audio_mask"], batch["loss_mask"])._asdict())
 
 
 def batch_training_flops(config: VoxCPM2Config, batch: Mapping[str, torch.Tensor]) -> float:

@@ -95,9 +95,9 @@ class Packed:
         flat = x.new_zeros(self.batch * self.length, x.size(-1)).index_copy(0, rows, x)
         return flat.view(self.batch, self.length, -1)
 
-    def pack(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[batch, length, C] -> [n, C] at `rows` (default: all kept)."""
-        return x.reshape(self.batch * self.length, -1).index_select(0, self.rows if rows is None else rows)
+    def pack(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[batch, length, C] -> [n, C] at `rows`."""
+        return x.reshape(self.batch * self.length, -1).index_select(0, rows)
 
 
 Read = slice | torch.Tensor | None  # the positions a layer returns: None = all

@@ -27,9 +27,6 @@ class RowPlan(NamedTuple):
     loss_prev: torch.Tensor  # [L] slot of the position before each; -1 at a sequence's start (zeros)
 
 
-ROW_KEYS = RowPlan._fields
-
-
 def _host(mask: torch.Tensor) -> np.ndarray:
     mask = mask.detach()
     return (mask if mask.device.type == "cpu" else mask.cpu()).numpy() > 0

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from voxpipe.errors import StepError
-from voxpipe.mfu.flops import training_flops
+from voxpipe.mfu.flops import row_counts, training_flops
 from voxpipe.mfu.peak import peak_flops
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import TrainParams
@@ -84,11 +84,11 @@ class Throughput:
         """One micro-batch still on the host, and the rows (`host_rows`) its encoder and DiT run on."""
         b, length = batch["text_tokens"].shape
         real = int(np.count_nonzero((batch["text_mask"].numpy() > 0) | (batch["audio_mask"].numpy() > 0)))
-        dit_rows, enc_rows, lm_rows = (rows[k].numel() for k in ("loss_rows", "audio_rows", "lm_rows"))
-        flops = training_flops(self.config, b, length, dit_rows=dit_rows, enc_rows=enc_rows, lm_rows=lm_rows)
+        counts = row_counts(rows)
+        flops = training_flops(self.config, b, length, **counts)
         for i, value in enumerate((b * length, real, b, flops)):
             self._counts[i] += value
-        self._shapes.append([b, length, dit_rows, enc_rows, lm_rows])
+        self._shapes.append([b, length, counts["dit_rows"], counts["enc_rows"], counts["lm_rows"]])
 
     def counts(self) -> list[float]:
         """This rank's totals of the step, for the trainer's one all-reduce."""
