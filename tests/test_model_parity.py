@@ -445,3 +445,29 @@ def test_missing_checkpoint_files_name_the_directory(tmp_path):
     Path(tmp_path / "config.json").write_text(json.dumps(CONFIGS["mha-p3-no-rope"].to_dict()))
     with pytest.raises(StepError, match="no model weights"):
         from_pretrained(tmp_path)
+
+
+def test_meta_build_draws_no_random_numbers_and_imports_no_compiler():
+    """memory.on_meta: the model and its VAE as CPU builds them (names, shapes, dtypes), without torch's
+    Python meta references for normal_/randn/norm, whose first call imports torch._dynamo and sympy (1-2 s
+    of every evaluate, serve and synthesize start); a factory given another device still draws."""
+    code = """
+import sys, torch
+from voxpipe.model.audiovae import AudioVAE
+from voxpipe.model.config import preset
+from voxpipe.model.memory import on_meta
+from voxpipe.model.voxcpm2 import VoxCPM2
+config = preset("tiny")
+with on_meta():
+    model, vae = VoxCPM2(config), AudioVAE(config.audio_vae_config)
+    drawn = torch.randn(3, device="cpu")
+assert drawn.device.type == "cpu" and drawn.abs().sum() > 0
+for built, plain in ((model, VoxCPM2(config)), (vae, AudioVAE(config.audio_vae_config))):
+    shapes = {k: (v.shape, v.dtype) for k, v in plain.state_dict().items()}
+    assert {k: (v.shape, v.dtype) for k, v in built.state_dict().items()} == shapes
+    assert all(v.is_meta for v in built.state_dict().values())
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

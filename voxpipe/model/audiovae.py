@@ -52,7 +52,9 @@ class _WeightNormed(nn.Module):
     def _init_params(self, v_shape: tuple[int, ...], fan_in: int, out_channels: int, bias: bool) -> None:
         v = torch.empty(v_shape)
         nn.init.kaiming_uniform_(v, a=math.sqrt(5))
-        self.weight_g = nn.Parameter(torch.norm_except_dim(v, 2, 0))
+        # on meta only g's shape matters, and torch's meta norm would import torch._dynamo (memory.on_meta)
+        g_shape = (v_shape[0], *[1] * (len(v_shape) - 1))
+        self.weight_g = nn.Parameter(torch.empty(g_shape) if v.is_meta else torch.norm_except_dim(v, 2, 0))
         self.weight_v = nn.Parameter(v)
         if bias:
             bound = 1 / math.sqrt(fan_in)

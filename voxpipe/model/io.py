@@ -24,7 +24,7 @@ from voxpipe.model.audiovae import (
 )
 from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
-from voxpipe.model.memory import ensure_fits, parameter_bytes
+from voxpipe.model.memory import ensure_fits, on_meta, parameter_bytes
 from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.tokenizer import VoxTokenizer
@@ -73,7 +73,7 @@ def from_pretrained(
         raise StepError(f"{directory}: not a VoxCPM2 checkpoint (no config.json)")
     verify_checksums(directory)  # a folder that ships SHA256SUMS (the demo base) is the one that was made
     config = VoxCPM2Config.from_file(config_path)
-    with torch.device("meta"):
+    with on_meta():
         model = VoxCPM2(config)
     vae_bytes = parameter_bytes(lambda: AudioVAE(config.audio_vae_config))
     needed = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()

@@ -9,20 +9,50 @@ are compared with what the device has free.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from voxpipe.errors import StepError
 
 GB = 1e9
 
 
+class _NoRandomOnMeta(TorchFunctionMode):
+    """No random numbers for meta tensors, which hold no values: initialisers do nothing, random factories
+    make empty tensors. torch's meta `normal_` and `randn` are Python references whose first calls import
+    torch._dynamo and sympy: 1-2 s of every process that builds a model on meta (evaluate, serve,
+    synthesize, export), for nothing. Only inside `on_meta`, where every new tensor is a meta one; modes
+    are per thread."""
+
+    INITIALISERS = frozenset({"normal_", "uniform_", "trunc_normal_", "fill_", "zero_"})
+    FACTORIES = frozenset({"randn", "rand"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's protocol)
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", None)
+        target = args[0] if args else kwargs.get("tensor")  # torch.nn.init's pass it by name
+        if name in self.INITIALISERS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        if name in self.FACTORIES and func.__module__ == "torch" and kwargs.get("device") in (None, "meta"):
+            return torch.empty(*args, **{k: v for k, v in kwargs.items() if k != "generator"})
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device: their shapes and dtypes, no memory, no initialisation."""
+    with torch.device("meta"), _NoRandomOnMeta():
+        yield
+
+
 def parameter_bytes(build: Callable[[], nn.Module], dtype: torch.dtype = torch.float32) -> int:
     """Bytes the parameters of `build()` take in `dtype`, counted on the meta device."""
-    with torch.device("meta"):
+    with on_meta():
         model = build()
     size = torch.empty((), dtype=dtype).element_size()
     return sum(p.numel() for p in model.parameters()) * size

@@ -23,6 +23,7 @@ from voxpipe.model.audiovae import AudioVAE, load_audiovae_state_dict, load_audi
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.encoder import TOKENIZER_FILES
 from voxpipe.model.io import load_weights_strict, read_model_state, save_pretrained
+from voxpipe.model.memory import on_meta
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams
@@ -74,7 +75,7 @@ def export_checkpoint(
             full[key] = value.to(dtype) if value.is_floating_point() else value
         full.update(gathered)
         full = lora.merge_lora_state_dict(full, lora_params)
-    with torch.device("meta"):
+    with on_meta():
         plain = VoxCPM2(config)
     load_weights_strict(plain, full, "trained weights", dtype)  # in the saved dtype: no second copy
     vae = AudioVAE(config.audio_vae_config)

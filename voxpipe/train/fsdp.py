@@ -34,7 +34,7 @@ from voxpipe.errors import StepError
 from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import MODEL_FILES, read_model_state
-from voxpipe.model.memory import ensure_fits
+from voxpipe.model.memory import ensure_fits, on_meta
 from voxpipe.model.npu import OFF, NpuKernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.voxcpm2 import VoxCPM2
@@ -124,7 +124,7 @@ def prepare_model(
 ) -> VoxCPM2:
     """The model on the meta device as train shards it: LoRA adapters (their frozen base in `dtype`),
     the device's kernels. Shared by train and `voxpipe plan`, so the plan models what train runs."""
-    with torch.device("meta"):
+    with on_meta():
         model = VoxCPM2(config)
     if lora_params.enabled:
         lora.apply_lora(model, lora_params)

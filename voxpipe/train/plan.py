@@ -42,7 +42,7 @@ from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text
 from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import VoxCPM2Config, preset
-from voxpipe.model.memory import available_bytes
+from voxpipe.model.memory import available_bytes, on_meta
 from voxpipe.model.rows import host_rows
 from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams, Params
@@ -315,7 +315,7 @@ def _fake_peak_of(setup: Setup) -> dict[str, int]:
 
 def host_load_bytes(setup: Setup) -> int:
     """Rank 0's extra host memory while loading: the largest base tensor, read then cast to fp32."""
-    with torch.device("meta"):
+    with on_meta():
         model = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora)
     largest = max(q.numel() for q in model.parameters())
     return largest * (2 + 4)  # bf16 as read + the parameter's dtype (at most fp32)
@@ -328,7 +328,7 @@ def host_export_bytes(setup: Setup, export_dtype: str) -> int:
     weights read); and the tensor in flight: a gathered fp32 tensor beside its cast, or with LoRA
     the fold's three fp32 terms (W, B @ A, their sum) of the largest adapted weight.
     """
-    with torch.device("meta"):
+    with on_meta():
         plain = VoxCPM2(setup.config)
         vae = AudioVAE(setup.config.audio_vae_config)
         trained = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora) if setup.lora.enabled else None
