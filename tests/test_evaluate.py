@@ -292,10 +292,13 @@ def test_a_random_init_baseline_that_stops_at_once_fails_on_stopping_as_prematur
     assert all(g.utterance.language == "en" for g in clips)  # detected from the script: no row names one
 
 
-def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_sample, val, base):
+def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_sample, val, base, tmp_path):
     """The voice's data changed since its champion was scored: evaluate scores the champion's export a
-    third time, on this val set and these seeds (voxpipe/track/champion.py finds it in the registry)."""
-    from voxpipe.evaluate.step import _rescore_champion
+    third time, on this val set and these seeds (voxpipe/track/champion.py finds it in the registry, on a
+    thread of its own, and fetches nothing for a champion scored on this val set)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from voxpipe.evaluate.step import _look_up_champion, _rescore_champion
     from voxpipe.params import Params
     from voxpipe.track.champion import ChampionExport
 
@@ -303,32 +306,43 @@ def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_s
     params = Params.model_validate({"evaluate": {"seeds": SEEDS}})
 
     def champion_on(digest):
-        return lambda params, folder: ChampionExport("voxpipe-sample", "3", digest, encoded_sample.base_model)
+        def find(params, folder, val_digest=None):
+            assert folder == tmp_path
+            return None if val_digest == digest else ChampionExport("voxpipe-sample", "3", digest,
+                                                                    encoded_sample.base_model)
+        return find
 
-    again = _rescore_champion(params, champion_on("other-val"), batches, "this-val", val, CPU)
+    def rescore(params, find):
+        with ThreadPoolExecutor(1) as background:
+            lookup = _look_up_champion(params, find, tmp_path, "this-val", background)
+            return _rescore_champion(params, lookup, batches, "this-val", val, CPU)
+
+    again = rescore(params, champion_on("other-val"))
     totals = [loss.total for loss in _losses(base, batches)]
     assert again["rescored"] and (again["version"], again["scored_on"], again["val_digest"]) == (
         "3", "other-val", "this-val")
     assert again["loss"] == pytest.approx(sum(totals) / len(totals), rel=1e-6)
-    assert _rescore_champion(params, champion_on("this-val"), batches, "this-val", val, CPU) is None
-    assert _rescore_champion(params, lambda p, f: None, batches, "this-val", val, CPU) is None
+    assert rescore(params, champion_on("this-val")) is None
+    assert rescore(params, lambda p, f, d: None) is None
+    assert rescore(params, None) is None
     off = Params.model_validate({"evaluate": {"rescore_champion": False}})
-    assert _rescore_champion(off, champion_on("other-val"), batches, "this-val", val, CPU) is None
+    assert rescore(off, champion_on("other-val")) is None
 
 
 # -- the scoring threads and what evaluate's time went to ---------------------------------------------
 
 
 def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_clips):
-    """Issue 33: evaluate scores clips on two threads beside generation. Every figure of every clip is the
-    one scoring them one after the other gives, to the bit (torch on one thread, as evaluate runs it)."""
+    """Issue 33: evaluate scores clips on threads beside generation (DNSMOS, voice, ASR). Every figure of
+    every clip is the one scoring them one after the other gives, to the bit (torch on one thread, as
+    evaluate runs it)."""
     from concurrent.futures import Future
 
     from voxpipe.backends import QUALITY, QUALITY_BACKEND
     from voxpipe.evaluate.asr import Recognisers
     from voxpipe.evaluate.costs import Costs
     from voxpipe.evaluate.generation import Generated, Utterance
-    from voxpipe.evaluate.metrics import Scorers, Voice, clip_16k, clip_quality, measure
+    from voxpipe.evaluate.metrics import Scorers, Voice, clip_16k, clip_intelligibility, clip_quality, measure
     from voxpipe.evaluate.scoring_threads import ScoringThreads
     from voxpipe.params import EvaluateParams
 
@@ -347,7 +361,8 @@ def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_cli
     in_turn = []
     for g in generated:
         m = measure(g, clip_16k(g), voices, scorers, Costs())
-        in_turn.append({**m.record, "mos": clip_quality(clip_16k(g), scorers, Costs())})
+        words, _ = clip_intelligibility(g, clip_16k(g), scorers, Costs())
+        in_turn.append({**m.record, **words, "mos": clip_quality(clip_16k(g), scorers, Costs())})
     costs = Costs()
     ready = {name: Future() for name in voices}
     with ScoringThreads(scorers, costs) as threads:
@@ -355,7 +370,7 @@ def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_cli
         for name, future in ready.items():  # the real voices arrive after the clips were queued
             future.set_result(voices[name])
         threaded = [r().record for r in results]
-    assert threaded == in_turn
+    assert threaded == in_turn and [list(r) for r in threaded] == [list(r) for r in in_turn]  # keys in order
     assert all(r["mos"] and r["similarity_to_speaker"] is not None for r in threaded)
     counts = costs.as_dict()["counts"]
     assert counts == {"asr": len(generated), "dnsmos": len(generated), "pitch": len(generated),

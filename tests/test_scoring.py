@@ -245,3 +245,55 @@ def test_speaker_encoder_loads_the_registered_one_with_its_fields(tmp_path):
 
     with pytest.raises(StepError, match="evaluate.wavlm_model"):
         speaker_encoder("wavlm", {"wavlm_model": str(tmp_path / "nothing")})
+
+
+def _speech_16k() -> np.ndarray:
+    import io
+
+    import pyarrow.parquet as pq
+    import soundfile as sf
+    import soxr
+    from small_sample import SAMPLE
+
+    row = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
+    wav, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
+    return soxr.resample(wav, sr, 16000).astype(np.float32)
+
+
+def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
+    """asr.PocketSphinx decodes in a child (it holds the GIL for a whole utterance): the same decoder and
+    settings in this process give the same transcripts, utterance after utterance (the decoder carries its
+    cepstral mean from one to the next, so the order matters and is kept); an empty clip is heard as
+    nothing; the child's CPU time is counted, and it ends with its object."""
+    import gc
+
+    from pocketsphinx import Decoder
+
+    from voxpipe.evaluate.asr import PocketSphinx
+    from voxpipe.evaluate.pocketsphinx_worker import MAX_HMM_PER_FRAME
+
+    wav = _speech_16k()
+    decoder = Decoder(samprate=16000, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
+    expected = []
+    for _ in range(2):
+        decoder.start_utt()
+        decoder.process_raw((np.clip(wav, -1, 1) * 32767).astype(np.int16).tobytes(), full_utt=True)
+        decoder.end_utt()
+        expected.append(decoder.hyp().hypstr)
+    recogniser = PocketSphinx()
+    heard = [recogniser.transcribe(w, "en") for w in (wav, np.zeros(0, dtype=np.float32), wav)]
+    assert all(expected) and heard == [expected[0], "", expected[1]] and recogniser.cpu_seconds > 0
+    child = recogniser._child
+    del recogniser
+    gc.collect()
+    assert child.wait(timeout=10) == 0
+
+
+def test_a_dead_pocketsphinx_process_is_one_paragraph_naming_the_way_out():
+    from voxpipe.evaluate.asr import PocketSphinx
+
+    recogniser = PocketSphinx()
+    recogniser._child.kill()
+    recogniser._child.wait()
+    with pytest.raises(StepError, match=r"pocketsphinx process ended \(exit code -9.*leave pocketsphinx out"):
+        recogniser.transcribe(_speech_16k(), "en")

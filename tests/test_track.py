@@ -434,6 +434,9 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
                                                       "tracking": {"uri": server}}), tmp_path / "fetched")
     assert (champion.version, champion.val_digest) == (better["version"], "val-v1")
     assert from_pretrained(champion.path) is not None  # the export itself, as register logged it
+    same = tmp_path / "same-val"  # scored on evaluate's val set: nothing to re-score, nothing downloaded
+    params = Params.model_validate({"register": {"model_name": name}, "tracking": {"uri": server}})
+    assert champion_export(params, same, val_digest="val-v1") is None and not same.exists()
     rescored = {"rescored": True, "name": name, "version": better["version"], "scored_on": "val-v1",
                 "val_digest": "val-v3", "loss": 1.70, "loss_std": 0.001}
     moved = rule_run(root, tmp_path, "new-data", 1.60, val_digest="val-v3")

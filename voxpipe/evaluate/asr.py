@@ -23,6 +23,11 @@ backend covers gets no rate (null, with the reason), never a number.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +37,9 @@ import numpy as np
 
 from voxpipe.backends import ASR
 from voxpipe.errors import StepError
+from voxpipe.evaluate import pocketsphinx_worker as worker
 
 SAMPLE_RATE = 16000
-# Active HMMs per frame (pocketsphinx's default 30000). On the sample's real clips 3000 decodes 2x
-# faster for WER 0.82 instead of 0.78, and on the noise of a model that does not stop yet 3x
-# faster: there the default spends ~0.7 s per audio second searching.
-MAX_HMM_PER_FRAME = 3000
 WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
 WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
 
@@ -52,26 +54,65 @@ class Recogniser(Protocol):
 
 
 class PocketSphinx:
+    """pocketsphinx's decoder, in a child process of its own (pocketsphinx_worker.py).
+
+    The decoder holds the GIL for a whole utterance (7 s of the demo's evaluate), so in evaluate's process
+    it stalled generation and every scorer beside it (scoring_threads.py); in a child it runs on a core of
+    its own. Same decoder, same settings, same samples: the same transcript. The child starts (and loads
+    the model) while the caller goes on, and ends with this object or the process. `cpu_seconds`: what
+    its decoding cost, which the caller's own CPU time does not show.
+    """
+
     backend, model = "pocketsphinx", "pocketsphinx 5.1.1 en-us (bundled)"
 
     def __init__(self) -> None:
         try:
-            from pocketsphinx import Decoder
+            import pocketsphinx  # noqa: F401 (here: the error names the fix; the child decodes)
         except ImportError as e:
             raise StepError(f"evaluate.asr pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
                             "(or leave it out of evaluate.asr)") from e
-        self._decoder = Decoder(samprate=SAMPLE_RATE, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
+        self._errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child can never block on it
+        self._child = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=self._errors)
+        self._lock = threading.Lock()  # one utterance at a time through the pipes
+        self.cpu_seconds = 0.0
+        weakref.finalize(self, _stop, self._child)
 
     def covers(self, language: str) -> bool:
         return language == "en"
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
         pcm = (np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
-        self._decoder.start_utt()
-        self._decoder.process_raw(pcm, full_utt=True)
-        self._decoder.end_utt()
-        hyp = self._decoder.hyp()
-        return hyp.hypstr if hyp is not None else ""
+        with self._lock:
+            try:
+                worker.write_message(self._child.stdin, pcm)
+                reply = worker.read_message(self._child.stdout)
+            except OSError:
+                reply = None
+            if reply is not None:
+                self.cpu_seconds += worker.CPU.unpack_from(reply)[0]
+        if reply is None:
+            _stop(self._child)
+            self._errors.seek(0)
+            why = self._errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise StepError(f"the pocketsphinx process ended (exit code {self._child.returncode}: {why[0]}); "
+                            "nothing was written. Check the memory limit of this pod or machine, or leave "
+                            "pocketsphinx out of evaluate.asr")
+        return reply[worker.CPU.size:].decode()
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """End the decoder's process: its input closes, it exits (killed if it has not within seconds)."""
+    if child.stdin and not child.stdin.closed:
+        try:
+            child.stdin.close()
+        except OSError:
+            pass
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _folder(key: str, value: str | None, needs: tuple[str, ...]) -> Path:
@@ -161,6 +202,10 @@ class Recognisers:
     def __init__(self, names: list[str], config: Mapping[str, Any] | None = None) -> None:
         self.names = list(names)
         self.loaded: list[Recogniser] = [ASR[n].load(config or {}) for n in names]
+
+    def child_cpu_seconds(self) -> float:
+        """CPU seconds the recognisers spent in processes of their own (pocketsphinx's)."""
+        return sum(getattr(r, "cpu_seconds", 0.0) for r in self.loaded)
 
     def for_language(self, language: str) -> Choice:
         for r in self.loaded:

@@ -182,24 +182,36 @@ class BenchmarkRun:
         return {"wer": rate(False), "cer": rate(True), "sim": statistics.fmean(sims) if sims else None}
 
 
-def score_benchmark(clips: list[BenchmarkClip], prompts: list[Prompt], encoder: Any,
-                    recognisers: Recognisers) -> BenchmarkRun:
-    from voxpipe.evaluate.metrics import intelligibility  # metrics imports generation; this stays beside it
-
-    records, rates = [], []
+def benchmark_similarities(clips: list[BenchmarkClip], prompts: list[Prompt], encoder: Any
+                           ) -> list[float | None]:
+    """Each clip's SIM: its speaker embedding against its prompt's (None where either has no voice)."""
+    out = []
     for clip in clips:
-        line, prompt = clip.line, prompts[clip.line.index]
         wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
         embedding = encoder.embed(wav, SAMPLE_RATE) if wav.size else None
-        both = embedding is not None and prompt.embedding is not None
-        sim = cosine(embedding, prompt.embedding) if both else None
-        heard, rate = intelligibility(wav, line.text, line.language, recognisers)
-        records.append({"utt": line.utt, "text": line.text, "language": line.language,
-                        "prompt_wav": str(line.prompt_wav), "prompt_text": line.prompt_text,
-                        "audio_seconds": clip.audio.size / clip.sample_rate, "hit_limit": clip.hit_limit,
-                        "similarity_to_prompt": sim, **heard})
-        rates.append(rate)
-    return BenchmarkRun(records, rates)
+        prompt = prompts[clip.line.index].embedding
+        out.append(cosine(embedding, prompt) if embedding is not None and prompt is not None else None)
+    return out
+
+
+def benchmark_heard(clips: list[BenchmarkClip], recognisers: Recognisers
+                    ) -> list[tuple[dict[str, Any], Rate | None]]:
+    """Each clip's transcript and WER/CER in its line's language (metrics.intelligibility)."""
+    from voxpipe.evaluate.metrics import intelligibility  # metrics imports generation; this stays beside it
+
+    return [intelligibility(to_mono_resampled(c.audio, c.sample_rate, SAMPLE_RATE), c.line.text,
+                            c.line.language, recognisers) for c in clips]
+
+
+def benchmark_run(clips: list[BenchmarkClip], similarities: list[float | None],
+                  heard: list[tuple[dict[str, Any], Rate | None]]) -> BenchmarkRun:
+    """The scored lines: evaluate computes the two halves on the scorers' own threads (scoring_threads.py)."""
+    records = [{"utt": c.line.utt, "text": c.line.text, "language": c.line.language,
+                "prompt_wav": str(c.line.prompt_wav), "prompt_text": c.line.prompt_text,
+                "audio_seconds": c.audio.size / c.sample_rate, "hit_limit": c.hit_limit,
+                "similarity_to_prompt": sim, **words}
+               for c, sim, (words, _) in zip(clips, similarities, heard, strict=True)]
+    return BenchmarkRun(records, [rate for _, rate in heard])
 
 
 def _delta(a: float | None, b: float | None) -> float | None:

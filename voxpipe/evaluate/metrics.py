@@ -123,10 +123,17 @@ def clip_quality(wav: np.ndarray, scorers: Scorers, costs: Costs) -> dict[str, f
         return scorers.dnsmos.score(wav, SAMPLE_RATE) if wav.size else None
 
 
+def clip_intelligibility(clip: Generated, wav: np.ndarray, scorers: Scorers, costs: Costs
+                         ) -> tuple[dict[str, Any], Rate | None]:
+    """What the ASR hears in one generated clip (the record's transcript and rate keys, `intelligibility`)."""
+    with costs.phase("asr"):
+        return intelligibility(wav, clip.utterance.text, clip.utterance.language, scorers.recognisers)
+
+
 def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers: Scorers, costs: Costs
             ) -> ClipMeasures:
-    """Every figure of one generated clip but DNSMOS (`clip_quality`, the record's last key `mos`, added
-    by the caller); each scorer's time goes to its phase of `costs`."""
+    """Every figure of one generated clip but the ASR's (`clip_intelligibility`) and DNSMOS (`clip_quality`),
+    which the caller adds as the record's last keys; each scorer's time goes to its phase of `costs`."""
     u = clip.utterance
     with costs.phase("speaker"):
         embedding = scorers.encoder.embed(wav, SAMPLE_RATE)
@@ -138,8 +145,6 @@ def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers:
         nearest_similarity = scores[nearest]
         prompt = voices[u.speaker].prompt
         to_prompt = cosine(embedding, prompt) if u.with_reference and prompt is not None else None
-    with costs.phase("asr"):
-        heard, rate = intelligibility(wav, u.text, u.language, scorers.recognisers)
     with costs.phase("pitch"):
         f0 = median_f0(wav)
     record = {
@@ -163,6 +168,5 @@ def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers:
         "nearest_speaker": nearest,
         "nearest_similarity": nearest_similarity,
         "f0_median_hz": f0,
-        **heard,
     }
-    return ClipMeasures(record, embedding, rate)
+    return ClipMeasures(record, embedding, None)

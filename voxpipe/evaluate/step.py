@@ -27,7 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,11 +46,13 @@ from voxpipe.evaluate.benchmark_set import (
     BenchmarkClip,
     BenchmarkRun,
     Prompt,
+    benchmark_heard,
     benchmark_report,
+    benchmark_run,
+    benchmark_similarities,
     flat_figures,
     load_prompts,
     read_benchmark,
-    score_benchmark,
     synthesize_benchmark,
 )
 from voxpipe.evaluate.consistency import consistency
@@ -180,7 +182,9 @@ def _run_checkpoint(
         with costs.phase("benchmark_generation", len(bench[0].lines)):
             spoken = synthesize_benchmark(model, *bench, max_len=p.max_len, cfg_value=p.cfg_value,
                                           inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
-        benchmark = threads.voice(_score_benchmark, spoken, bench[1], threads.scorers, costs)
+        similarities = threads.voice(_benchmark_similarities, spoken, bench[1], threads.scorers, costs)
+        heard = threads.asr(_benchmark_heard, spoken, threads.scorers, costs)
+        benchmark = lambda: benchmark_run(spoken, similarities.result(), heard.result())  # noqa: E731
     del model
     gc.collect()
     seconds = time.perf_counter() - start
@@ -193,15 +197,21 @@ def _run_checkpoint(
                 bar.update()
         return CheckpointRun(losses, clips, sum(g.seconds for g in generated),
                              sum(g.audio_seconds for g in generated), seconds,
-                             None if benchmark is None else benchmark.result())
+                             None if benchmark is None else benchmark())
 
     return scored
 
 
-def _score_benchmark(spoken: list[BenchmarkClip], prompts: list[Prompt], scorers: Scorers, costs: Costs
-                     ) -> BenchmarkRun:
-    with costs.phase("benchmark_scoring", len(spoken)):
-        return score_benchmark(spoken, prompts, scorers.encoder, scorers.recognisers)
+def _benchmark_similarities(spoken: list[BenchmarkClip], prompts: list[Prompt], scorers: Scorers, costs: Costs
+                            ) -> list[float | None]:
+    with costs.phase("benchmark_similarity", len(spoken)):
+        return benchmark_similarities(spoken, prompts, scorers.encoder)
+
+
+def _benchmark_heard(spoken: list[BenchmarkClip], scorers: Scorers, costs: Costs
+                     ) -> list[tuple[dict[str, Any], Rate | None]]:
+    with costs.phase("benchmark_asr", len(spoken)):
+        return benchmark_heard(spoken, scorers.recognisers)
 
 
 def _real_voice(plan: SpeakerPlan, scorers: Scorers, costs: Costs) -> Voice:
@@ -346,29 +356,37 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
 
 
 class ChampionFinder(Protocol):
-    """voxpipe/track/champion.py `champion_export`: the voice's @champion, its export under `folder`."""
+    """voxpipe/track/champion.py `champion_export`: the voice's @champion, its export under `folder`; None
+    when it was scored on `val_digest` too."""
 
-    def __call__(self, params: Params, folder: Path) -> Any: ...
+    def __call__(self, params: Params, folder: Path, val_digest: str | None = None) -> Any: ...
 
 
-def _rescore_champion(params: Params, find: ChampionFinder | None, batches: list[LossBatch], digest: str,
+def _look_up_champion(params: Params, find: ChampionFinder | None, folder: Path, digest: str,
+                      background: ThreadPoolExecutor) -> Future[Any] | None:
+    """The registry asked for the voice's champion on a thread of its own, while evaluate works (importing
+    MLflow and opening its store cost seconds at the end of every run); None when nothing is to ask."""
+    if find is None or not params.evaluate.rescore_champion:
+        return None
+    return background.submit(find, params, folder, digest)
+
+
+def _rescore_champion(params: Params, lookup: Future[Any] | None, batches: list[LossBatch], digest: str,
                       val: EncodedDataset, device: torch.device) -> dict[str, Any] | None:
     """The voice's champion's fixed-seed loss on this val set, when it was scored on another (a third
     checkpoint beside the base and the candidate); None when there is none or it was scored on this one."""
-    p = params.evaluate
-    if find is None or not p.rescore_champion:
+    if lookup is None:
         return None
-    with tempfile.TemporaryDirectory(prefix="voxpipe-champion-") as folder:  # never in the DVC output
-        try:
-            found = find(params, Path(folder))
-        except StepError as e:
-            log.warning("the champion was not re-scored: %s", e)
-            return {"rescored": False, "reason": str(e)}
-        if found is None or found.val_digest == digest:
-            return None
-        _check_data(val, _read_config(found.path), found.path)
-        model = from_pretrained(found.path, device=device, kernels=params.model.kernels)
-        totals = [fixed_seed_loss(model, batches, device, seed).total for seed in p.seeds]
+    try:
+        found = lookup.result()
+    except StepError as e:
+        log.warning("the champion was not re-scored: %s", e)
+        return {"rescored": False, "reason": str(e)}
+    if found is None:
+        return None
+    _check_data(val, _read_config(found.path), found.path)
+    model = from_pretrained(found.path, device=device, kernels=params.model.kernels)
+    totals = [fixed_seed_loss(model, batches, device, seed).total for seed in params.evaluate.seeds]
     log.info("champion %s v%s re-scored on this val set: loss %.5f", found.name, found.version,
              statistics.fmean(totals))
     return {"rescored": True, "name": found.name, "version": found.version, "scored_on": found.val_digest,
@@ -385,8 +403,11 @@ def evaluate(params: Params, champion: ChampionFinder | None = None) -> Evaluate
     eval.json and samples/ stay as they were (this run's clips are staged and removed)."""
     out = Path(params.evaluate.out)
     try:
-        with cpu_threads(torch.device(resolve_device_type(params.evaluate.device)), CPU_THREADS):
-            return _evaluate(params, champion)
+        # the champion's export is fetched into a temporary folder, never into the DVC output
+        with cpu_threads(torch.device(resolve_device_type(params.evaluate.device)), CPU_THREADS), \
+                tempfile.TemporaryDirectory(prefix="voxpipe-champion-") as folder, \
+                ThreadPoolExecutor(1, thread_name_prefix="voxpipe-champion") as background:
+            return _evaluate(params, champion, Path(folder), background)
     except OSError as e:
         if e.errno not in DISK_ERRORS:
             raise
@@ -415,7 +436,8 @@ def publish(staged: Path, samples: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult:
+def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: Path,
+              background: ThreadPoolExecutor) -> EvaluateResult:
     p = params.evaluate
     start, cpu_start = time.perf_counter(), time.process_time()
     out, data_dir, base_path = Path(p.out), Path(p.data), Path(params.model.base)
@@ -438,6 +460,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
     # the WHOLE val set: a row longer than the budget gets a batch of its own instead of being dropped
     batches = val_loss_batches(val, config.patch_size, max(params.train.max_tokens, max(lengths)),
                                config.max_length)
+    digest = val_digest(batches, p.seeds)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
     config = p.model_dump()  # each backend takes its own evaluate.* fields (voxpipe/backends.py)
     costs = Costs()
@@ -457,10 +480,12 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
 
     with ScoringThreads(scorers, costs) as threads:
         pending_voices = {plan.speaker: threads.voice(_real_voice, plan, scorers, costs) for plan in plans}
-        pending_asr = threads.voice(_real_asr, plans, scorers.recognisers, costs)
+        pending_asr = threads.asr(_real_asr, plans, scorers.recognisers, costs)
         finish = {tag: _run_checkpoint(tag, path, p, device, batches, plans, pending_voices, threads, samples,
                                        params.model.kernels, costs, bench)
                   for tag, path in [("baseline", base_path), *((c.tag, c.path) for c in candidates)]}
+        # the registry while the clips are scored (the main thread only waits from here)
+        champion_lookup = _look_up_champion(params, champion, champion_folder, digest, background)
         base_run, runs = finish.pop("baseline")(), {tag: done() for tag, done in finish.items()}
         voices = {speaker: v.result() for speaker, v in pending_voices.items()}
         real_asr = pending_asr.result()
@@ -500,7 +525,6 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
         if figures[key] is None:
             figures[f"{key}_null_reason"] = "no clip generated with a reference clip had a voice to embed"
     figures["similarity_to_prompt_comparable"] = int(scorers.encoder.backend == PROTOCOL_BACKEND)
-    digest = val_digest(batches, p.seeds)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
     document = {
         **figures,
@@ -512,7 +536,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
         "benchmark_null_reason": None if bench_report else NO_BENCHMARK,
         "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
         "val_digest": digest,
-        "champion": _rescore_champion(params, champion, batches, digest, val, device),
+        "champion": _rescore_champion(params, champion_lookup, batches, digest, val, device),
         "chosen": {"path": str(chosen.path), "step": chosen.step, "md5": dvc_md5(chosen.path), "why": why},
         "exports": table,
         "exports_of_run": exports.as_dict(),
@@ -556,6 +580,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None) -> EvaluateResult
     }, run={
         "seconds": round(time.perf_counter() - start, 3),
         "cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "child_cpu_seconds": round(scorers.recognisers.child_cpu_seconds(), 3),  # pocketsphinx's process
         "cpu_threads": CPU_THREADS if device.type == "cpu" else None,
         "costs": costs.as_dict(),
         "checkpoint_seconds": {"baseline": round(base_run.seconds, 3),

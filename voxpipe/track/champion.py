@@ -31,9 +31,11 @@ class ChampionExport:
     path: Path  # its export, downloaded
 
 
-def champion_export(params: Params, folder: Path) -> ChampionExport | None:
-    """The voice's @champion with its export downloaded under `folder`; None when there is none, or no
-    registry to ask (a local store that does not exist yet is not created)."""
+def champion_export(params: Params, folder: Path, val_digest: str | None = None) -> ChampionExport | None:
+    """The voice's @champion with its export downloaded under `folder`; None when there is none, no
+    registry to ask (a local store that does not exist yet is not created), or when it was scored on
+    `val_digest`, the val set evaluate scores on: then there is nothing to re-score, and its export (the
+    whole model) is not downloaded."""
     tracking = params.tracking
     uri = resolve_tracking_uri(tracking.uri, Path(tracking.work))
     if uri.startswith(SQLITE) and not Path(uri.removeprefix(SQLITE)).is_file():
@@ -43,7 +45,7 @@ def champion_export(params: Params, folder: Path) -> ChampionExport | None:
 
     with session(uri) as client:
         version = alias_version(client, name, CHAMPION)
-        if version is None:
+        if version is None or (val_digest is not None and version.tags.get(VAL_TAG) == val_digest):
             return None
         folder.mkdir(parents=True, exist_ok=True)
         local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}",
