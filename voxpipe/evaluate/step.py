@@ -182,9 +182,8 @@ def _run_checkpoint(
         with costs.phase("benchmark_generation", len(bench[0].lines)):
             spoken = synthesize_benchmark(model, *bench, max_len=p.max_len, cfg_value=p.cfg_value,
                                           inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
-        similarities = threads.voice(_benchmark_similarities, spoken, bench[1], threads.scorers, costs)
-        heard = threads.asr(_benchmark_heard, spoken, threads.scorers, costs)
-        benchmark = lambda: benchmark_run(spoken, similarities.result(), heard.result())  # noqa: E731
+        benchmark = (spoken, threads.voice(_benchmark_similarities, spoken, bench[1], threads.scorers, costs),
+                     threads.asr(_benchmark_heard, spoken, threads.scorers, costs))
     del model
     gc.collect()
     seconds = time.perf_counter() - start
@@ -197,7 +196,8 @@ def _run_checkpoint(
                 bar.update()
         return CheckpointRun(losses, clips, sum(g.seconds for g in generated),
                              sum(g.audio_seconds for g in generated), seconds,
-                             None if benchmark is None else benchmark())
+                             None if benchmark is None else
+                             benchmark_run(benchmark[0], benchmark[1].result(), benchmark[2].result()))
 
     return scored
 
