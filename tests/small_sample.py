@@ -3,13 +3,30 @@ grows with the rows)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+
+
+def speech_16k(first: int, last: int = 0) -> list[np.ndarray]:
+    """The first `first` and the last `last` clips of the sample's first shard (the two voices sit at its
+    two ends), decoded and resampled to 16 kHz mono float32, as the scorers take them."""
+    import soundfile as sf
+    import soxr
+
+    table = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0])
+    rows = table.slice(0, first).to_pylist() + table.slice(len(table) - last, last).to_pylist()
+    out = []
+    for row in rows:
+        wav, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
+        out.append(soxr.resample(wav, sr, 16_000).astype(np.float32))
+    return out
 
 
 def write_small_sample(dest: Path, per_speaker: int = 6) -> Path:

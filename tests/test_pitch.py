@@ -4,15 +4,10 @@ on the sample's speech (both voices), on noise, silence, a glide and clipped aud
 
 from __future__ import annotations
 
-import io
-
 import librosa
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
-import soundfile as sf
-import soxr
-from small_sample import SAMPLE
+from small_sample import speech_16k
 
 from voxpipe.evaluate import pitch
 from voxpipe.evaluate.viterbi import SparseTransitions, viterbi
@@ -66,17 +61,6 @@ def test_viterbi_on_a_general_sparse_matrix():
         assert np.array_equal(viterbi(prob, SparseTransitions(transition), p_init), expected)
 
 
-def _speech(count: int) -> list[np.ndarray]:
-    table = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0])
-    # both voices: the first rows and the last
-    rows = table.slice(0, count).to_pylist() + table.slice(len(table) - count, count).to_pylist()
-    out = []
-    for row in rows:
-        wav, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
-        out.append(soxr.resample(wav, sr, pitch.SAMPLE_RATE).astype(np.float32))
-    return out
-
-
 def _made_up() -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     t = np.arange(2 * pitch.SAMPLE_RATE) / pitch.SAMPLE_RATE
@@ -91,11 +75,11 @@ def _made_up() -> list[np.ndarray]:
 
 
 def test_pyin_is_librosas():
-    for wav in _speech(3) + _made_up():
+    for wav in speech_16k(3, 3) + _made_up():
         f0, voiced, _ = librosa.pyin(wav, fmin=pitch.FMIN, fmax=pitch.FMAX, sr=pitch.SAMPLE_RATE,
                                      frame_length=pitch.FRAME, hop_length=pitch.HOP,
                                      resolution=pitch.RESOLUTION)
         ours_f0, ours_voiced = pitch.pyin(wav)
         assert np.array_equal(ours_voiced, voiced)
         assert np.array_equal(ours_f0, f0, equal_nan=True)
-    assert pitch.median_f0(_speech(1)[0]) is not None and pitch.median_f0(_made_up()[1]) is None
+    assert pitch.median_f0(speech_16k(1)[0]) is not None and pitch.median_f0(_made_up()[1]) is None

@@ -4,15 +4,11 @@ on generated tone and noise mixes of 1 to 40 s."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import onnxruntime as ort
-import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
-import soxr
-from small_sample import SAMPLE
+from small_sample import speech_16k
 
 from voxpipe.data.quality import WINDOW, Dnsmos, model_path, windows
 
@@ -63,15 +59,6 @@ def _mix(seconds: float, snr_db: float, seed: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def reference_session() -> ort.InferenceSession:
     return ort.InferenceSession(model_path(), providers=["CPUExecutionProvider"])
-
-
-def _speech(count: int) -> list[np.ndarray]:
-    rows = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0]).slice(0, count).to_pylist()
-    out = []
-    for row in rows:
-        wav, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
-        out.append(soxr.resample(wav, sr, 16_000).astype(np.float32))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +126,7 @@ def test_scores_match_speechmos_runner_and_the_port(dnsmos, reference_session, t
 def test_agrees_with_the_reference_implementation(dnsmos):
     """speechmos' own path (P.808 as well) on 12 s of the sample's speech."""
     speechmos = pytest.importorskip("speechmos.dnsmos")  # needs librosa (the dev extra)
-    clip = np.concatenate(_speech(5))
+    clip = np.concatenate(speech_16k(5))
     clip = clip / np.abs(clip).max() * 0.9
     ours, theirs = dnsmos.score(clip, 16_000), speechmos.run(clip, 16_000)
     for key in ("sig", "bak", "ovrl"):
@@ -148,7 +135,7 @@ def test_agrees_with_the_reference_implementation(dnsmos):
 
 def test_noise_scores_below_speech_and_reruns_are_identical(dnsmos):
     rng = np.random.default_rng(0)
-    clean = _speech(2)
+    clean = speech_16k(2)
     noisy = [c + rng.standard_normal(c.size).astype(np.float32) * np.sqrt(np.mean(c**2)) for c in clean]
     clean_scores = [dnsmos.score(c, 16_000) for c in clean]
     noisy_scores = [dnsmos.score(np.clip(n, -1, 1), 16_000) for n in noisy]

@@ -460,7 +460,12 @@ def test_ctrl_c_stops_a_step_in_one_line_and_the_rerun_resumes(tmp_path):
            "--out", str(tmp_path / "ingest"), "--set", "ingest.score_quality=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    time.sleep(4)
+    # interrupt the step, not the interpreter's start: on a loaded machine 4 s could still be before Python
+    # handles SIGINT at all (the process then dies of the signal, silently, status -2)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ingest").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:

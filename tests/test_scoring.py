@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import zhconv
+from small_sample import speech_16k
 from zhon.hanzi import punctuation
 
 from voxpipe.errors import StepError
@@ -247,19 +248,6 @@ def test_speaker_encoder_loads_the_registered_one_with_its_fields(tmp_path):
         speaker_encoder("wavlm", {"wavlm_model": str(tmp_path / "nothing")})
 
 
-def _speech_16k() -> np.ndarray:
-    import io
-
-    import pyarrow.parquet as pq
-    import soundfile as sf
-    import soxr
-    from small_sample import SAMPLE
-
-    row = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
-    wav, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
-    return soxr.resample(wav, sr, 16000).astype(np.float32)
-
-
 def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
     """asr.PocketSphinx decodes in a child (it holds the GIL for a whole utterance): the same decoder and
     settings in this process give the same transcripts, utterance after utterance (the decoder carries its
@@ -272,7 +260,7 @@ def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
     from voxpipe.evaluate.asr import PocketSphinx
     from voxpipe.evaluate.pocketsphinx_worker import MAX_HMM_PER_FRAME
 
-    wav = _speech_16k()
+    wav = speech_16k(1)[0]
     decoder = Decoder(samprate=16000, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
     expected = []
     for _ in range(2):
@@ -296,4 +284,4 @@ def test_a_dead_pocketsphinx_process_is_one_paragraph_naming_the_way_out():
     recogniser._child.kill()
     recogniser._child.wait()
     with pytest.raises(StepError, match=r"pocketsphinx process ended \(exit code -9.*leave pocketsphinx out"):
-        recogniser.transcribe(_speech_16k(), "en")
+        recogniser.transcribe(speech_16k(1)[0], "en")
