@@ -430,7 +430,7 @@ def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(t
 def test_worker_count_follows_the_cgroup_cpu_quota(tmp_path):
     """A pod's CPU limit is a cgroup quota, not an affinity mask: `workers: 0` must not start one decode
     process per core of the node."""
-    from voxpipe.data.ingest import usable_cores
+    from voxpipe.cores import usable_cores
 
     affinity = len(os.sched_getaffinity(0))
     cpu_max = tmp_path / "cpu.max"

@@ -15,7 +15,7 @@ from test_ingest import encode, read_outputs, struct, tone, write_parquet
 from test_ingest_formats import write_table
 
 from voxpipe import cli
-from voxpipe.data.ingest import usable_cores
+from voxpipe.cores import usable_cores
 from voxpipe.data.ingest_shards import OUTPUT_HASHES, ingest_shard, merge, plan
 from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import multiprocessing
 import os
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voxpipe.cores import usable_cores
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -49,26 +49,6 @@ from voxpipe.report import write_report
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
 LOG_SECONDS = 30.0  # off a terminal: one progress line this often
 log = logging.getLogger(__name__)
-
-
-CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
-
-
-def usable_cores(cpu_max: Path = CPU_MAX) -> int:
-    """The cores this process may run on: its CPU affinity (taskset, cpusets), capped by a cgroup CPU
-    quota. A pod limited to 4 CPUs on a 64-core node sees all 64 in its affinity; 64 decode workers
-    there would crowd into the quota of 4."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-    except (OSError, ValueError):
-        return cores
-    if quota == "max":
-        return cores
-    return max(1, min(cores, math.ceil(int(quota) / int(period))))
 
 
 def decode_workers(requested: int) -> int:

@@ -3,9 +3,10 @@
 Scoring a clip costs more than making it on the CPU (run.json's `costs`: DNSMOS alone more than
 generation, then ASR, pitch and the speaker encoder). While the main thread loads the next checkpoint
 and generates:
-- DNSMOS runs on a pool of one thread per core. It is the longest chain, so a core the others leave idle
-  takes its next clip. Its one onnxruntime session runs each window on the calling thread alone
-  (intra-op threads: 1), so a clip's score does not depend on which thread or how many score beside it.
+- DNSMOS runs on a pool of one thread per core this process may use (its affinity and cgroup quota,
+  voxpipe/cores.py). It is the longest chain, so a core the others leave idle takes its next
+  clip. Its one onnxruntime session runs each window on the calling thread alone (intra-op threads: 1),
+  so a clip's score does not depend on which thread or how many score beside it.
 - the speaker encoder and pitch run on a voice thread: the real voices first, then each clip, then the
   benchmark set's similarities;
 - the recognisers run on an ASR thread: the real recordings, then each clip, then the benchmark set.
@@ -18,12 +19,12 @@ error there.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from voxpipe.cores import usable_cores
 from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.generation import Generated
 from voxpipe.evaluate.metrics import (
@@ -45,7 +46,7 @@ class ScoringThreads:
 
     def __init__(self, scorers: Scorers, costs: Costs) -> None:
         self.scorers, self.costs = scorers, costs
-        self._quality = ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="voxpipe-dnsmos")
+        self._quality = ThreadPoolExecutor(usable_cores(), thread_name_prefix="voxpipe-dnsmos")
         self._voice = ThreadPoolExecutor(1, thread_name_prefix="voxpipe-voice")
         self._asr = ThreadPoolExecutor(1, thread_name_prefix="voxpipe-asr")
 
