@@ -182,25 +182,30 @@ class BenchmarkRun:
         return {"wer": rate(False), "cer": rate(True), "sim": statistics.fmean(sims) if sims else None}
 
 
-def benchmark_similarities(clips: list[BenchmarkClip], prompts: list[Prompt], encoder: Any
-                           ) -> list[float | None]:
-    """Each clip's SIM: its speaker embedding against its prompt's (None where either has no voice)."""
+def clips_16k(clips: list[BenchmarkClip]) -> list[np.ndarray]:
+    """The clips as both scorers take them (mono, 16 kHz): resampled once for the two halves."""
+    return [to_mono_resampled(c.audio, c.sample_rate, SAMPLE_RATE) for c in clips]
+
+
+def benchmark_similarities(clips: list[BenchmarkClip], wavs: list[np.ndarray], prompts: list[Prompt],
+                           encoder: Any) -> list[float | None]:
+    """Each clip's SIM: its speaker embedding (of `wavs`, clips_16k) against its prompt's (None where
+    either has no voice)."""
     out = []
-    for clip in clips:
-        wav = to_mono_resampled(clip.audio, clip.sample_rate, SAMPLE_RATE)
+    for clip, wav in zip(clips, wavs, strict=True):
         embedding = encoder.embed(wav, SAMPLE_RATE) if wav.size else None
         prompt = prompts[clip.line.index].embedding
         out.append(cosine(embedding, prompt) if embedding is not None and prompt is not None else None)
     return out
 
 
-def benchmark_heard(clips: list[BenchmarkClip], recognisers: Recognisers
+def benchmark_heard(clips: list[BenchmarkClip], wavs: list[np.ndarray], recognisers: Recognisers
                     ) -> list[tuple[dict[str, Any], Rate | None]]:
-    """Each clip's transcript and WER/CER in its line's language (metrics.intelligibility)."""
+    """Each clip's transcript and WER/CER in its line's language (metrics.intelligibility, on `wavs`)."""
     from voxpipe.evaluate.metrics import intelligibility  # metrics imports generation; this stays beside it
 
-    return [intelligibility(to_mono_resampled(c.audio, c.sample_rate, SAMPLE_RATE), c.line.text,
-                            c.line.language, recognisers) for c in clips]
+    return [intelligibility(wav, c.line.text, c.line.language, recognisers)
+            for c, wav in zip(clips, wavs, strict=True)]
 
 
 def benchmark_run(clips: list[BenchmarkClip], similarities: list[float | None],

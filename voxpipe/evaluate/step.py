@@ -50,6 +50,7 @@ from voxpipe.evaluate.benchmark_set import (
     benchmark_report,
     benchmark_run,
     benchmark_similarities,
+    clips_16k,
     flat_figures,
     load_prompts,
     read_benchmark,
@@ -182,8 +183,10 @@ def _run_checkpoint(
         with costs.phase("benchmark_generation", len(bench[0].lines)):
             spoken = synthesize_benchmark(model, *bench, max_len=p.max_len, cfg_value=p.cfg_value,
                                           inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
-        benchmark = (spoken, threads.voice(_benchmark_similarities, spoken, bench[1], threads.scorers, costs),
-                     threads.asr(_benchmark_heard, spoken, threads.scorers, costs))
+        wavs = clips_16k(spoken)  # once, for both halves
+        benchmark = (spoken,
+                     threads.voice(_benchmark_similarities, spoken, wavs, bench[1], threads.scorers, costs),
+                     threads.asr(_benchmark_heard, spoken, wavs, threads.scorers, costs))
     del model
     gc.collect()
     seconds = time.perf_counter() - start
@@ -202,16 +205,16 @@ def _run_checkpoint(
     return scored
 
 
-def _benchmark_similarities(spoken: list[BenchmarkClip], prompts: list[Prompt], scorers: Scorers, costs: Costs
-                            ) -> list[float | None]:
+def _benchmark_similarities(spoken: list[BenchmarkClip], wavs: list[Any], prompts: list[Prompt],
+                            scorers: Scorers, costs: Costs) -> list[float | None]:
     with costs.phase("benchmark_similarity", len(spoken)):
-        return benchmark_similarities(spoken, prompts, scorers.encoder)
+        return benchmark_similarities(spoken, wavs, prompts, scorers.encoder)
 
 
-def _benchmark_heard(spoken: list[BenchmarkClip], scorers: Scorers, costs: Costs
+def _benchmark_heard(spoken: list[BenchmarkClip], wavs: list[Any], scorers: Scorers, costs: Costs
                      ) -> list[tuple[dict[str, Any], Rate | None]]:
     with costs.phase("benchmark_asr", len(spoken)):
-        return benchmark_heard(spoken, scorers.recognisers)
+        return benchmark_heard(spoken, wavs, scorers.recognisers)
 
 
 def _real_voice(plan: SpeakerPlan, scorers: Scorers, costs: Costs) -> Voice:
