@@ -4,6 +4,7 @@ Regenerate the golden files after an intended change with `make generate` (it ru
 VOXPIPE_UPDATE_GOLDEN=1, writing into VOXPIPE_GOLDEN_DIR).
 """
 
+import copy
 import os
 import re
 import stat
@@ -257,3 +258,132 @@ def test_a_train_job_without_the_checkpoint_key_secret_is_refused():
     assert "launch.secret_env.VOXPIPE_CHECKPOINT_KEY=voxpipe-checkpoint/key" in message
     # encode signs nothing: its job needs no key
     render_job(Params(launch=launch), "ml", job=StepJob.encode(launch))
+
+
+# -- issue 41 part 5: what the API server would refuse is refused before render and submit -------------------
+GOOD_TOLERATION = {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}
+HOSTILE = {  # launch values the API server refuses -> the params key the one-paragraph error names
+    "namespace uppercase": ({"namespace": "ML"}, "launch.namespace="),
+    "namespace underscore": ({"namespace": "Bad_NS"}, "launch.namespace="),
+    "namespace leading dash": ({"namespace": "-ml"}, "launch.namespace="),
+    "namespace 64 chars": ({"namespace": "n" * 64}, "launch.namespace="),
+    "queue uppercase": ({"queue": "Voxpipe"}, "launch.queue="),
+    "queue leading dash": ({"queue": "-q"}, "launch.queue="),
+    "queue 64 chars": ({"queue": "q" * 64}, "launch.queue="),
+    "pvc underscore": ({"pvc": "my_pvc"}, "launch.pvc="),
+    "pvc 254 chars": ({"pvc": "p" * 254}, "launch.pvc="),
+    "image with a space": ({"image": "voxpipe: 1"}, "launch.image="),
+    "accelerator without a domain": ({"accelerator": "gpu"}, "launch.accelerator="),
+    "accelerator with a bad name": ({"accelerator": "nvidia.com/-gpu"}, "launch.accelerator="),
+    "mount path relative": ({"mount_path": "workspace"}, "launch.mount_path="),
+    "env name with '='": ({"env": {"A=B": "1"}}, "launch.env.A=B="),
+    "env name starting with a digit": ({"env": {"1X": "1"}}, "launch.env.1X="),
+    "node selector key with a space": ({"node_selector": {"bad key": "x"}}, "launch.node_selector.bad key="),
+    "node selector key 64 chars": ({"node_selector": {"k" * 64: "x"}}, f"launch.node_selector.{'k' * 64}="),
+    "node selector key bad prefix": ({"node_selector": {"Bad_Prefix/k": "x"}}, "launch.node_selector.Bad"),
+    "node selector value 64 chars": ({"node_selector": {"zone": "v" * 64}}, "launch.node_selector.zone="),
+    "node selector value leading dash": ({"node_selector": {"zone": "-a"}}, "launch.node_selector.zone="),
+    "toleration operator Bogus": ({"tolerations": [{**GOOD_TOLERATION, "operator": "Bogus"}]},
+                                  "launch.tolerations[0].operator="),
+    "toleration effect NoWay": ({"tolerations": [{**GOOD_TOLERATION, "effect": "NoWay"}]},
+                                "launch.tolerations[0].effect="),
+    "toleration key with a space": ({"tolerations": [{**GOOD_TOLERATION, "key": "bad key"}]},
+                                    "launch.tolerations[0].key="),
+    "toleration Exists with a value": ({"tolerations": [{**GOOD_TOLERATION, "value": "x"}]},
+                                       "launch.tolerations[0].value="),
+    "toleration Equal without a key": ({"tolerations": [{"operator": "Equal", "value": "x"}]},
+                                       "launch.tolerations[0].operator="),
+    "toleration value 64 chars": ({"tolerations": [{"key": "k", "operator": "Equal", "value": "v" * 64}]},
+                                  "launch.tolerations[0].value="),
+    "toleration seconds without NoExecute": ({"tolerations": [{**GOOD_TOLERATION, "tolerationSeconds": 60}]},
+                                             "launch.tolerations[0].tolerationSeconds="),
+    "toleration unknown field": ({"tolerations": [{**GOOD_TOLERATION, "efect": "NoSchedule"}]},
+                                 "launch.tolerations[0].efect="),
+    "secret name with '..'": ({"secret_env": {"VOXPIPE_CHECKPOINT_KEY": "a..b/key"}},
+                              "launch.secret_env.VOXPIPE_CHECKPOINT_KEY"),
+}
+# refused by the params schema before any rendering (the CLI names the key the same way)
+HOSTILE_PARAMS = {
+    "image pull policy Sometimes": ({"image_pull_policy": "Sometimes"}, "launch.image_pull_policy"),
+    "cpu 8Gx": ({"cpu": "8Gx"}, "launch.cpu"),
+    "memory negative": ({"memory": "-1Gi"}, "launch.memory"),
+    "shm size word": ({"shm_size": "lots"}, "launch.shm_size"),
+    "memory two suffixes": ({"memory": "1GiB"}, "launch.memory"),
+}
+
+
+def dry_run(launch: dict, tmp_path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """`voxpipe launch-train --dry-run` on a params.yaml holding `launch`: (rc, stdout, stderr)."""
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"launch": launch}))
+    code = main(["launch-train", "--dry-run"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("backend", ["volcano", "trainjob"])
+@pytest.mark.parametrize("case", sorted(HOSTILE) + sorted(HOSTILE_PARAMS))
+def test_dry_run_refuses_what_the_api_server_would_refuse(case, backend, tmp_path, monkeypatch, capsys):
+    """Each value the API server refuses ends the dry run (so the submit, which renders the same way, too)
+    non-zero, in one paragraph naming the params key, with nothing rendered."""
+    launch, key = {**HOSTILE, **HOSTILE_PARAMS}[case]
+    code, out, err = dry_run({**launch, "backend": backend}, tmp_path, monkeypatch, capsys)
+    assert code != 0 and out == "" and key in err, err
+    if case in HOSTILE:
+        message = err.split("error: ", 1)[1].rstrip("\n")
+        assert "\n" not in message and "Traceback" not in message
+        assert "would refuse" in message or "Name the Secret here" in message, message
+
+
+def test_a_long_runtime_name_is_refused_by_the_crds_own_limit(tmp_path, monkeypatch, capsys):
+    code, out, err = dry_run({"backend": "trainjob", "runtime": "r" * 260}, tmp_path, monkeypatch, capsys)
+    assert code != 0 and out == ""
+    assert "launch.runtime=" in err and "260 characters long" in err and "at most 253" in err
+    assert "r" * 100 not in err  # a long value is quoted in part
+    code, _, err = dry_run({"backend": "trainjob", "runtime": "Torch_Distributed"}, tmp_path, monkeypatch,
+                           capsys)
+    assert code != 0 and "launch.runtime=" in err and "DNS-1123 subdomain" in err
+
+
+def test_valid_names_labels_and_tolerations_render(tmp_path, monkeypatch, capsys):
+    """The other side: the values of the same kinds the API server accepts pass."""
+    launch = {"namespace": "ml-team", "queue": "q1", "pvc": "ws.v2", "node_selector": {
+        "kubernetes.io/arch": "amd64", "zone": "", "node.example.com/Pool_A": "A.b-c_1"},
+        "tolerations": [GOOD_TOLERATION, {"key": "k", "operator": "Equal", "value": "v",
+                                          "effect": "NoExecute", "tolerationSeconds": 30},
+                        {"operator": "Exists"}],
+        "env": {"my.setting": "1"}, "cpu": "1.5", "memory": "2G", "shm_size": "1Gi"}
+    code, out, err = dry_run(launch, tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    job = yaml.safe_load(out)
+    for task in job["spec"]["tasks"]:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**task["template"]["metadata"], "name": "p"},
+               "spec": task["template"]["spec"]}
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_the_rendered_object_check_would_catch_what_no_key_names():
+    """The backstop behind the per-key checks: any rendered name, label, annotation, enum or quantity."""
+    from voxpipe.launch.kube_rules import check_objects
+
+    good = rendered(*VARIANTS["gpu"]())
+    check_objects([good], "the Volcano job")
+    for path, value, where in [
+        (("metadata", "labels", "app.kubernetes.io/name"), "x" * 64,
+         "metadata.labels.app.kubernetes.io/name"),
+        (("metadata", "namespace"), "ML", "metadata.namespace"),
+        (("spec", "tasks", 0, "template", "spec", "containers", 0, "imagePullPolicy"), "Sometimes",
+         "spec.tasks[0].template.spec.containers[0].imagePullPolicy"),
+        (("spec", "tasks", 0, "template", "spec", "volumes", 1, "emptyDir", "sizeLimit"), "8Gx",
+         "spec.tasks[0].template.spec.volumes[1].emptyDir.sizeLimit"),
+        (("spec", "tasks", 0, "template", "spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
+         "1x", "spec.tasks[0].template.spec.containers[0].resources.limits.nvidia.com/gpu"),
+    ]:
+        job = copy.deepcopy(good)
+        node = job
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = value
+        with pytest.raises(StepError, match=re.escape(f"the Volcano job's {where}=")):
+            check_objects([job], "the Volcano job")

@@ -26,6 +26,7 @@ import yaml
 
 from voxpipe.errors import StepError
 from voxpipe.integrity import KEY_ENV
+from voxpipe.launch.kube_rules import dns1123_subdomain
 from voxpipe.launch.workspace import inside_workspace
 from voxpipe.params import LaunchParams, Params
 from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords, value_shape
@@ -167,11 +168,11 @@ def _secret_env(launch: LaunchParams) -> list[dict[str, Any]]:
     env = []
     for name, ref in sorted(launch.secret_env.items()):
         match = _SECRET_REF.match(ref)
-        if not _ENV_NAME.match(name) or match is None:
+        if not _ENV_NAME.match(name) or match is None or dns1123_subdomain(match[1]):
             raise StepError(
                 f"launch.secret_env.{name}: {ref!r} is not an environment variable name mapped to a "
-                "Kubernetes Secret reference `secret-name/key` (lowercase secret name; key of letters, "
-                "digits, '-', '_', '.'). Name the Secret here, never its value."
+                "Kubernetes Secret reference `secret-name/key` (a DNS-1123 subdomain as the secret name; key "
+                "of letters, digits, '-', '_', '.'). Name the Secret here, never its value."
             )
         env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": match[1], "key": match[3]}}})
     if env:

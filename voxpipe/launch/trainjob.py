@@ -23,6 +23,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.launch.base import Resource, State
 from voxpipe.launch.followed import Followed
+from voxpipe.launch.kube_rules import check_launch, check_objects
 from voxpipe.launch.pod import (
     Owner,
     StepJob,
@@ -104,6 +105,7 @@ def render_trainjob(
     default); the server names the TrainJob (generateName)."""
     launch = params.launch
     job = job or StepJob.train(launch)
+    check_launch(launch, namespace)
     check_paths(params, job)
     meta = metadata(job, namespace, owner)
     pod = pod_template(launch, params, job, torchrun_script(launch, job, RENDEZVOUS), container_name=NODE)
@@ -139,6 +141,7 @@ def render_trainjob(
         },
     })
     refuse_secret_values(objects, env, launch.env_not_secret, "the TrainJob")
+    check_objects(objects, "the TrainJob")
     return objects
 
 

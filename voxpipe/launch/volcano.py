@@ -14,6 +14,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.launch.base import Resource, State
 from voxpipe.launch.followed import Followed
+from voxpipe.launch.kube_rules import check_launch, check_objects
 from voxpipe.launch.pod import (
     Owner,
     StepJob,
@@ -44,6 +45,7 @@ def render_job(
     """The Volcano Job for one run of `job` (train by default); the server picks the name (generateName)."""
     launch = params.launch
     job = job or StepJob.train(launch)
+    check_launch(launch, namespace)
     check_paths(params, job)
     meta = metadata(job, namespace, owner)
     script = torchrun_script(launch, job, RENDEZVOUS.format(n=job.devices_per_pod))
@@ -81,6 +83,7 @@ def render_job(
     }
     env = template["spec"]["containers"][0]["env"]
     refuse_secret_values([rendered], env, launch.env_not_secret, "the Volcano job")
+    check_objects([rendered], "the Volcano job")
     return rendered
 
 
