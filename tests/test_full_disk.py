@@ -171,3 +171,23 @@ def test_a_full_disk_while_evaluating_keeps_the_previous_evaluation(encoded_samp
     assert "Traceback" not in err
     after = {p.relative_to(out): p.read_bytes() for p in [out / "eval.json", *(out / "samples").iterdir()]}
     assert after == before and not (out / ".samples-new").exists()
+
+
+# -- the output lock: the first write of every step ------------------------------------------------------
+def test_a_completely_full_disk_at_the_output_lock_is_one_paragraph_and_the_rerun_works(small_disk):
+    """Issue 41: a completely full volume ended in a traceback from the lock file's holder record; now one
+    paragraph naming the folder and the way out, and after freeing space the same --out is taken."""
+    from voxpipe.outlock import guard_step, lock_path
+
+    disk = small_disk.mount("64k")
+    out = disk / "out"
+    out.mkdir()
+    filler = fill(disk, 0)
+    with pytest.raises(StepError) as err:
+        with guard_step(str(out), "train"):
+            pytest.fail("the step must not start on a full volume")
+    message = one_paragraph(err, f"--out {out}", FULL, "free space there", "rerun")
+    assert str(lock_path(out)) in message
+    filler.unlink()
+    with guard_step(str(out), "train"):
+        assert json.loads(lock_path(out).read_text())["step"] == "train"

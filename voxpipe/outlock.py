@@ -78,12 +78,27 @@ def hold_output(out: Path, step: str) -> Iterator[None]:
                 f"--out {out} is in use by another run ({_describe_holder(path)}); two runs writing one "
                 "folder corrupt each other. Wait for it to finish, stop it, or choose another --out"
             ) from None
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "step": step, "since": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        _name_holder(fd, path, out, step)
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays (another run may already hold it)
+
+
+def _name_holder(fd: int, path: Path, out: Path, step: str) -> None:
+    """Write who holds the lock into it (for the next run's message). On a full volume this small write
+    is the first to fail: a StepError naming the folder, before the step writes anything."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "step": step, "since": time.time()}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise StepError(
+            f"--out {out}: cannot write the lock file {path} ({e.strerror}); "
+            + ("the volume holding the output folder is full (or over its quota): free space there (`df -h "
+               f"{out.parent}`) or choose an --out on a volume with room, then rerun; nothing was written yet"
+               if full else "choose a writable location, or fix its permissions or mount")
+        ) from None
 
 
 def _describe_holder(path: Path) -> str:
