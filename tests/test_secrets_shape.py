@@ -200,3 +200,77 @@ def test_a_secret_shaped_param_is_refused_in_the_rendered_job():
     assert "\n" not in message
     assert "secret in VOXPIPE_PARAMS by the shape of a value (a JSON Web Token" in message
     assert JWT not in message
+
+
+# -- issue 41 part 5: service tokens under neutral names, by detect-secrets' detectors and known prefixes ----
+TOKENS = {  # fake values of each kind; what must not survive a render, a params record or a log line
+    "github": "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5",
+    "github fine-grained": "github_pat_11ABCDEFG0" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5bC7dE9fG1h",
+    "openai legacy": "sk-" + "aB3dE5fG7hJ9kL1mN3pQ" + "T3BlbkFJ" + "rS7tU9vW1xY3zA5bC7dE",
+    "openai project": "sk-proj-" + "Ab1xCd2yEf3zGh4wIj5vKl6uMn7tOp8sQr9rSt0q",
+    "hugging face": "hf_" + "ZqWmXnYbVcUdTeSfRgQhPiOjNkMlA1",
+    "aws access key id": "AKIA" + "IOSFODNN7EXAMPLE",
+    "slack bot": "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+    "slack webhook": "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "gitlab": "glpat-" + "x1Y2z3W4v5U6t7S8r9Q0",
+    "stripe live": "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc",
+    "npm": "npm_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+    "google api key": "AIza" + "SyD3x9Kq2LmN4oP5rS6tU7vW8xY9zA0bC1d",
+    "azure ad client secret": "abc8Q~" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3z",
+    "twilio": "SK" + "0123456789abcdef0123456789abcdef",
+    "sendgrid": "SG." + "aB3dE5fG7hJ9kL1mN3pQ5r" + "." + "S7tU9vW1xY3zA5bC7dE9fG1hJ3kL5mN7pQ9rS1tU3vW",
+    "private key block": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+                         "-----END OPENSSH PRIVATE KEY-----",
+    "base64url random": "Xk3_9fJq-Lw2Zp8Rt5Vb7Nc4Md1Hg6Yj0Es",
+}
+
+
+def _secret_part(kind: str) -> str:
+    """The part that must disappear (a PEM block's body, a webhook's token)."""
+    return {"private key block": "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ",
+            "slack webhook": "XXXXXXXXXXXXXXXXXXXXXXXX"}.get(kind, TOKENS[kind])
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+def test_service_tokens_under_neutral_names_are_refused_in_launch_env(kind):
+    with pytest.raises(StepError) as err:
+        render_job(Params.model_validate({"launch": {"env": {"MY_SETTING": TOKENS[kind]}}}), "ml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("launch.env.MY_SETTING holds a secret by the shape")
+    assert "launch.secret_env.MY_SETTING=<secret-name>/<key>" in message and _secret_part(kind) not in message
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+def test_service_tokens_are_refused_in_the_rendered_job_and_scrubbed_from_params_tags_and_logs(kind, caplog):
+    token = TOKENS[kind]
+    with pytest.raises(StepError, match="would carry a secret in VOXPIPE_PARAMS by the shape of a value"):
+        render_job(Params.model_validate({"train": {"out": f"runs/x {token}"}}), "ml")
+    params = Params.model_validate({"register": {"run_name": f"ft {token}"}, "launch": {"env": {"A": token}}})
+    logged = redact_params(params.flat(), run_secrets(params))
+    assert _secret_part(kind) not in logged["register.run_name"] and REDACTED in logged["register.run_name"]
+    assert _secret_part(kind) not in logged["launch.env.A"]
+    assert _secret_part(kind) not in scrub(json.dumps({"report": token}))  # a report, a tag
+    logger = logging.getLogger("voxpipe.test.tokens")
+    logger.addFilter(ScrubFilter())
+    with caplog.at_level(logging.INFO, logger="voxpipe.test.tokens"):
+        logger.info("calling with %s", token)
+    assert _secret_part(kind) not in caplog.text
+
+
+def test_digests_run_ids_and_the_projects_own_params_are_not_secrets():
+    """The trap of entropy detectors: hex digests (md5, sha1, sha256, MLflow run ids), UUIDs and every value
+    of the shipped params, recipes and DVC lock keep their shape."""
+    import hashlib
+    import uuid
+
+    from voxpipe.params import load_params
+
+    root = Path(__file__).parent.parent
+    values = [hashlib.md5(b"x").hexdigest(), hashlib.sha1(b"x").hexdigest(), hashlib.sha256(b"x").hexdigest(),
+              uuid.uuid4().hex, str(uuid.uuid4()), "b6f0e1a9c3d24f7e8a1b2c3d4e5f6a7b",
+              f"md5:{hashlib.md5(b'y').hexdigest()}.dir", f"sha256:{hashlib.sha256(b'y').hexdigest()}",
+              "voxpipe-sample · full · 40 steps · lr 0.0001", "runs/ft-001/checkpoints/step-000400"]
+    values += [str(v) for v in load_params(root / "params.yaml").flat().values()]
+    for path in [root / "dvc.lock", *sorted((root / "recipes").glob("*.yaml"))]:
+        values += path.read_text().splitlines()
+    assert [v for v in values if value_shape(v) or scrub(v) != v] == []

@@ -37,7 +37,13 @@ DECLARED = "vv-Lm44-only-declared"  # env VOICE_VAULT: a name that says nothing;
 URI_PASSWORD = "uriPw-K9k5-never-logged"  # in a param's URI
 API_KEY = "wk-Tt02-never-logged"  # env WANDB_API_KEY
 PARAMS_ONLY = "hf-Jq90-only-in-launch-env"  # launch.env.HF_TOKEN: refused by launch-train, logged by register
-SECRETS = (ADMIN_PASSWORD, DECLARED, URI_PASSWORD, API_KEY, PARAMS_ONLY)
+# service tokens under neutral names (issue 41): known by their values only (detect-secrets, prefixes)
+NEUTRAL = {"MY_SETTING": "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5",
+           "OTHER_SETTING": "sk-proj-" + "Ab1xCd2yEf3zGh4wIj5vKl6uMn7tOp8sQr9rSt0q",
+           "A_KEY_ID": "AKIA" + "IOSFODNN7EXAMPLE",
+           "NOTIFY": "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOp",
+           "REPO": "glpat-" + "x1Y2z3W4v5U6t7S8r9Q0", "HUB": "hf_" + "ZqWmXnYbVcUdTeSfRgQhPiOjNkMlA1"}
+SECRETS = (ADMIN_PASSWORD, DECLARED, URI_PASSWORD, API_KEY, PARAMS_ONLY, *NEUTRAL.values())
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MODEL = "voxpipe-secure"
 AUTH_CONFIG = Path(__file__).resolve().parents[1] / "manifests" / "namespaced" / "mlflow-auth-config.yaml"
@@ -138,7 +144,7 @@ def test_register_with_env_credentials_leaks_no_secret_anywhere(auth_server, out
     pipeline_env.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     # the password in the tracking URI too (requests sends a URI's user info, ahead of MLflow's env pair)
     pipeline_env.setenv("MLFLOW_TRACKING_URI", uri.replace("//", f"//{ADMIN}:{ADMIN_PASSWORD}@"))
-    register(secure_params(files, None, root / "work", HF_TOKEN=PARAMS_ONLY))
+    register(secure_params(files, None, root / "work", HF_TOKEN=PARAMS_ONLY, **NEUTRAL))
     registered = json.loads((root / "register" / "registered.json").read_text())
     assert registered["tracking_uri"] == uri.replace("//", f"//{ADMIN}:{REDACTED}@")
 
@@ -148,6 +154,7 @@ def test_register_with_env_credentials_leaks_no_secret_anywhere(auth_server, out
     assert run.data.params["ingest.input"] == f'["s3://reader:{REDACTED}@voice-bucket/takes"]'
     assert run.data.params["train.out"] == f"runs/{REDACTED}"
     assert run.data.params["launch.env.HF_TOKEN"] == REDACTED
+    assert {run.data.params[f"launch.env.{name}"] for name in NEUTRAL} == {REDACTED}
     # ordinary keys keep their values, whatever their names say
     assert run.data.params["train.max_tokens"] == "4096"
     token_ids = {k: v for k, v in run.data.params.items() if k.endswith("_token_id")}

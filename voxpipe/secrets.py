@@ -34,6 +34,7 @@ wreck the record and hide nothing worth hiding.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
+from typing import Any
 
 REDACTED = "***"
 SECRET_ENV_NAMES = "VOXPIPE_REDACT_ENV"
@@ -58,6 +60,49 @@ _IDENTITY = re.compile(r"(?:^|_)USER(?:NAME)?$", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)([^/\s:@]*):([^/\s@]+)@", re.IGNORECASE)
 
 
+# service tokens by their documented prefixes, beside detect-secrets' detectors (`_detectors`), which miss
+# these: Hugging Face, OpenAI's project/service keys (its detector knows only the legacy T3BlbkFJ form),
+# bare npm tokens (its detector wants an .npmrc line), Google API keys, OAuth secrets and access tokens,
+# GitHub fine-grained PATs, Slack app tokens, Stripe test/restricted/webhook keys, Azure AD client secrets
+_PREFIXED = re.compile(
+    r"(?P<secret>\b(?:hf_[A-Za-z0-9]{30,}|api_org_[A-Za-z0-9]{30,}"
+    r"|sk-(?=[\w-]*[0-9])(?=[\w-]*[A-Z])(?:[a-z]+-)?[A-Za-z0-9_-]{32,}|npm_[A-Za-z0-9]{36}"
+    r"|AIza[0-9A-Za-z_-]{35}|GOCSPX-[A-Za-z0-9_-]{28}|ya29\.[0-9A-Za-z_-]{20,}|github_pat_[A-Za-z0-9_]{50,}|xapp-[0-9]-[A-Za-z0-9-]{20,}"
+    r"|[rsp]k_(?:live|test)_[0-9A-Za-z]{16,}|whsec_[A-Za-z0-9+/=]{24,}"
+    r"|[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}))")
+# detect-secrets' plugins left out: a public IP is no secret; its keyword detector judges names (ours do,
+# `is_secret_name`); its entropy detectors flag every hex digest (run ids, sha256 sums), which `_tokens`
+# tells apart from tokens; URI passwords are `uri_passwords`' (never let through by env_not_secret)
+_LEFT_OUT_DETECTORS = frozenset({"IPPublicDetector", "KeywordDetector", "HexHighEntropyString",
+                                 "Base64HighEntropyString", "BasicAuthDetector"})
+_DELIMITERS = " \t\r\n\"'=:"  # some detectors' matches include what surrounds the token
+
+
+@functools.cache
+def _detectors() -> tuple[Any, ...]:
+    """detect-secrets' regex detectors (GitHub, GitLab, AWS, Slack, Stripe, OpenAI, JWT, private keys,
+    Azure, Twilio, SendGrid, npm, PyPI, Discord, Telegram...), instantiated once: their `denylist`
+    patterns match secrets. Loaded on first use (it imports requests)."""
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import RegexBasedDetector
+
+    return tuple(cls() for cls in get_mapping_from_secret_type_to_class().values()
+                 if issubclass(cls, RegexBasedDetector) and cls.__name__ not in _LEFT_OUT_DETECTORS)
+
+
+def detected(text: str) -> list[tuple[str, str]]:
+    """(what, secret) for every value detect-secrets' detectors recognise in `text`. Their whole match, not
+    `analyze_string`'s capture groups: some capture only the prefix (GitHub's `ghp`)."""
+    found = []
+    for detector in _detectors():
+        for pattern in detector.denylist:
+            for m in pattern.finditer(text):
+                secret = m.group(0).strip(_DELIMITERS)
+                if secret and secret != REDACTED:
+                    found.append((f"a {detector.secret_type} (detect-secrets)", secret))
+    return found
+
+
 # -- secrets by the shape of the value (the group named "secret" is what is redacted)
 _SHAPES = (
     ("a connection string's key or password (AccountKey=, SharedAccessKey=, Password=, Pwd=)",
@@ -69,9 +114,11 @@ _SHAPES = (
      re.compile(r"(?P<secret>\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)")),
     ("a PEM block (-----BEGIN ...-----)",
      re.compile(r"(?P<secret>-----BEGIN [A-Z0-9 ]+-----[\s\S]*?(?:-----END [A-Z0-9 ]+-----|$))")),
+    ("a service token (hf_, sk-, npm_, AIza, GOCSPX-, ya29., github_pat_, sk_live_, whsec_...)", _PREFIXED),
 )
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/]{24,}={0,2}")
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 _WORD = re.compile(r"^[A-Z]?[a-z]{3,}$")  # a path's `runs` or `Export`: not part of a token
+_NAME_WORD = re.compile(r"^[A-Z]?[a-z]{4,}$")  # a name's `voxpipe-...`; base64url's random parts rarely are
 TOKEN_CHARS = 24
 HIGH_ENTROPY = "a high-entropy token (a random-looking string of 24+ characters)"
 _ALLOWED: ContextVar[tuple[str, ...]] = ContextVar("voxpipe_not_secret", default=())
@@ -94,23 +141,34 @@ def _random_looking(body: str) -> bool:
 
 
 def _tokens(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of every high-entropy token in text; a path's segments are judged one by one."""
+    """(start, end) of every high-entropy token in text (base64 and base64url alphabets); a path's
+    segments and a name's dash- or underscore-separated parts are judged one by one when one of them is a
+    word (`runs`, `voxpipe`), else the whole."""
     for m in _TOKEN_RUN.finditer(text):
         body = m.group().rstrip("=")
-        segments = body.split("/")
-        if len(segments) > 1 and any(_WORD.match(s) for s in segments):
-            start = m.start()
-            for s in segments:
-                if _random_looking(s):
-                    yield start, start + len(s)
-                start += len(s) + 1
-        elif _random_looking(body):
-            yield m.start(), m.end()
+        yield from _judged(body, m.start(), ("/", "-_"))
+
+
+def _judged(body: str, start: int, separators: tuple[str, ...]) -> Iterator[tuple[int, int]]:
+    if not separators:
+        if _random_looking(body):
+            yield start, start + len(body)
+        return
+    parts = re.split(f"[{re.escape(separators[0])}]", body)
+    word = _WORD if separators[0] == "/" else _NAME_WORD
+    if len(parts) > 1 and any(word.match(p) for p in parts):
+        for part in parts:
+            yield from _judged(part, start, separators[1:])
+            start += len(part) + 1
+    else:
+        yield from _judged(body, start, separators[1:])
 
 
 def value_shapes(text: str) -> list[tuple[str, str]]:
     """(what it looks like, the secret part) for every secret-shaped value in `text`."""
     found = [(what, m.group("secret")) for what, pattern in _SHAPES for m in pattern.finditer(text)]
+    covered = "\0".join(s for _, s in found)
+    found += [(what, s) for what, s in detected(text) if s not in covered]
     covered = "\0".join(s for _, s in found)
     found += [(HIGH_ENTROPY, text[a:b]) for a, b in _tokens(text) if text[a:b] not in covered]
     return [(what, s) for what, s in found if s and s != REDACTED]
@@ -148,6 +206,8 @@ def scrub_shapes(text: str, allowed: Iterable[str] | None = None) -> str:
 
     for _, pattern in _SHAPES:
         text = pattern.sub(redact, text)
+    for secret in sorted({s for _, s in detected(text) if not kept(s)}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
     for start, end in reversed([(a, b) for a, b in _tokens(text) if not kept(text[a:b])]):
         text = text[:start] + REDACTED + text[end:]
     return text
