@@ -18,8 +18,10 @@ artifacts) passes through `scrub`, which replaces every secret VALUE it knows of
 - every value that has a secret's shape, whatever its key or variable is called (`value_shapes`): the
   secret of a connection string (`AccountKey=`, `SharedAccessKey=`, `SharedAccessSignature=`,
   `Password=`, `Pwd=`), a JWT (`eyJ...`, three dot-separated parts), a PEM block (`-----BEGIN ...`),
-  and a high-entropy token (24+ characters of the base64 alphabet that mix upper case, lower case and
-  digits the way random strings do; hex digests, paths and identifiers are not). `launch-train` refuses
+  a service token that detect-secrets' maintained detectors know (`detected`) or that has a documented
+  prefix they miss (`hf_`, `sk-proj-`, `npm_`, `AIza`...), and a high-entropy token (24+ characters of
+  the base64 or base64url alphabet that mix upper case, lower case and digits the way random strings do;
+  hex digests, paths and identifiers are not). `launch-train` refuses
   them in `launch.env` too. A value that only looks like one (a public certificate) is let through
   where its name is listed in `launch.env_not_secret`: `allowing` passes such values to `scrub`.
 
