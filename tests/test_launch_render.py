@@ -387,3 +387,28 @@ def test_the_rendered_object_check_would_catch_what_no_key_names():
         node[path[-1]] = value
         with pytest.raises(StepError, match=re.escape(f"the Volcano job's {where}=")):
             check_objects([job], "the Volcano job")
+
+
+@pytest.mark.parametrize("backend", ["volcano", "trainjob"])
+@pytest.mark.parametrize("case", ["namespace uppercase", "queue leading dash", "toleration operator Bogus",
+                                  "node selector value 64 chars"])
+def test_submit_refuses_before_anything_is_sent(case, backend, tmp_path, monkeypatch, capsys):
+    """The submit path renders (and so checks) before it creates anything: the cluster sees no object."""
+    from kube_fake import FakeCluster
+
+    with FakeCluster() as cluster:
+        kubeconfig = {"apiVersion": "v1", "kind": "Config",
+                      "clusters": [{"name": "fake", "cluster": {"server": cluster.url}}],
+                      "users": [{"name": "me", "user": {"token": "t"}}],
+                      "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                      "current-context": "fake"}
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.delenv("KFP_POD_NAME", raising=False)
+        monkeypatch.chdir(tmp_path)
+        launch = {**HOSTILE[case][0], "backend": backend, "poll_seconds": 0.01}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"launch": launch}))
+        code = main(["launch-train"])
+        assert code != 0 and HOSTILE[case][1] in capsys.readouterr().err
+        assert cluster.jobs == {} and cluster.runtimes == {}

@@ -17,6 +17,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kube_fake import FakeCluster, pod
 from kubernetes import client
 
@@ -236,3 +238,74 @@ def test_a_missing_trainer_says_so():
     with FakeCluster(create_error=404) as cluster:
         with pytest.raises(StepError, match="is Kubeflow Trainer v2 installed"):
             run_job(api_for(cluster), TrainJobLauncher(), objects(), **FAST)
+
+
+# -- issue 41 part 5: what renders is what the API server and Trainer's CRDs accept ------------------------
+def test_the_runtime_name_limit_is_the_crds_own():
+    from voxpipe.launch.kube_rules import RUNTIME_NAME_MAX
+
+    schema = crd_schema("TrainJob")
+    name = schema["properties"]["spec"]["properties"]["runtimeRef"]["properties"]["name"]
+    assert name["maxLength"] == RUNTIME_NAME_MAX
+
+
+@cache
+def crd_validator(kind: str) -> typing.Any:
+    return crds.validator(crd_schema(kind))
+
+
+# Kubernetes' published patterns, written out here independently of voxpipe/launch/kube_rules.py
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?"
+NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+QUALIFIED = rf"({DNS_LABEL}(\.{DNS_LABEL})*/)?{NAME_PART}"
+HOSTILE_TEXT = st.text(alphabet="aZ9-_./ ~", min_size=0, max_size=70) | st.sampled_from(
+    ["-ml", "ML", "a" * 63, "a" * 64, "Bogus", "NoWay", "", "kubernetes.io/Arch_", "x/y/z", "8Gx"])
+
+
+def hostile_or(*ordinary: str) -> st.SearchStrategy[str]:
+    """A hostile value one time in eight, else an ordinary one: about half the examples render and are
+    checked, the others are refused for one or more keys."""
+    return st.integers(0, 7).flatmap(lambda i: HOSTILE_TEXT if i == 0 else st.sampled_from(ordinary))
+
+
+def accepted(objects: list[dict]) -> None:
+    """What the API server and Trainer's CRDs would accept: the CRD schemas, the node pod's schema, and
+    the name, label and toleration rules the schemas do not hold."""
+    import re
+
+    for obj in objects:
+        crd_validator(obj["kind"]).validate(obj)
+        assert re.fullmatch(DNS_LABEL, obj["metadata"]["namespace"])
+    runtime = objects[0]
+    (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod_spec = replicated["template"]["spec"]["template"]["spec"]
+    kubernetes_validate.validate(node_pod(runtime, objects[-1]), K8S_VERSION, strict=True)
+    for key, value in (pod_spec.get("nodeSelector") or {}).items():
+        assert re.fullmatch(QUALIFIED, key) and re.fullmatch(LABEL_VALUE, value)
+    for toleration in pod_spec.get("tolerations") or []:
+        assert toleration.get("operator", "Equal") in ("Exists", "Equal")
+        assert toleration.get("effect", "") in ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+        assert not toleration.get("key") or re.fullmatch(QUALIFIED, toleration["key"])
+    queue = objects[-1]["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["metadata"]
+    assert re.fullmatch(DNS_LABEL, queue["annotations"][QUEUE_ANNOTATION])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(namespace=hostile_or("ml", "team-a"), queue=hostile_or("voxpipe", "q1"),
+       selector_key=hostile_or("zone", "kubernetes.io/arch"), selector_value=hostile_or("a", "module-910b-8"),
+       tol_key=hostile_or("huawei.com/Ascend910"), operator=hostile_or("Exists"),
+       effect=hostile_or("NoSchedule", "NoExecute"))
+def test_hostile_values_are_refused_in_one_paragraph_or_render_what_is_accepted(
+        namespace, queue, selector_key, selector_value, tol_key, operator, effect):
+    """Any mix of hostile and ordinary values: a one-paragraph StepError, or objects the server accepts."""
+    toleration = {"key": tol_key, "operator": operator, "effect": effect}
+    launch = {"queue": queue, "node_selector": {selector_key: selector_value}, "tolerations": [toleration],
+              "backend": "trainjob"}
+    params = Params.model_validate({"launch": launch})
+    try:
+        objects = render_trainjob(params, namespace)
+    except StepError as e:
+        assert "\n" not in str(e)
+        return
+    accepted(objects)
