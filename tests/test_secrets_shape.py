@@ -222,6 +222,7 @@ TOKENS = {  # fake values of each kind; what must not survive a render, a params
     "private key block": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
                          "-----END OPENSSH PRIVATE KEY-----",
     "base64url random": "Xk3_9fJq-Lw2Zp8Rt5Vb7Nc4Md1Hg6Yj0Es",
+    "base36 random": "k7x2m9qz4w8r1t6y3p0v5n2b8c4j7h9g1f3d",
 }
 
 

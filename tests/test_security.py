@@ -225,3 +225,19 @@ def test_pipeline_steps_refuse_workspace_paths_that_escape(tmp_path):
     with pytest.raises(StepError, match=r"ingest.input='/etc' resolves to /etc, outside the workspace"):
         steps.ingest_plan.python_func(workspace=str(tmp_path / "ws"), data_version="x",
                                       params={"input": ["data/ok", "/etc"]}, plan=artifact)
+
+
+def test_the_last_gate_before_mlflow_scrubs_params_and_tags_by_value(tmp_path):
+    """record.log_params / log_tags scrub by value shape even when a caller passes a raw value (issue 41):
+    a real sqlite store holds *** where the token was."""
+    from voxpipe.track.record import log_params, log_tags
+    from voxpipe.track.tracking import session
+
+    token = NEUTRAL["MY_SETTING"]
+    with session(f"sqlite:///{tmp_path / 'mlflow.db'}") as client:
+        run = client.create_run(client.create_experiment("gate", artifact_location=str(tmp_path / "a")))
+        log_params(client, run.info.run_id, {"my.setting": f"x {token}", "train.lr": "0.0001"})
+        log_tags(client, run.info.run_id, {"note": token})
+        data = client.get_run(run.info.run_id).data
+    assert data.params == {"my.setting": f"x {REDACTED}", "train.lr": "0.0001"}
+    assert data.tags["note"] == REDACTED

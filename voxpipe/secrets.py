@@ -122,6 +122,7 @@ _TOKEN_RUN = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 _WORD = re.compile(r"^[A-Z]?[a-z]{3,}$")  # a path's `runs` or `Export`: not part of a token
 _NAME_WORD = re.compile(r"^[A-Z]?[a-z]{4,}$")  # a name's `voxpipe-...`; base64url's random parts rarely are
 TOKEN_CHARS = 24
+BASE36_CHARS = 32
 HIGH_ENTROPY = "a high-entropy token (a random-looking string of 24+ characters)"
 _ALLOWED: ContextVar[tuple[str, ...]] = ContextVar("voxpipe_not_secret", default=())
 
@@ -132,14 +133,32 @@ def _char_class(ch: str) -> int:
 
 def _random_looking(body: str) -> bool:
     """Upper, lower and digits, a high character entropy, and the class changing from one character to the
-    next about as often as in a random string (0.62 for base62; CamelCase words and paths far less)."""
-    if len(body) < TOKEN_CHARS or not (any(c.isupper() for c in body) and any(c.islower() for c in body)
-                                       and any(c.isdigit() for c in body)):
+    next about as often as in a random string (0.62 for base62; CamelCase words and paths far less); or a
+    long lower-case base36 token (`_random_base36`)."""
+    if len(body) < TOKEN_CHARS:
         return False
-    counts = Counter(body)
-    entropy = -sum(n / len(body) * math.log2(n / len(body)) for n in counts.values())
+    if not any(c.isupper() for c in body):
+        return _random_base36(body)
+    if not (any(c.islower() for c in body) and any(c.isdigit() for c in body)):
+        return False
     changes = sum(_char_class(a) != _char_class(b) for a, b in zip(body, body[1:], strict=False))
-    return entropy >= 3.8 and changes / (len(body) - 1) >= 0.45
+    return _entropy(body) >= 3.8 and changes / (len(body) - 1) >= 0.45
+
+
+def _random_base36(body: str) -> bool:
+    """32+ lower-case letters and digits as random as a generated key: a high entropy, letters beyond
+    a-f (a hex digest, a run id has none) and digits mixed in. Hex digests stay ordinary values."""
+    if len(body) < BASE36_CHARS or not (body.isalnum() and body.isascii()):
+        return False
+    beyond_hex = sum(c in "ghijklmnopqrstuvwxyz" for c in body)
+    digits = sum(c.isdigit() for c in body)
+    changes = sum(a.isdigit() != b.isdigit() for a, b in zip(body, body[1:], strict=False))
+    return (_entropy(body) >= 4.2 and beyond_hex >= len(body) // 4 and digits >= len(body) // 8
+            and changes / (len(body) - 1) >= 0.2)
+
+
+def _entropy(body: str) -> float:
+    return -sum(n / len(body) * math.log2(n / len(body)) for n in Counter(body).values())
 
 
 def _tokens(text: str) -> Iterator[tuple[int, int]]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
+from voxpipe.secrets import scrub_shapes
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
 from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, headline, recipe_changes, verdict
 from voxpipe.track.plots import loss_curve
@@ -184,9 +185,11 @@ def _log_renamed(client: MlflowClient, run_id: str, files: dict[str, Path], arti
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    """Params as given (already `redact_params`'d) and once more scrubbed by value shape: the last gate
+    before MLflow, for a caller that forgot (the `allowing` in force lets launch.env_not_secret's through)."""
     from mlflow.entities import Param
 
-    items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+    items = [Param(k, scrub_shapes(v)[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
     for start in range(0, len(items), 100):
         client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
 
@@ -194,7 +197,7 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
 def log_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     from mlflow.entities import RunTag
 
-    items = [RunTag(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(tags.items())]
+    items = [RunTag(k, scrub_shapes(v)[:MAX_PARAM_CHARS]) for k, v in sorted(tags.items())]  # as params
     for start in range(0, len(items), 100):
         client.log_batch(run_id, tags=items[start : start + 100], synchronous=True)
 
