@@ -20,6 +20,7 @@ from voxpipe.errors import StepError
 from voxpipe.params import CompareParams, ModelParams, Params
 from voxpipe.track.compare import compare
 from voxpipe.track.compare_page import MAX_CLIP_BYTES, MAX_EVAL_BYTES
+from voxpipe.track.untrusted import printable
 from voxpipe.train.init_model import init_model
 
 pytestmark = pytest.mark.slow  # real register runs
@@ -124,7 +125,8 @@ def test_a_csv_cell_that_a_spreadsheet_would_run_is_text(store, tmp_path, value)
         rows = list(csv.DictReader(f))
     assert len(rows) == 2
     mine = next(r for r in rows if r["id"] == victim[:8])
-    assert mine["run"] == f"'{value}" and mine["verdict"] == f"'{value}"
+    assert mine["run"] == mine["verdict"] == f"'{printable(value)}"  # a tab a space, CR and LF gone
+    assert shown((tmp_path / "compare.csv").read_text()) == []
     assert all(r["loss_delta"].startswith("-") for r in rows)  # -0.1, -0.05: numbers, as they were
     assert shown(result.summary()) == []
 
@@ -135,6 +137,8 @@ def test_only_numbers_and_plain_text_stay_as_they_are():
     for kept in ("-1", "-0.05", "+3", "1e-4", "-.5", "lr 3e-4", "a=b", 1.5, -2, None):
         assert spreadsheet_cell(kept) == kept
     assert spreadsheet_cell("-1-1") == "'-1-1"
+    for hidden in ("\x1b[0m=1+1", "\u200b@SUM(1)", "\x00 -1+1"):  # whatever a spreadsheet drops first
+        assert spreadsheet_cell(hidden) == f"'{hidden}"
 
 
 def artifact_folder(client: MlflowClient, run_id: str) -> Path:

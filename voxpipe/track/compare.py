@@ -66,7 +66,7 @@ class CompareResult:
         left_out = "".join(f"\ncompare: left out run {why}" for why in self.skipped)
         text = (f"{self.text.rstrip()}{left_out}\ncompare: {len(self.rows)} runs -> {self.out / self.table}, "
                 f"{self.out / 'compare.html'} (listen), {self.out / 'val_curves.png'}")
-        return printable(text, keep="\n")  # csv and json hold the names as logged: not for a terminal
+        return printable(text, keep="\n")
 
 
 def _is_setting_value(value: str | None) -> bool:
@@ -116,6 +116,11 @@ def val_sets(rows: list[dict[str, Any]]) -> list[str | None]:
 def _json_value(value: Any) -> Any:
     """A figure as strict JSON has it: NaN and infinity (which MLflow stores) as null."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _csv_value(value: Any) -> Any:
+    """Text without escapes or line breaks (a spreadsheet shows them as junk, `cat` runs them)."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def _cell(value: Any) -> str:
@@ -168,10 +173,9 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     columns = list(rows[0]) if rows else []
     if fmt == "csv":
         buf = io.StringIO()
-        # RFC 4180's CRLF: then a CR or LF inside a cell is quoted, never a row of its own
-        writer = csv.DictWriter(buf, columns, lineterminator="\r\n")
+        writer = csv.DictWriter(buf, columns, lineterminator="\n")
         writer.writeheader()
-        writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
+        writer.writerows({k: spreadsheet_cell(_csv_value(v)) for k, v in r.items()} for r in rows)
         return buf.getvalue()
     shown = [c for c in columns if c != "val_set"]
     draw = _markdown if fmt == "markdown" else _plain

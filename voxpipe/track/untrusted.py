@@ -3,9 +3,10 @@
 A run name is whatever `register.run_name`, the MLflow UI or another client set. Shown raw, its escape
 sequences would drive the terminal that prints the table (colours, cursor moves, window titles,
 hyperlinks), and a cell such as `=HYPERLINK(...)` in compare.csv is a formula the spreadsheet that opens
-it runs (OWASP's "CSV injection"). So: on a terminal and in the text tables the control characters go
-(whole escape sequences first, then any other); a csv cell that a spreadsheet would read as a formula
-gets a leading `'`, which makes it text; matplotlib draws a label as it is (no `$...$` mathtext).
+it runs (OWASP's "CSV injection"). So: on a terminal, in the text tables and in the csv the control
+characters go (whole escape sequences first, then any other); a csv cell that a spreadsheet would read
+as a formula gets a leading `'`, which makes it text; matplotlib draws a label as it is (no `$...$`
+mathtext).
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ def printable(text: str, keep: str = "") -> str:
 
 
 def spreadsheet_cell(value: Any) -> Any:
-    """A csv cell that opens as text: a string a spreadsheet would take for a formula gets a leading `'`;
-    numbers (also a logged param's "-1") stay as they are."""
+    """A csv cell that opens as text: a string a spreadsheet would take for a formula (its first visible
+    character `= + - @`, or a tab, CR or LF first) gets a leading `'`; numbers (also a logged param's
+    "-1") stay as they are."""
     if not isinstance(value, str) or _NUMBER.fullmatch(value):
         return value
-    first = value.lstrip(" ")[:1]
+    visible = _SEQUENCES.sub("", value)
+    first = next((c for c in visible if not (c.isspace() or unicodedata.category(c) in _INVISIBLE)), "")
     return f"'{value}" if first in _FORMULA or value[:1] in _FORMULA else value
