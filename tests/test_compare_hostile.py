@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 from mlflow import MlflowClient
-from test_track import run_register, write_eval, write_mfu, write_training
+from test_track import VAL_ROW, run_register, write_eval, write_mfu, write_training
 
 from voxpipe.errors import StepError
 from voxpipe.params import CompareParams, ModelParams, Params
@@ -24,6 +24,9 @@ from voxpipe.track.untrusted import printable
 from voxpipe.train.init_model import init_model
 
 pytestmark = pytest.mark.slow  # real register runs
+
+
+registered: dict[str, dict] = {}  # each run's register files, by tag
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,7 @@ def two_runs(tmp_path_factory):
                      "mfu": str(write_mfu(root / tag / "mfu", 0.01)), "ingest": None,
                      "out": str(root / tag / "register"), "work": str(root / "work")}
             ids.append(run_register(files)["run_id"])
+            registered[tag] = files
         yield root, ids
 
 
@@ -284,3 +288,14 @@ def test_a_sweep_that_is_no_run_id_is_refused_before_any_search(store, tmp_path,
     work, _, _ = store
     with pytest.raises(StepError, match="is no MLflow run id"):
         run_compare(work, tmp_path, sweep=sweep)
+
+
+def test_rerunning_register_adds_the_clips_to_a_run_logged_without_them(store):
+    """A run logged before register found the chosen export's clips (no `audio/`, no `logged.audio` tag):
+    register again logs them, and only them."""
+    work, client, (good, victim) = store
+    shutil.rmtree(artifact_folder(client, victim) / "audio")
+    client.delete_tag(victim, "voxpipe.logged.audio")
+    again = run_register(registered["victim"])
+    assert again["run_id"] == victim and again["logged"] == ["audio"]
+    assert [f.path for f in client.list_artifacts(victim, "audio")] == [f"audio/{VAL_ROW}-ref.wav"]
