@@ -124,7 +124,8 @@ def _players(rows: list[dict[str, Any]], media: dict[str, RunMedia]) -> str:
     """The sentence grid of runs scored on one val set: a row per sentence, a column per run."""
     sentences = sorted({key for row in rows for key in media[row["id"]].audio})
     if not sentences:
-        return "<p>No samples: these runs logged no <code>audio/</code> artifacts.</p>"
+        return ("<p>No samples: these runs logged no <code>audio/</code> artifacts (<code>voxpipe "
+                "register</code>, run again on a run's outputs, adds them to a run logged without them).</p>")
     head = "".join(
         f"<th>{html.escape(_cell(row['run']))} ({row['id']})<br>{html.escape(_cell(row['verdict']))}"
         f"<br>seed {html.escape(_cell(media[row['id']].seed))}</th>" for row in rows)
