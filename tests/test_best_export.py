@@ -6,13 +6,14 @@ training (tiny model, one process), the real evaluate (few, short generations) a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from voxpipe.errors import StepError
-from voxpipe.evaluate.step import evaluate
+from voxpipe.evaluate.step import EvaluateResult, evaluate
 from voxpipe.files import step_folders
 from voxpipe.integrity import signing_key
 from voxpipe.lineage import dvc_md5
@@ -44,9 +45,10 @@ def test_exports_every_n_steps_and_the_last_keeping_k(trained):
     assert weights[0].read_bytes() == weights[1].read_bytes()  # the last export is the final one
 
 
-def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, encoded_sample, tmp_path,
-                                                                    monkeypatch):
-    out = tmp_path / "eval"
+@pytest.fixture(scope="module")
+def evaluated(trained, encoded_sample, tmp_path_factory) -> tuple[Path, EvaluateResult]:
+    """evaluate on the run's exports (an export another run left in the folder among them): its folder."""
+    out = tmp_path_factory.mktemp("best_eval") / "eval"
     params = Params(model={"base": str(encoded_sample.base_model)}, train={"max_tokens": 512},
                     evaluate=EvaluateParams(
                         model=str(trained / "exports"), data=str(encoded_sample.encoded), out=str(out),
@@ -61,9 +63,14 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     identity = {k: v for k, v in identity.items() if k not in ("files", "hmac", "step")}
     write_identity(stale, {**identity, "run": "0123456789abcdef"}, 40, signing_key(trained / "checkpoints"))
     try:
-        result = evaluate(params)
+        return out, evaluate(params)
     finally:
         shutil.rmtree(stale)
+
+
+def test_evaluate_scores_each_export_picks_one_and_register_takes_it(evaluated, trained, encoded_sample,
+                                                                    tmp_path, monkeypatch):
+    out, result = evaluated
     report = json.loads((out / "eval.json").read_text())
     table = report["exports"]
     assert [row["step"] for row in table] == [4, 5]
@@ -114,3 +121,61 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(trained, en
     other = next(r["path"] for r in table if r["step"] != chosen["step"])
     with pytest.raises(StepError, match="register the one evaluate chose"):
         register(Params(register={**files, "model": other}, tracking=tracking))
+
+
+def test_compare_page_plays_the_chosen_exports_clips_of_every_run_register_logged(
+        evaluated, trained, encoded_sample, tmp_path, monkeypatch):
+    """Runs made by the real register from the real evaluate's output (clips named `step-N-...`): a plain
+    run and a sweep's child. register logs the chosen export's clips as `audio/<val row id>-<ref|noref>.wav`
+    in both; compare.html has a player per run for every sentence. `max_runs` counts the runs with
+    figures: the sweep's parent, started between the two, is none of them."""
+    import base64
+    import io
+
+    import soundfile as sf
+    from mlflow import MlflowClient
+
+    from voxpipe.params import CompareParams
+    from voxpipe.track.compare import compare
+    from voxpipe.track.sweep import sweep_open
+
+    out, _ = evaluated
+    report = json.loads((out / "eval.json").read_text())
+    step = report["chosen"]["step"]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    tracking = {"work": str(tmp_path / "work")}
+    files = {"eval": str(out / "eval.json"), "train": str(trained), "ingest": str(encoded_sample.ingest)}
+    runs = []
+    for number, parent in enumerate((None, "sweep")):
+        mfu = tmp_path / f"mfu{number}" / "mfu.json"  # another mfu.json: another pipeline run
+        mfu.parent.mkdir()
+        mfu.write_text(json.dumps({"mfu": 0.01 * (number + 1)}))
+        if parent:
+            opened = sweep_open(Params(tracking=tracking, sweep={"grid": ["train.lr=2e-3"],
+                                                                "out": str(tmp_path / "sweep")}))
+            parent = opened.record["parent_run"]
+        done = register(Params(register={**files, "mfu": str(mfu), "out": str(tmp_path / f"reg{number}")},
+                               tracking={**tracking, "parent_run": parent}))
+        runs.append(done.registered["run_id"])
+    client = MlflowClient(done.registered["tracking_uri"])
+    names = sorted(f"{r['row_id']}-{'ref' if r['with_reference'] else 'noref'}"
+                   for r in report["utterances"]["model"])
+    assert len(names) == 4  # a text per speaker, with and without the reference
+    for run_id in runs:
+        logged = [f.path for f in client.list_artifacts(run_id, "audio")]
+        assert logged == [f"audio/{name}.wav" for name in names]
+        record = report["utterances"]["model"][0]  # its chosen export's clip, not the baseline's
+        name = f"{record['row_id']}-{'ref' if record['with_reference'] else 'noref'}"
+        heard = Path(client.download_artifacts(run_id, f"audio/{name}.wav", str(tmp_path / run_id)))
+        assert heard.read_bytes() == (out / "samples" / f"step-{step}-{record['name']}.wav").read_bytes()
+
+    for sweep, shown in ((None, runs), (parent, runs[1:])):
+        result = compare(Params(tracking=tracking, compare=CompareParams(
+            out=str(tmp_path / f"compare-{sweep}"), max_runs=2, sweep=sweep)))
+        assert sorted(r["id"] for r in result.rows) == sorted(r[:8] for r in shown) and not result.skipped
+        page = (result.out / "compare.html").read_text()
+        assert "No samples" not in page and "no sample" not in page
+        clips = re.findall(r"src='data:audio/wav;base64,([^']+)'", page)
+        assert len(clips) == len(names) * len(shown)  # a player per run for every sentence
+        assert all(sf.info(io.BytesIO(base64.b64decode(c))).frames > 0 for c in clips)

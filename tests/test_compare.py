@@ -100,8 +100,9 @@ def test_verdict_line_and_the_chosen_settings():
 
 
 def test_samples_are_named_by_the_val_text_on_what_evaluate_writes(tmp_path):
-    """On the demo's committed eval.json (evaluate's own output): each fine-tuned sample gets the name of its
-    val row and condition, one name per sample, none for the baseline's."""
+    """On the demo's committed eval.json (evaluate's own output, exports of step-N): each sample of the
+    chosen export gets the name of its val row and condition, one name per sample; none of the baseline's
+    or of another export's. A single checkpoint's samples are evaluate's `model-...`."""
     from dataclasses import replace
 
     from voxpipe.track.artifacts import PipelineArtifacts
@@ -109,12 +110,19 @@ def test_samples_are_named_by_the_val_text_on_what_evaluate_writes(tmp_path):
 
     figures = json.loads((ROOT / "work/eval/eval.json").read_text())
     records = figures["utterances"]["model"]
-    samples = [tmp_path / f"{tag}-{r['name']}.wav" for r in records for tag in ("model", "baseline")]
+    step = figures["chosen"]["step"]
+    assert isinstance(step, int)  # the demo scores the exports of train.export_every
+    tags = (f"step-{step}", f"step-{step + 1}", "baseline")
+    samples = [tmp_path / f"{tag}-{r['name']}.wav" for r in records for tag in tags]
     art = PipelineArtifacts(export=tmp_path, export_md5="", model_config={}, train_dir=tmp_path,
                             train_report={}, metrics=[], eval_path=tmp_path / "eval.json", eval=figures,
                             samples=samples, mfu_path=tmp_path, mfu={}, data=None)
     named = audio_by_text(art)
-    assert len(named) == len(records) == 8 and all(p.name.startswith("model-") for p in named.values())
+    assert len(named) == len(records) == 8
+    assert all(p.name.startswith(f"step-{step}-") for p in named.values())
     first = records[0]
-    assert named[f"{first['row_id']}-ref.wav"].name == f"model-{first['name']}.wav"
+    assert named[f"{first['row_id']}-ref.wav"].name == f"step-{step}-{first['name']}.wav"
+    one = {**figures, "chosen": {**figures["chosen"], "step": None}}  # evaluate.model: one checkpoint
+    single = replace(art, eval=one, samples=[tmp_path / f"model-{r['name']}.wav" for r in records])
+    assert sorted(audio_by_text(single)) == sorted(named)
     assert audio_by_text(replace(art, eval={})) == {}  # an eval.json without utterances: nothing renamed

@@ -95,11 +95,14 @@ VAL_ROW, VAL_TEXT = "9c3ae1728393ce65", "The painter mixed yellow and blue."  # 
 def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity: float = 0.7,
                val_digest: str = "val-v1") -> Path:
     """eval.json as `evaluate` writes it: flat figures, the candidate's and baseline's scores and the
-    promotion rule's verdict against the baseline (one speaker "spk", baseline similarity 0.6, std 0.01)."""
+    promotion rule's verdict against the baseline (one speaker "spk", baseline similarity 0.6, std 0.01);
+    the chosen export is step 6's, so its clip is `step-6-...wav`, beside the baseline's."""
     samples = folder / "samples"
     samples.mkdir(parents=True)
     t = np.arange(24000) / 48000
-    sf.write(samples / "model-000-spk-ref.wav", (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 48000)
+    for tag, hz in (("step-6", 220), ("baseline", 330)):
+        tone = (0.2 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+        sf.write(samples / f"{tag}-000-spk-ref.wav", tone, 48000)
     model = Scores(loss_model, 0.01, {"spk": mean_ci([similarity - 0.02, similarity + 0.02])}, 0.0, [])
     base = Scores(loss_baseline, 0.01, {"spk": mean_ci([0.58, 0.62])}, 0.0, [])
     verdict = decide(model, base, None, tolerance=0.05)
@@ -113,6 +116,7 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
                "scores": {"model": model.as_dict(), "baseline": base.as_dict()}, "val_digest": val_digest,
                "utterances": {"model": [{"name": "000-spk-ref", "row_id": VAL_ROW, "with_reference": True,
                                          "text": VAL_TEXT}]},
+               "chosen": {"path": str(folder.parent / "export"), "step": 6, "why": "the lowest loss"},
                "settings": {"generation_seed": 0}}
     (folder / "eval.json").write_text(json.dumps(figures))
     return folder / "eval.json"
@@ -202,11 +206,16 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert run.data.metrics["eval/loss_model"] == 1.90 and run.data.metrics["mfu/mfu"] == 0.01
     folders = ("eval/samples", "plots", "train", "mfu", "data")
     artifacts = {f.path for folder in folders for f in client.list_artifacts(a["run_id"], folder)}
-    expected = {"eval/samples/model-000-spk-ref.wav", "plots/loss_curve.png", "train/metrics.jsonl",
+    expected = {"eval/samples/step-6-000-spk-ref.wav", "eval/samples/baseline-000-spk-ref.wav",
+                "plots/loss_curve.png", "train/metrics.jsonl",
                 "mfu/mfu.md", "data/data-report.html", "data/data-report.png"}  # the page ingest wrote
     assert expected <= artifacts
-    # by the val text's id: the same name in every run (MLflow's compare view, compare.html)
+    # by the val text's id: the same name in every run (MLflow's compare view, compare.html); the chosen
+    # export's clip, not the baseline's
     assert [f.path for f in client.list_artifacts(a["run_id"], "audio")] == [f"audio/{VAL_ROW}-ref.wav"]
+    heard = Path(client.download_artifacts(a["run_id"], f"audio/{VAL_ROW}-ref.wav", str(root / "heard")))
+    chosen = Path(runs["a"]["eval"]).parent / "samples" / "step-6-000-spk-ref.wav"
+    assert heard.read_bytes() == chosen.read_bytes()
 
 
 def test_register_logs_the_headline_under_short_names_and_the_verdict(registered, server):

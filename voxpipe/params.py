@@ -677,7 +677,8 @@ class CompareParams(Section):
     )
     out: str = Field("work/compare", description="compare.<format>, compare.html and val_curves.png",
                      json_schema_extra={"result": False})
-    max_runs: int = Field(50, gt=0, description="newest runs compared")
+    max_runs: int = Field(50, gt=0, description="newest runs with figures compared (lock runs, sweep parents "
+                          "and runs still training count not)")
     sweep: str | None = Field(
         None, description="compare only this sweep's runs: the MLflow run id of its parent (the children's "
         "`mlflow.parentRunId`); the table and compare.html are also logged to the parent")

@@ -25,6 +25,12 @@ from voxpipe.integrity import KEY_ENV, signing_key
 from voxpipe.train.identity import IDENTITY_FILE, folder_run, identity_or_why
 
 
+def sample_tag(step: int | None) -> str:
+    """What a checkpoint's sample files start with (`<tag>-<utterance>.wav`): `step-<N>` for an export of
+    step N, the historical "model" for a single checkpoint. register finds the chosen export's clips by it."""
+    return "model" if step is None else f"step-{step}"
+
+
 @dataclass(frozen=True)
 class Candidate:
     path: Path
@@ -32,8 +38,8 @@ class Candidate:
 
     @property
     def tag(self) -> str:
-        """Names its sample files; a single checkpoint keeps the historical "model"."""
-        return "model" if self.step is None else f"step-{self.step}"
+        """Names its sample files (sample_tag)."""
+        return sample_tag(self.step)
 
 
 def find_candidates(path: Path) -> list[Candidate]:

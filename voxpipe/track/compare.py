@@ -1,8 +1,10 @@
 """`voxpipe compare`: runs side by side as a person compares them, a table and a page to listen to.
 
-Which runs: the experiment's newest `compare.max_runs`, or one sweep's children (`compare.sweep`: the
-parent run's id, found through MLflow's `mlflow.parentRunId` tag); never the register lock's run or a
-sweep's parent itself.
+Which runs: the experiment's newest `compare.max_runs` that have figures (register logged them), or one
+sweep's children (`compare.sweep`: the parent run's id, found through MLflow's `mlflow.parentRunId`
+tag); never the register lock's run, a sweep's parent or a run still training. A run whose logged
+artifacts are malformed is left out, named with the reason; names and tags are shown as text
+(untrusted.py).
 
 The table (compare.<format>): one row per run, sorted by the promotion rule's verdict (promoted first)
 and then by fixed-seed val loss. Its columns: the run, then only the *settings* that differ between the
@@ -31,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from voxpipe.errors import StepError
 from voxpipe.params import Params
-from voxpipe.track.compare_page import compare_page, run_media
+from voxpipe.track.compare_page import BadArtifact, RunMedia, compare_page, run_media
 from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, setting_keys
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
 from voxpipe.track.sweep import PARENT_TAG, SWEEP_TAG
 from voxpipe.track.tracking import resolve_tracking_uri, session
+from voxpipe.track.untrusted import printable, spreadsheet_cell
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -46,6 +49,9 @@ SUFFIX = {"table": "txt", "markdown": "md", "csv": "csv", "json": "json"}
 WIDTH = 150  # characters of a table line before it wraps into another block
 KEY_COLUMNS = ("run", "id")
 _ID_LIKE = re.compile(r'^"?[0-9a-f]{12,}(\.dir)?"?$')  # md5s, run ids, digests
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # MLflow's run ids; compare.sweep goes into a search filter
+PAGE = 200  # runs a search returns at a time
+LABEL_CHARS = 60  # of a run's name in the curves' legend and in a skipped run's line
 
 
 @dataclass
@@ -54,10 +60,13 @@ class CompareResult:
     text: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     table: str = "compare.txt"
+    skipped: list[str] = field(default_factory=list)  # `<run id>: <why>` of the runs left out
 
     def summary(self) -> str:
-        return (f"{self.text.rstrip()}\ncompare: {len(self.rows)} runs -> {self.out / self.table}, "
+        left_out = "".join(f"\ncompare: left out run {why}" for why in self.skipped)
+        text = (f"{self.text.rstrip()}{left_out}\ncompare: {len(self.rows)} runs -> {self.out / self.table}, "
                 f"{self.out / 'compare.html'} (listen), {self.out / 'val_curves.png'}")
+        return printable(text, keep="\n")
 
 
 def _is_setting_value(value: str | None) -> bool:
@@ -104,12 +113,26 @@ def val_sets(rows: list[dict[str, Any]]) -> list[str | None]:
     return list(dict.fromkeys(r["val_set"] for r in rows))
 
 
+def _json_value(value: Any) -> Any:
+    """A figure as strict JSON has it: NaN and infinity (which MLflow stores) as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _csv_value(value: Any) -> Any:
+    """Text without escapes or line breaks (a spreadsheet shows them as junk, `cat` runs them)."""
+    return printable(value) if isinstance(value, str) else value
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return printable(str(value))
+
+
+def _markdown_cell(value: Any) -> str:
+    return _cell(value).replace("|", "\\|")
 
 
 def _blocks(columns: list[str], widths: dict[str, int]) -> list[list[str]]:
@@ -139,20 +162,20 @@ def _plain(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
 
 def _markdown(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    return lines + ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+    return lines + ["| " + " | ".join(_markdown_cell(r[c]) for c in columns) + " |" for r in rows]
 
 
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
     """The rows as table, markdown, csv or json. csv and json carry each run's val set in a column; the
     table and markdown show one group per val set under a line that says which, when there are several."""
     if fmt == "json":
-        return json.dumps(rows, indent=2) + "\n"
+        return json.dumps([{k: _json_value(v) for k, v in r.items()} for r in rows], indent=2) + "\n"
     columns = list(rows[0]) if rows else []
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.DictWriter(buf, columns, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_cell(_csv_value(v)) for k, v in r.items()} for r in rows)
         return buf.getvalue()
     shown = [c for c in columns if c != "val_set"]
     draw = _markdown if fmt == "markdown" else _plain
@@ -167,43 +190,80 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _compared(run: Run) -> bool:
+    """A pipeline run that register logged: it has headline figures. Not the register lock's run, not a
+    sweep's parent, not a run the trainer is still logging into."""
+    tags = run.data.tags
+    return LOCK_TAG not in tags and SWEEP_TAG not in tags and any(n in run.data.metrics for n in NAMES)
+
+
 def _runs(client: MlflowClient, experiment_id: str, max_runs: int, sweep: str | None) -> list[Run]:
-    """The runs compared, oldest first: a sweep's children, or the newest runs of the experiment."""
+    """The runs compared, oldest first: a sweep's children, or the newest `max_runs` runs of the experiment
+    that have figures (pages are read until that many are found: lock runs and sweep parents count not)."""
     where = f"tags.`{PARENT_TAG}` = '{sweep}'" if sweep else ""
-    newest = client.search_runs([experiment_id], filter_string=where, max_results=max_runs,
-                                order_by=["attributes.start_time DESC"])
-    parents = {r.data.tags.get(PARENT_TAG) for r in newest}
-    return [r for r in reversed(newest) if LOCK_TAG not in r.data.tags and SWEEP_TAG not in r.data.tags
-            and r.info.run_id not in parents]
+    found: list[Run] = []
+    token = None
+    while len(found) < max_runs:
+        page = client.search_runs([experiment_id], filter_string=where, max_results=PAGE,
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        found += [r for r in page if _compared(r)]
+        token = page.token
+        if not token:
+            break
+    return list(reversed(found[:max_runs]))
 
 
 def _curve_label(row: dict[str, Any]) -> str:
-    return f"{row['run']} ({row['id']})"
+    """The id first: matplotlib's legend leaves out a label that starts with `_`."""
+    return f"{row['id']} {printable(row['run'] or '')[:LABEL_CHARS]}"
+
+
+def _media(client: MlflowClient, runs: list[Run], tmp: Path) -> tuple[dict[str, RunMedia], list[str]]:
+    """Each run's samples and texts by its full id; a run whose artifacts are malformed is left out and
+    named with the reason (one bad run never stops the comparison of the others)."""
+    media, skipped = {}, []
+    for run in runs:
+        run_id = run.info.run_id
+        try:
+            media[run_id] = run_media(client, run_id, tmp / run_id)
+        except BadArtifact as e:
+            name = printable(run.info.run_name or "")[:LABEL_CHARS]
+            skipped.append(f"{run_id} ({name}): {e}")
+    return media, skipped
 
 
 def compare(params: Params) -> CompareResult:
     """`compare`: the runs of tracking.experiment (or of one sweep), read where register logged them."""
     p, tracking = params.compare, params.tracking
+    if p.sweep is not None and not _RUN_ID.fullmatch(p.sweep):
+        raise StepError(f"compare.sweep {p.sweep[:80]!r} is no MLflow run id (letters, digits, '-' and '_'); "
+                        "give the sweep's parent run id, as `voxpipe sweep-open` wrote it to sweep.json")
     out = Path(p.out)
     out.mkdir(parents=True, exist_ok=True)
-    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client:
+    with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client, \
+            tempfile.TemporaryDirectory() as tmp:
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
             raise StepError(
                 f"no MLflow experiment {tracking.experiment!r} there (`voxpipe register` creates it)"
             )
-        runs = _runs(client, experiment.experiment_id, p.max_runs, p.sweep)
-        if not runs:
+        found = _runs(client, experiment.experiment_id, p.max_runs, p.sweep)
+        if not found:
             which = f"sweep {p.sweep!r} (its parent run's id) has no child runs" if p.sweep else "has no runs"
-            raise StepError(f"MLflow experiment {tracking.experiment!r}: {which}")
+            raise StepError(f"MLflow experiment {tracking.experiment!r}: {which} with figures (logged by "
+                            "`voxpipe register`)")
+        by_id, skipped = _media(client, found, Path(tmp))
+        runs = [r for r in found if r.info.run_id in by_id]
+        if not runs:
+            raise StepError(f"MLflow experiment {tracking.experiment!r}: every run has a malformed artifact, "
+                            f"none is compared: {'; '.join(skipped)}")
         rows = build_rows(runs)
         full_id = {r.info.run_id[:8]: r.info.run_id for r in runs}
         history = {row["id"]: client.get_metric_history(full_id[row["id"]], "val/loss") for row in rows}
         curves = {_curve_label(row): sorted((m.step, m.value) for m in history[row["id"]]) for row in rows}
         png = val_curves(curves, out / "val_curves.png")
-        with tempfile.TemporaryDirectory() as tmp:
-            media = {row["id"]: run_media(client, full_id[row["id"]], Path(tmp) / row["id"]) for row in rows}
-            page = compare_page(rows, media, png)
+        media = {row["id"]: by_id[full_id[row["id"]]] for row in rows}
+        page = compare_page(rows, media, png, skipped)
         text = render(rows, p.format)
         table = f"compare.{SUFFIX[p.format]}"
         (out / table).write_text(text)
@@ -211,4 +271,4 @@ def compare(params: Params) -> CompareResult:
         if p.sweep:
             for name in (table, "compare.html", "val_curves.png"):
                 client.log_artifact(p.sweep, str(out / name), "compare")
-    return CompareResult(out, text, rows, table)
+    return CompareResult(out, text, rows, table, skipped)

@@ -38,7 +38,7 @@ def loss_curve(metrics: list[dict[str, Any]], val_curve: list[dict[str, Any]], p
 
 
 def val_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    """One fixed-seed val-loss curve per run, overlaid."""
+    """One fixed-seed val-loss curve per run, overlaid; the labels are drawn as plain text."""
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.subplots()
     for label, points in curves.items():
@@ -48,7 +48,8 @@ def val_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
     ax.set_ylabel("val loss (fixed seed)")
     ax.grid(alpha=0.3)
     if any(curves.values()):
-        ax.legend(fontsize="small")
+        for text in ax.legend(fontsize="small").get_texts():
+            text.set_parse_math(False)  # a run's name as written: a `$` in it is no mathtext
     ax.set_title("Fixed-seed validation loss per run")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxpipe.evaluate.exports import sample_tag
 from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.secrets import scrub_shapes
@@ -162,15 +163,30 @@ def unheld(
     return [(k, v, step) for k, v, step in points if step not in held[k]]
 
 
+def chosen_sample_tag(evaluation: dict[str, Any]) -> str:
+    """The tag evaluate named the chosen export's samples with (`step-40`, or `model` for one checkpoint):
+    eval.json's `chosen.step`."""
+    chosen = evaluation.get("chosen")
+    step = chosen.get("step") if isinstance(chosen, dict) else None
+    return sample_tag(step if isinstance(step, int) and not isinstance(step, bool) else None)
+
+
 def audio_by_text(art: PipelineArtifacts) -> dict[str, Path]:
     """The fine-tuned model's samples by the name they are logged under: `<val row id>-<ref|noref>.wav`.
-    evaluate names a sample `model-<index>-<speaker>-<ref|noref>.wav`, and the index is its place in this
-    run's plan; the row id is the val text's, the same in every run scored on the same val set."""
+    evaluate names a sample `<tag>-<index>-<speaker>-<ref|noref>.wav`: the tag is the checkpoint's
+    (`step-40`; the chosen export's clips are the ones its `utterances.model` describe), the index its
+    place in this run's plan; the row id is the val text's, the same in every run scored on the same val
+    set."""
     by_file = {f.name: f for f in art.samples}
+    tag = chosen_sample_tag(art.eval)
+    utterances = art.eval.get("utterances")
+    records = utterances.get("model") if isinstance(utterances, dict) else None
     out = {}
-    for record in (art.eval.get("utterances") or {}).get("model") or []:
-        wav = by_file.get(f"model-{record.get('name')}.wav")
-        if wav is not None and record.get("row_id"):
+    for record in records if isinstance(records, list) else []:
+        if not isinstance(record, dict):
+            continue
+        wav = by_file.get(f"{tag}-{record.get('name')}.wav")
+        if wav is not None and isinstance(record.get("row_id"), str) and record["row_id"]:
             out[f"{record['row_id']}-{'ref' if record.get('with_reference') else 'noref'}.wav"] = wav
     return out
 
@@ -283,7 +299,9 @@ def log_pipeline_run(
         samples = art.eval_path.parent / "samples"
         if art.samples:
             client.log_artifacts(run_id, str(samples), "eval/samples")
-            _log_renamed(client, run_id, audio_by_text(art), "audio")
+
+    def audio() -> None:
+        _log_renamed(client, run_id, audio_by_text(art), "audio")
 
     def glance() -> None:
         figures = [(k, v, 0) for k, v in headline(art).items() if v is not None]
@@ -300,6 +318,8 @@ def log_pipeline_run(
         ("setup", key, setup),
         ("train", art.train_digest, train),
         ("eval", art.eval_digest, evaluation),
+        # a part of its own: rerunning `register` adds the clips to a run logged before they were found
+        ("audio", art.eval_digest, audio),
         ("mfu", md5_file(art.mfu_path), mfu),
         ("headline", art.train_digest + art.eval_digest + md5_file(art.mfu_path), glance),
     )
