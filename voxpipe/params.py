@@ -459,6 +459,11 @@ class EvaluateParams(Section):
         f"the first that covers it: {listed(ASR)}; a language none covers gets null. "
         "true = [pocketsphinx], false = []"
     )
+    asr_max_real_rate: float = Field(
+        0.5, gt=0, description="the most WER (CER for Chinese) a recogniser may have on a voice's real "
+        "recordings in a language for it to score that voice's generated clips in it; above it the voice's "
+        "WER/CER is null with the reason (the recogniser cannot hear that voice, so its figure means nothing)"
+    )
     whisper_model: str | None = Field(
         None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
         "whisper"
