@@ -88,3 +88,23 @@ def test_the_promotion_rule_reads_no_voice_wer():
     assert not {"wer", "cer"} & set(Scores.__dataclass_fields__)
     scores = Scores(1.0, 0.0, {"spk": {"mean": 0.7}}, 0.0, [])
     assert decide(scores, scores, None, 0.05).criteria[-1].name == "did_not_forget"
+
+
+def test_the_f0_panel_plots_no_pitch_the_tracker_could_not_find(tmp_path):
+    """Clips without a pitch have no marker; when none has one, the panel says so in a sentence."""
+    from voxpipe.evaluate.figure import plot
+    from voxpipe.evaluate.metrics import Voice
+
+    reason = "a steady 400 Hz tone, no intonation"
+    records = {tag: [{"name": f"{i}", "speaker": "spk", "similarity_to_speaker": 0.5, "f0_median_hz": f0,
+                      "f0_null_reason": None if f0 else reason} for i, f0 in enumerate([None, 210.0])]
+               for tag in ("baseline", "model")}
+    voices = {"spk": Voice("spk", np.ones(3), 220.0, [0.9, 0.95])}
+    f0_ax = plot(tmp_path / "eval.png", records, voices).axes[1]
+    plotted = [y for line in f0_ax.get_lines() for y in line.get_ydata() if np.isfinite(y)]
+    assert plotted == [210.0, 210.0] and not f0_ax.texts  # one marker per checkpoint, none for the tone
+    for tag in records:
+        records[tag][1].update(f0_median_hz=None, f0_null_reason=reason)
+    f0_ax = plot(tmp_path / "eval.png", records, voices).axes[1]
+    assert [t.get_text() for t in f0_ax.texts] == [f"no generated clip has a pitch ({reason})"]
+    assert (tmp_path / "eval.png").stat().st_size > 0
