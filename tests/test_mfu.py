@@ -313,3 +313,20 @@ def test_an_unknown_accelerator_gives_mfu_null_and_exit_0(real_run, tmp_path, ca
     assert figures["achieved_tflops_per_device"] > 0  # the run's own figures still count
     assert "mfu: null" in capsys.readouterr().out
     assert "unknown: set mfu.peak_tflops" in (out / "mfu.md").read_text()
+
+
+def test_the_run_description_gives_a_null_mfu_with_its_reason():
+    """MLflow's run description (track/note.py): a CPU's MFU is n/a with the reason, never a number."""
+    from voxpipe.mfu.peak import CPU_NO_PEAK
+    from voxpipe.track.artifacts import PipelineArtifacts
+    from voxpipe.track.note import run_note
+
+    def note(mfu: dict) -> str:
+        return run_note(PipelineArtifacts(
+            export=Path("export"), export_md5="x", model_config={}, train_dir=Path("train"),
+            train_report={"tokens_per_s": 900.0}, metrics=[], eval_path=Path("eval.json"), eval={},
+            samples=[], mfu_path=Path("mfu.json"), mfu=mfu, data=None))
+
+    assert f"- MFU: n/a ({CPU_NO_PEAK})" in note({"mfu": None, "mfu_null_reason": CPU_NO_PEAK})
+    assert "- MFU: 1.23 % (override)" in note({"mfu": 0.0123, "peak_source": "override"})
+    assert "900 tokens/s" in note({"mfu": None, "mfu_null_reason": CPU_NO_PEAK})
