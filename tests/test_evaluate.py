@@ -253,6 +253,7 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
         assert all((u["wer"] is None) != real["heard"] and u["asr_reason"] == real["reason"] for u in mine)
     # the tiny base's clips are a steady buzz, not a voice: no pitch, with the reason
     assert all(u["f0_median_hz"] is None and "steady" in u["f0_null_reason"] for u in utterances)
+    assert report["f0_spread"] is None and "steady" in report["f0_spread_null_reason"]
     # the sample's voices are synthetic: pocketsphinx gets most real words wrong, so there is no WER
     assert report["wer"] is None and report["wer_baseline"] is None
     assert "voice 'spk_f'" in report["wer_null_reason"] and "voice 'spk_m'" in report["wer_null_reason"]

@@ -56,7 +56,7 @@ from voxpipe.evaluate.benchmark_set import (
     read_benchmark,
     synthesize_benchmark,
 )
-from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.consistency import consistency, no_f0_spread
 from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
@@ -541,6 +541,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
             figures[f"{key}_null_reason"] = "no clip generated with a reference clip had a voice to embed"
     figures["similarity_to_prompt_comparable"] = int(scorers.encoder.backend == PROTOCOL_BACKEND)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
+    for tag, key in (("model", "f0_spread"), ("baseline", "f0_spread_baseline")):
+        if figures[key] is None:
+            figures[f"{key}_null_reason"] = no_f0_spread(records[tag])
     document = {
         **figures,
         "verdict": sentence,
