@@ -76,8 +76,8 @@ class IngestParams(Section):
         "string"
     )
     speaker_column: str = Field(
-        "speaker", description='speaker id column; a file without it (or "") is one speaker named after its '
-        "source (an LJSpeech folder or a set of shards: the folder; another file: its name), with a notice"
+        "speaker", description='speaker id column; a file without it (or "") is one speaker named after the '
+        "folder that holds it (data/my-voice -> my-voice), with a notice"
     )
     sample_rate: int = Field(
         16000, gt=0, description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,6 @@ from voxpipe.errors import StepError
 
 log = logging.getLogger(__name__)
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-SHARD_STEM = re.compile(r"-\d+-of-\d+$")  # Hugging Face shards: train-00000-of-00002.parquet
 
 
 @dataclass(frozen=True)
@@ -42,13 +40,12 @@ class SourceFile:
     speaker: str = ""  # the source's own speaker (`source_speaker`), for a file without a speaker column
 
 
-def source_speaker(path: Path, kind: str) -> str:
-    """The speaker of a file without a speaker column, named after its source: an LJSpeech set and a
-    set of shards after their folder (`data/my-voice/metadata.csv` -> my-voice), any other file after
-    its name (`anna.csv` -> anna). The same for a whole run and for each shard of a sharded one."""
-    if kind == "ljspeech" or SHARD_STEM.search(path.stem):
-        return path.resolve().parent.name
-    return path.stem
+def source_speaker(path: Path) -> str:
+    """The speaker of a file without a speaker column, named after the folder that holds it
+    (`data/my-voice/metadata.csv` -> my-voice): the unit a voice comes in. An LJSpeech set, the shards
+    of a Hugging Face set and a train/val pair of manifests stay one voice; two folders are two. The same
+    for a whole run and for each shard of a sharded one."""
+    return path.resolve().parent.name
 
 
 def _kind(path: Path) -> str | None:
@@ -125,7 +122,7 @@ def open_source(path: Path, root: Path, kind: str, cols: Columns, notices: list[
             f"no speaker column {cols.speaker!r} (if it has another name: --speaker-column NAME)"
             if cols.speaker else "speaker_column is empty"
         )
-        speaker = source_speaker(path, kind)
+        speaker = source_speaker(path)
         notices.append(f"{path}: {why}: its {rows} rows are one speaker, {speaker!r}, named after the source")
         log.warning(notices[-1])
     if used.audio != cols.audio:
