@@ -59,3 +59,26 @@ def test_the_report_renders_in_chromium(ingested, tmp_path):
     shot = tmp_path / "report.png"
     chromium(f"--screenshot={shot}", checked.as_uri())
     assert shot.stat().st_size > 10_000
+
+
+def test_an_empty_chart_is_a_sentence(tmp_path):
+    """Nothing quarantined, quality not scored: those panels (and the reasons table) say so in words
+    instead of drawing empty axes; the panels with data keep their bars."""
+    from voxpipe.data.data_report import _draw, _Figures
+
+    figures = _Figures()
+    figures.add(0, {"id": "a", "speaker": "spk", "duration": 2.0, "lufs_raw": -20.0, "text": "hi",
+                    "text_raw": "hi"})
+    fig = _draw(figures, {"no_audio": 0})
+    said = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
+    assert said["quarantined rows by reason"] == ["nothing was quarantined"]
+    assert said["DNSMOS P.835"] == ["quality was not scored (ingest.score_quality)"]
+    assert said["clip duration (after trimming)"] == [] and said["loudness as recorded (BS.1770)"] == []
+    bars = _draw(figures, {"no_audio": 2}).axes[3]
+    assert not bars.texts and [p.get_width() for p in bars.patches] == [2]
+
+    folder = write_small_sample(tmp_path / "in", per_speaker=2)
+    ingest(IngestParams(input=[str(folder)], out=str(tmp_path / "out"), workers=1, score_quality=False))
+    page = (tmp_path / "out" / PAGE).read_text(encoding="utf-8")
+    assert "0 quarantined" in page and "<p>nothing was quarantined</p>" in page
+    assert "<td>none</td>" not in page

@@ -375,7 +375,7 @@ def test_train_param_change_reruns_train_and_what_follows(repo, first_repro, at_
     assert list((repo / "work/train").glob("checkpoints.replaced-*"))
     diff = json.loads(dvc(repo, "metrics", "diff", "--json"))
     assert "loss_model" in diff["work/eval/eval.json"]
-    assert "mfu" in diff["work/mfu/mfu.json"]
+    assert "step_time_s" in diff["work/mfu/mfu.json"]  # a CPU's mfu is null in both
     assert load_params(repo / "params.yaml").train.lr == 3e-5  # DVC's `3e-05` reads as a float
     restore_commit(repo)
 

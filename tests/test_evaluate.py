@@ -245,6 +245,20 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert sorted(report["voices"]) == ["spk_f", "spk_m"]
     assert report["voices"]["spk_m"]["f0_median_hz"] * 1.5 < report["voices"]["spk_f"]["f0_median_hz"]
     assert 0 <= report["wer_real"] <= 1.5 and len(report["real_asr"]) == 2
+    # a voice the recogniser cannot hear in its real clips (above evaluate.asr_max_real_rate) has no WER
+    for speaker, voice in report["voices"].items():
+        real = voice["asr_real"]["en"]
+        assert real["heard"] == (real["rate"] <= 0.5) and real["clips"] == 1, speaker
+        mine = [u for u in utterances if u["speaker"] == speaker]
+        assert all((u["wer"] is None) != real["heard"] and u["asr_reason"] == real["reason"] for u in mine)
+    # the tiny base's clips are a steady buzz, not a voice: no pitch, with the reason
+    assert all(u["f0_median_hz"] is None and "steady" in u["f0_null_reason"] for u in utterances)
+    assert report["f0_spread"] is None and "steady" in report["f0_spread_null_reason"]
+    # the sample's voices are synthetic: pocketsphinx gets most real words wrong, so there is no WER
+    assert report["wer"] is None and report["wer_baseline"] is None
+    assert "voice 'spk_f'" in report["wer_null_reason"] and "voice 'spk_m'" in report["wer_null_reason"]
+    assert "wer (pocketsphinx): n/a: the recogniser cannot hear" in (
+        "\n".join(EvaluateResult(out, report, report["verdict"]).summary().splitlines()))
 
     wavs = sorted((out / "samples").glob("*.wav"))
     assert len(wavs) == 8  # both checkpoints

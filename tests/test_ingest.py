@@ -262,15 +262,35 @@ def test_path_string_column_relative_to_the_parquet_folder(tmp_path):
     assert [b["reason"] for b in bad] == ["missing_file", "unsafe_path", "no_audio"]
 
 
-def test_a_set_without_speaker_column_is_one_speaker_with_a_notice(tmp_path, caplog):
+def test_a_set_without_speaker_column_is_one_speaker_named_after_it_with_a_notice(tmp_path, caplog):
     f = write_parquet(tmp_path / "d.parquet", [{"audio": struct(good_bytes()), "text": "x"}], speaker=None)
     raw, _, report = run(tmp_path, [f])
-    assert [r["speaker"] for r in raw] == ["default"] and report["speakers"] == {"default": 1}
+    folder = tmp_path.name  # the folder that holds d.parquet
+    assert [r["speaker"] for r in raw] == [folder] and report["speakers"] == {folder: 1}
     notice = (f"{f}: no speaker column 'speaker' (if it has another name: --speaker-column NAME): its 1 rows "
-              'are one speaker, "default"')
+              f"are one speaker, {folder!r}, named after the source")
     assert report["notices"] == [notice] and notice in caplog.text
     raw, _, report = run(tmp_path, [f], speaker_column="")
-    assert [r["speaker"] for r in raw] == ["default"] and "speaker_column is empty" in report["notices"][0]
+    assert [r["speaker"] for r in raw] == [folder] and "speaker_column is empty" in report["notices"][0]
+
+
+def test_two_sets_without_speakers_are_two_speakers_each_named_after_its_source(tmp_path):
+    """An English and a Mandarin set, neither with a speaker column, ingested together: two voices, not one
+    speaker trained as both; the shards of one set stay one speaker. Each is named after its folder."""
+    def row(hz: int) -> list[dict]:
+        return [{"audio": struct(good_bytes(hz)), "text": f"clip at {hz}"}]
+
+    english = write_parquet(tmp_path / "english" / "clips.parquet", row(500), speaker=None)
+    shards = [write_parquet(tmp_path / "mandarin" / f"train-0000{i}-of-00002.parquet", row(600 + 100 * i),
+                            speaker=None) for i in range(2)]
+    raw, _, report = run(tmp_path, [english, tmp_path / "mandarin"])
+    assert report["speakers"] == {"english": 1, "mandarin": 2}
+    assert [n.split(": its ")[1] for n in report["notices"]] == [
+        "1 rows are one speaker, 'english', named after the source",
+        *["1 rows are one speaker, 'mandarin', named after the source"] * 2]
+    assert {r["speaker"] for r in raw} == {"english", "mandarin"} and len(shards) == 2
+    for inputs in ([tmp_path / "english", tmp_path / "mandarin"], [tmp_path]):  # or their parent
+        assert run(tmp_path, inputs)[2]["speakers"] == {"english": 1, "mandarin": 2}
 
 
 def test_same_audio_with_other_text_is_not_a_duplicate(tmp_path):

@@ -39,7 +39,8 @@ def make_ljspeech(folder: Path, n: int = 4) -> list[str]:
     return lines
 
 
-def test_ljspeech_folder_is_one_speaker_with_spoken_text_and_bad_lines_quarantined(tmp_path, capsys, caplog):
+def test_ljspeech_folder_is_one_speaker_named_after_it_with_spoken_text_and_bad_lines_quarantined(
+        tmp_path, capsys, caplog):
     data = tmp_path / "LJSpeech-1.1"
     make_ljspeech(data, 3)
     with open(data / "metadata.csv", "a", encoding="utf-8") as f:
@@ -50,7 +51,7 @@ def test_ljspeech_folder_is_one_speaker_with_spoken_text_and_bad_lines_quarantin
     assert ingest_cli(tmp_path, "--input", str(data)) == 0
     raw, bad, report = read_outputs(tmp_path / "out")
     assert [r["text"] for r in raw] == [f'Chapter {w}, said "Doctor Smith".' for w in ("one", "two", "three")]
-    assert {r["speaker"] for r in raw} == {"default"} and report["speakers"] == {"default": 3}
+    assert {r["speaker"] for r in raw} == {"LJSpeech-1.1"} and report["speakers"] == {"LJSpeech-1.1": 3}
     meta = (data / "metadata.csv").as_posix()
     assert [(b["source"], b["reason"]) for b in bad] == [
         ({"file": meta, "row": 3}, "missing_file"),
@@ -59,10 +60,11 @@ def test_ljspeech_folder_is_one_speaker_with_spoken_text_and_bad_lines_quarantin
     ]
     assert "line 6 is not `id|text|normalized_text`" in bad[1]["detail"]
     assert report["rows_in"] == 6 and report["notices"] == [
-        f'{meta}: the LJSpeech layout has no speaker: its 6 rows are one speaker, "default"'
+        f"{meta}: the LJSpeech layout has no speaker: its 6 rows are one speaker, 'LJSpeech-1.1', named "
+        "after the source"
     ]
     assert report["notices"][0] in caplog.text  # logged where the user looks, and in the summary line
-    assert "1 notice (report.json)" in capsys.readouterr().out
+    assert "1 speakers: LJSpeech-1.1)" in (out := capsys.readouterr().out) and "1 notice (report.json)" in out
     info = sf.info(tmp_path / "out" / raw[0]["audio"])
     assert (info.format, info.samplerate, info.channels) == ("FLAC", 16000, 1)
     # the metadata.csv given alone is the same data set
@@ -132,7 +134,7 @@ def test_manifest_without_a_text_column_is_refused_naming_the_columns(tmp_path, 
     assert ingest_cli(tmp_path, "--input", str(f), "--audio-column", "file", "--text-column", "transcript") \
         == 0
     raw, _, report = read_outputs(tmp_path / "out")
-    assert [(r["text"], r["speaker"]) for r in raw] == [("hi", "default")]
+    assert [(r["text"], r["speaker"]) for r in raw] == [("hi", tmp_path.name)]  # m.csv's folder
     assert "no speaker column 'speaker'" in report["notices"][0]
 
 

@@ -179,10 +179,12 @@ def test_peak_override_unknown_device_and_dtype_note():
         peak_flops("cpu", "float32", override=0.0)
 
 
-def test_cpu_peak_is_measured_once_per_dtype_and_threads():
-    value, source = peak_flops("cpu", torch.float32)
+def test_a_cpu_has_no_peak_unless_given_and_the_benchmarks_gemm_is_measured_once():
+    """A GEMM benchmark moves with a shared machine's load, so it is never MFU's denominator."""
+    with pytest.raises(UnknownPeakError, match="CPU has no recorded peak.*mfu.peak_tflops"):
+        peak_flops("cpu", torch.float32)
     threads = torch.get_num_threads()
-    assert source == f"measured cpu gemm (float32, {threads} threads)"
+    value = measure_cpu_gemm_peak(torch.float32, threads)
     assert math.isfinite(value) and value > 0
     assert measure_cpu_gemm_peak(torch.float32, threads) == value  # cached, not re-measured
     assert torch.get_num_threads() == threads  # measuring with other thread counts restores ours
@@ -237,8 +239,8 @@ def real_run(tmp_path_factory) -> tuple:
     metrics = [json.dumps(x) for x in lines]
     metrics.insert(1, json.dumps({"step": 1, "val/loss": 1.0}))  # a validation line is not a step
     (run / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
-    report = {"world_size": 1, "device_type": "cpu", "device_name": "cpu", "dtype": "float32"}
-    report["cpu_threads"] = 1
+    report = {"world_size": 1, "device_type": "cpu", "device_name": "cpu", "dtype": "float32",
+              "tokens_per_s": 900.0, "cpu_threads": 1}
     (run / "report.json").write_text(json.dumps(report))
     return config, model_dir, run, lines
 
@@ -262,21 +264,24 @@ def test_mfu_step_reports_a_real_run(real_run, tmp_path):
                 for x in used for b, n, rows, enc, lm in x["shapes"])
     assert figures["steps_measured"] == 2 and figures["steps_skipped"] == 1
     assert figures["achieved_tflops_per_device"] == pytest.approx(flops / seconds / 1e12)
-    assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / figures["peak_tflops"])
-    assert figures["peak_source"].startswith("measured cpu gemm (float32, 1 threads)")  # the run's threads
-    assert figures["tokens_per_s"] == pytest.approx(sum(2 * x["shapes"][0][1] for x in used) / seconds)
-    real = sum(x["real_tokens"] for x in used)
-    assert figures["real_tokens_per_s"] == pytest.approx(real / seconds)
-    assert figures["real_tokens_per_s"] < figures["tokens_per_s"]
+    # a CPU: no recorded peak, so no MFU (null with the reason), and tokens/s is the speed figure
+    assert figures["mfu"] is None and figures["peak_tflops"] is None and figures["mfu_causal_half"] is None
+    assert "CPU has no recorded peak" in figures["mfu_null_reason"]
+    assert figures["tokens_per_s"] == 900.0  # the train report's, the one headline throughput
+    assert figures["padded_tokens_per_s_per_device"] == pytest.approx(
+        sum(2 * x["shapes"][0][1] for x in used) / seconds)
+    assert set(figures["throughput_definitions"]) == {"tokens_per_s", "padded_tokens_per_s_per_device"}
     assert sum(figures["tower_shares"].values()) == pytest.approx(1.0)
-    assert figures["mfu_causal_half"] < figures["mfu"]
     md = (out / "mfu.md").read_text()
     assert "## Check against a published figure" in md and "99.4 TFLOP per step" in md
-    assert json.loads((out / "report.json").read_text())["mfu"] == figures["mfu"]
+    assert "null: a CPU has no recorded peak" in md and "| 900 |" in md
+    assert json.loads((out / "report.json").read_text())["mfu"] is None
 
-    assert main([*args, "--peak-tflops", "2.5"]) == 0
+    assert main([*args, "--peak-tflops", "2.5"]) == 0  # a recorded peak: the same figures every run
     figures = json.loads((out / "mfu.json").read_text())
     assert (figures["peak_tflops"], figures["peak_source"]) == (2.5, "override")
+    assert figures["mfu"] == pytest.approx(figures["achieved_tflops_per_device"] / 2.5)
+    assert figures["mfu_causal_half"] < figures["mfu"]
 
 
 def test_mfu_step_names_bad_inputs(real_run, tmp_path, capsys):
@@ -308,3 +313,20 @@ def test_an_unknown_accelerator_gives_mfu_null_and_exit_0(real_run, tmp_path, ca
     assert figures["achieved_tflops_per_device"] > 0  # the run's own figures still count
     assert "mfu: null" in capsys.readouterr().out
     assert "unknown: set mfu.peak_tflops" in (out / "mfu.md").read_text()
+
+
+def test_the_run_description_gives_a_null_mfu_with_its_reason():
+    """MLflow's run description (track/note.py): a CPU's MFU is n/a with the reason, never a number."""
+    from voxpipe.mfu.peak import CPU_NO_PEAK
+    from voxpipe.track.artifacts import PipelineArtifacts
+    from voxpipe.track.note import run_note
+
+    def note(mfu: dict) -> str:
+        return run_note(PipelineArtifacts(
+            export=Path("export"), export_md5="x", model_config={}, train_dir=Path("train"),
+            train_report={"tokens_per_s": 900.0}, metrics=[], eval_path=Path("eval.json"), eval={},
+            samples=[], mfu_path=Path("mfu.json"), mfu=mfu, data=None))
+
+    assert f"- MFU: n/a ({CPU_NO_PEAK})" in note({"mfu": None, "mfu_null_reason": CPU_NO_PEAK})
+    assert "- MFU: 1.23 % (override)" in note({"mfu": 0.0123, "peak_source": "override"})
+    assert "900 tokens/s" in note({"mfu": None, "mfu_null_reason": CPU_NO_PEAK})

@@ -83,3 +83,16 @@ def test_pyin_is_librosas():
         assert np.array_equal(ours_voiced, voiced)
         assert np.array_equal(ours_f0, f0, equal_nan=True)
     assert pitch.median_f0(speech_16k(1)[0]) is not None and pitch.median_f0(_made_up()[1]) is None
+
+
+def test_a_steady_tone_is_no_voices_pitch_but_speech_and_a_glide_have_one():
+    """An untrained decoder's frame-rate buzz (a pulse every 40 samples: every frame at exactly 400 Hz) is
+    a tone the tracker follows, not intonation; the sample's speech and a glide keep their pitch."""
+    buzz = np.zeros(2 * pitch.SAMPLE_RATE, dtype=np.float32)
+    buzz[::40] = 0.5
+    f0, reason = pitch.f0_or_reason(buzz)
+    assert f0 is None and "steady 400 Hz tone" in reason and pitch.median_f0(buzz) is None
+    assert pitch.f0_or_reason(_made_up()[1]) == (None, "fewer than 5 voiced frames (100 ms)")
+    for wav in [*speech_16k(3, 3), _made_up()[2]]:
+        f0, reason = pitch.f0_or_reason(wav)
+        assert reason is None and pitch.FMIN < f0 < pitch.FMAX

@@ -39,7 +39,7 @@ from voxpipe.track.compare import compare
 from voxpipe.track.live import LiveRun
 from voxpipe.track.register import RegisterResult, register
 from voxpipe.track.reglock import LOCK_TAG, register_lock
-from voxpipe.track.tracking import redact_uri, resolve_tracking_uri, scrub, session
+from voxpipe.track.tracking import INTERNAL_EXPERIMENT, redact_uri, resolve_tracking_uri, scrub, session
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model
 from voxpipe.train.loop import train
@@ -188,6 +188,9 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     assert not client.search_runs([experiment.experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{NAME}'")
     locks = client.get_experiment_by_name(f"{experiment.name}-register-locks")  # the lock has its own
     assert client.search_runs([locks.experiment_id], filter_string=f"tags.`{LOCK_TAG}` = '{NAME}'")
+    # ... which the experiments list the MLflow UI shows (its own filter, asked of the server) leaves out
+    listed = client.search_experiments(filter_string=f"tags.`{next(iter(INTERNAL_EXPERIMENT))}` IS NULL")
+    assert experiment.name in [e.name for e in listed] and locks.name not in [e.name for e in listed]
     assert run.info.run_name.startswith(f"{NAME} · ") and " steps · lr " in run.info.run_name  # says what
     params = run.data.params
     assert params["train.lr"] == "0.0001" and params["train.lora.r"] == "32"  # nested sections flattened

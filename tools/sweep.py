@@ -34,7 +34,7 @@ from voxpipe.track.tracking import resolve_tracking_uri
 BIN = Path(sys.executable).parent
 # dvc exp show's columns for the eval.json / mfu.json / train report figures the headline names
 HEADLINE = ("loss_model", "loss_delta", "similarity_to_speaker_mean", "stop_failure_rate", "wer", "mfu",
-            "tokens_per_s_per_device")
+            "tokens_per_s")
 POLL_S = 5
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+QUOTE_CHARS = 80  # the most of a user's value an error message quotes
+
 
 class StepError(Exception):
     """A problem that stops a whole step (bad params, no input, unreadable file, too many bad rows).
@@ -12,3 +16,13 @@ class StepError(Exception):
     def __init__(self, message: str, *, every_rank: bool = False):
         super().__init__(message)
         self.every_rank = every_rank
+
+
+def quoted(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """A user's value as an error message quotes it: its repr, cut to `limit` characters with how long it
+    was, so a 300,000-character text refused is a line, not 300 KB of message."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(text):,} characters written out"
+    return f"{text[:limit]}... ({size})"

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.backends import ASR, SPEAKER, listed
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted
 
 DEFAULT_PARAMS = Path("params.yaml")
 MODEL_NAME_CHARS = 100  # a registered model name derived from the data is cut here
@@ -76,8 +76,8 @@ class IngestParams(Section):
         "string"
     )
     speaker_column: str = Field(
-        "speaker", description='speaker id column; a file without it (or "") is one speaker, "default", '
-        "with a notice"
+        "speaker", description='speaker id column; a file without it (or "") is one speaker named after the '
+        "folder that holds it (data/my-voice -> my-voice), with a notice"
     )
     sample_rate: int = Field(
         16000, gt=0, description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks "
@@ -458,6 +458,11 @@ class EvaluateParams(Section):
         default_factory=lambda: ["pocketsphinx"], description="recognisers for WER/CER, each language takes "
         f"the first that covers it: {listed(ASR)}; a language none covers gets null. "
         "true = [pocketsphinx], false = []"
+    )
+    asr_max_real_rate: float = Field(
+        0.5, gt=0, description="the most WER (CER for Chinese) a recogniser may have on a voice's real "
+        "recordings in a language for it to score that voice's generated clips in it; above it the voice's "
+        "WER/CER is null with the reason (the recogniser cannot hear that voice, so its figure means nothing)"
     )
     whisper_model: str | None = Field(
         None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
@@ -892,15 +897,17 @@ def _attr(section: str) -> str:
 def _parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
-        raise StepError(f"--set {item!r}: expected section.key=value")
+        raise StepError(f"--set {quoted(item)}: expected section.key=value")
     parts = key.strip().split(".")
     if len(parts) < 2:
-        raise StepError(f"--set {item!r}: the key must be section.key (or section.sub.key), got {key!r}")
+        raise StepError(f"--set {quoted(item)}: the key must be section.key (or section.sub.key), got "
+                        f"{quoted(key)}")
     try:
         return parts, _yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         problem = str(e).splitlines()[0]
-        raise StepError(f"--set {item!r}: not valid YAML ({problem}); quote the value as a string") from None
+        raise StepError(f"--set {quoted(item)}: not valid YAML ({problem}); quote the value as a "
+                        "string") from None
 
 
 def _field(loc: tuple[Any, ...] | list[str]) -> Any:
@@ -945,7 +952,7 @@ def _format_error(err: ValidationError, origin: str) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r}){_example(e['loc'])}")
+            lines.append(f"{key}: {e['msg']} (got {quoted(e.get('input'))}){_example(e['loc'])}")
     return f"invalid params ({origin}):\n  " + "\n  ".join(lines)
 
 

@@ -28,6 +28,7 @@ from voxpipe.files import atomic_write, atomic_write_text
 PAGE = "data-report.html"
 FIGURE = "data-report.png"
 EXAMPLES = 10  # rows shown at each extreme
+NOTHING_QUARANTINED = "<p>nothing was quarantined</p>"
 
 
 def _sort_key(row: dict[str, Any]) -> float:
@@ -72,7 +73,15 @@ def _gather(out: Path) -> _Figures:
     return figures
 
 
-def _plot(figures: _Figures, reasons: dict[str, int]) -> bytes:
+def _sentence(ax: Any, title: str, sentence: str) -> None:
+    """A panel with nothing to draw says so instead of showing empty axes."""
+    ax.set_title(title)
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, sentence, transform=ax.transAxes, ha="center", va="center", wrap=True)
+
+
+def _draw(figures: _Figures, reasons: dict[str, int]) -> Any:
+    """The report's four panels as a matplotlib Figure; an empty one is a sentence."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,24 +89,42 @@ def _plot(figures: _Figures, reasons: dict[str, int]) -> bytes:
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ax = axes[0][0]
-    ax.hist(figures.durations or [0], bins=30, color="#4477aa")
-    ax.set(title="clip duration (after trimming)", xlabel="seconds", ylabel="clips")
+    if figures.durations:
+        ax.hist(figures.durations, bins=30, color="#4477aa")
+        ax.set(title="clip duration (after trimming)", xlabel="seconds", ylabel="clips")
+    else:
+        _sentence(ax, "clip duration (after trimming)", "no row was kept")
     ax = axes[0][1]
     if figures.lufs:
         ax.hist(figures.lufs, bins=30, color="#cc6677")
-    ax.set(title="loudness as recorded (BS.1770)", xlabel="LUFS", ylabel="clips")
+        ax.set(title="loudness as recorded (BS.1770)", xlabel="LUFS", ylabel="clips")
+    else:
+        _sentence(ax, "loudness as recorded (BS.1770)", "no kept row has a loudness")
     ax = axes[1][0]
-    for k, color in (("sig", "#228833"), ("bak", "#ccbb44"), ("ovrl", "#4477aa")):
-        if figures.quality[k]:
-            ax.hist(figures.quality[k], bins=np.linspace(1, 5, 41), alpha=0.6, label=k, color=color)
-    ax.set(title="DNSMOS P.835", xlabel="score (1-5)", ylabel="clips")
     if any(figures.quality.values()):
+        for k, color in (("sig", "#228833"), ("bak", "#ccbb44"), ("ovrl", "#4477aa")):
+            if figures.quality[k]:
+                ax.hist(figures.quality[k], bins=np.linspace(1, 5, 41), alpha=0.6, label=k, color=color)
+        ax.set(title="DNSMOS P.835", xlabel="score (1-5)", ylabel="clips")
         ax.legend()
+    else:
+        _sentence(ax, "DNSMOS P.835", "quality was not scored (ingest.score_quality)" if figures.durations
+                  else "no row was kept")
     ax = axes[1][1]
     bad = {r: n for r, n in reasons.items() if n}
-    ax.barh(list(bad) or ["none"], list(bad.values()) or [0], color="#aa3377")
-    ax.set(title="quarantined rows by reason", xlabel="rows")
+    if bad:
+        ax.barh(list(bad), list(bad.values()), color="#aa3377")
+        ax.set(title="quarantined rows by reason", xlabel="rows")
+    else:
+        _sentence(ax, "quarantined rows by reason", "nothing was quarantined")
     fig.tight_layout()
+    return fig
+
+
+def _plot(figures: _Figures, reasons: dict[str, int]) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig = _draw(figures, reasons)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
     plt.close(fig)
@@ -135,7 +162,7 @@ def _page(report: dict[str, Any], figures: _Figures, png: bytes) -> str:
     c = report.get("conditioning", {})
     speakers = [[s, n, f"{sec / 3600:.3f}", f"{sec / max(n, 1):.2f}"]
                 for s, (n, sec) in sorted(figures.speakers.items())]
-    reasons = [[r, n] for r, n in Counter(report.get("reasons", {})).most_common() if n] or [["none", 0]]
+    reasons = [[r, n] for r, n in Counter(report.get("reasons", {})).most_common() if n]
     key = "DNSMOS overall" if any(figures.quality.values()) else "duration"
     done = [[k.replace("_", " "), c[k]] for k in ("trimmed", "trimmed_seconds", "loudness_normalized",
                                                  "peak_limited", "quality_scored", "text_normalized",
@@ -154,7 +181,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}} th
 <h2>Speakers</h2>{_table(["speaker", "clips", "hours", "mean seconds"], speakers)}
 <h2>Conditioning</h2>{_table(["what", "rows (seconds for trimmed seconds)"], done)}
 <p>Languages: {html.escape(", ".join(f"{k or '?'} {v}" for k, v in c.get("languages", {}).items()))}</p>
-<h2>Quarantine reasons</h2>{_table(["reason", "rows"], reasons)}
+<h2>Quarantine reasons</h2>{_table(["reason", "rows"], reasons) if reasons else NOTHING_QUARANTINED}
 <h2 id="worst">The {EXAMPLES} lowest by {key}</h2>{_examples(figures.low)}
 <h2 id="best">The {EXAMPLES} highest by {key}</h2>{_examples(figures.high)}
 {_text_changes(report.get("text_changes", []))}

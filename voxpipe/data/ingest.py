@@ -48,6 +48,7 @@ from voxpipe.report import write_report
 
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
 LOG_SECONDS = 30.0  # off a terminal: one progress line this often
+SPEAKERS_NAMED = 5  # the summary names the speakers when there are this few
 log = logging.getLogger(__name__)
 
 
@@ -164,6 +165,12 @@ class IngestResult:
             },
         })
 
+    def _speaker_names(self) -> str:
+        """`: anna, bob` for a few speakers: a set without speakers is named after its source, so the
+        summary shows what the voices came out as."""
+        names = sorted(self.speakers)
+        return f": {', '.join(names)}" if 0 < len(names) <= SPEAKERS_NAMED else ""
+
     def summary(self) -> str:
         bad = ", ".join(f"{r} {n}" for r, n in sorted(self.reasons.items()) if n) or "none"
         shards = f" in {self.shards} shards" if self.shards > 1 else ""
@@ -171,7 +178,8 @@ class IngestResult:
         notices = f"; {n} notice{'s' if n > 1 else ''} (report.json)" if n else ""
         return (
             f"ingest: {self.rows_in} rows → {self.rows_kept} kept ({self.hours_kept:.3f} h, "
-            f"{len(self.speakers)} speakers), {self.rows_quarantined} quarantined ({bad}) "
+            f"{len(self.speakers)} speakers{self._speaker_names()}), {self.rows_quarantined} quarantined "
+            f"({bad}) "
             f"in {self.wall_seconds:.1f} s with {self.workers} workers{shards} → {self.out / 'raw.jsonl'}"
             f"{notices}"
         )

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.data.jsonl import jsonl_records
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write_text
 from voxpipe.params import ManifestParams
 from voxpipe.report import write_report
@@ -92,16 +92,16 @@ def _parse_clip(row: dict[str, Any] | None, bad: str, where: str, base: Path) ->
         raise StepError(f"{where}: missing field(s) {', '.join(missing)}")
     rid, audio, text, speaker, duration = (row[k] for k in REQUIRED_FIELDS)
     if isinstance(rid, bool) or not isinstance(rid, str | int) or str(rid) == "":
-        raise StepError(f"{where}: id must be a non-empty string or integer, got {rid!r}")
+        raise StepError(f"{where}: id must be a non-empty string or integer, got {quoted(rid)}")
     if isinstance(speaker, bool) or not (speaker is None or isinstance(speaker, str | int)):
-        raise StepError(f"{where}: speaker must be a string, an integer or null, got {speaker!r}")
+        raise StepError(f"{where}: speaker must be a string, an integer or null, got {quoted(speaker)}")
     if not isinstance(audio, str) or not audio:
-        raise StepError(f"{where}: audio must be a non-empty path, got {audio!r}")
+        raise StepError(f"{where}: audio must be a non-empty path, got {quoted(audio)}")
     if not isinstance(text, str):
-        raise StepError(f"{where}: text must be a string, got {text!r}")
+        raise StepError(f"{where}: text must be a string, got {quoted(text)}")
     if isinstance(duration, bool) or not isinstance(duration, int | float) or not math.isfinite(duration) \
             or duration <= 0:
-        raise StepError(f"{where}: duration must be a positive number of seconds, got {duration!r}")
+        raise StepError(f"{where}: duration must be a positive number of seconds, got {quoted(duration)}")
     return Clip(
         id=str(rid),
         speaker="" if speaker is None else str(speaker),
@@ -125,7 +125,7 @@ def read_clips(inputs: list[str]) -> list[Clip]:
         for n, row, bad in jsonl_records(path):
             clip = _parse_clip(row, bad, f"{path}:{n}", base)
             if clip.id in seen:
-                raise StepError(f"duplicate id {clip.id!r}: {seen[clip.id].origin} and {clip.origin}")
+                raise StepError(f"duplicate id {quoted(clip.id)}: {seen[clip.id].origin} and {clip.origin}")
             seen[clip.id] = clip
     if not seen:
         raise StepError(f"no rows in {', '.join(inputs)}: nothing to split")

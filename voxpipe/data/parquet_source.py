@@ -25,7 +25,7 @@ AudioValue = bytes | str | None
 class Columns:
     audio: str
     text: str
-    speaker: str  # "" = no speaker column: every row is speaker "default"
+    speaker: str  # "" = no speaker column: every row is the source's speaker (sources.py source_speaker)
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -117,9 +117,9 @@ def _audio_values(column: pa.Array, kind: str) -> list[AudioValue]:
 
 
 def iter_parquet(path: Path, audio_kind: str, cols: Columns, start: int, stop: int,
-                 batch_rows: int) -> Iterator[list[RawRow]]:
+                 batch_rows: int, source_speaker: str) -> Iterator[list[RawRow]]:
     """Rows [start, stop) of one file in batches of at most `batch_rows`, reading only the row groups
-    that hold them."""
+    that hold them; without a speaker column every row is `source_speaker`."""
     names = [cols.audio, cols.text] + ([cols.speaker] if cols.speaker else [])
     row = start
     try:
@@ -146,7 +146,7 @@ def iter_parquet(path: Path, audio_kind: str, cols: Columns, start: int, stop: i
             if cols.speaker:
                 speaker = [None if s is None else str(s) for s in batch.column(cols.speaker).to_pylist()]
             else:
-                speaker = ["default"] * batch.num_rows
+                speaker = [source_speaker] * batch.num_rows
             yield [RawRow(row + i, audio[i], text[i], speaker[i]) for i in range(batch.num_rows)]
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:

@@ -6,6 +6,10 @@ range (file, start, stop) is the unit both a whole run and one shard of a sharde
 
 A file or folder found in an input folder that is a link leading out of it is never opened: it
 becomes one quarantined row (`unsafe_path`), so the run says what it did not read, and why.
+
+A file without a speaker column is one speaker named after its source (`source_speaker`), and ingest
+says so: an English and a Mandarin folder ingested together stay two voices, never one speaker
+trained as both.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ class SourceFile:
     kind: str  # parquet | csv | tsv | jsonl | ljspeech | unsafe (a link out of the input folder)
     num_rows: int
     audio_kind: str  # parquet: struct (HF {bytes, path}), bytes or path; manifests: path
-    columns: Columns  # the columns read; speaker "" = none: every row is speaker "default"
+    columns: Columns  # the columns read; speaker "" = none: every row is speaker `speaker`
+    speaker: str = ""  # the source's own speaker (`source_speaker`), for a file without a speaker column
+
+
+def source_speaker(path: Path) -> str:
+    """The speaker of a file without a speaker column, named after the folder that holds it
+    (`data/my-voice/metadata.csv` -> my-voice): the unit a voice comes in. An LJSpeech set, the shards
+    of a Hugging Face set and a train/val pair of manifests stay one voice; two folders are two. The same
+    for a whole run and for each shard of a sharded one."""
+    return path.resolve().parent.name
 
 
 def _kind(path: Path) -> str | None:
@@ -109,12 +122,13 @@ def open_source(path: Path, root: Path, kind: str, cols: Columns, notices: list[
             f"no speaker column {cols.speaker!r} (if it has another name: --speaker-column NAME)"
             if cols.speaker else "speaker_column is empty"
         )
-        notices.append(f'{path}: {why}: its {rows} rows are one speaker, "default"')
+        speaker = source_speaker(path)
+        notices.append(f"{path}: {why}: its {rows} rows are one speaker, {speaker!r}, named after the source")
         log.warning(notices[-1])
     if used.audio != cols.audio:
         notices.append(f"{path}: no audio column {cols.audio!r}; read audio paths from {used.audio!r}")
         log.info(notices[-1])
-    return SourceFile(path, root, kind, rows, audio_kind, used)
+    return SourceFile(path, root, kind, rows, audio_kind, used, "" if used.speaker else speaker)
 
 
 def open_sources(inputs: list[str], cols: Columns, notices: list[str]) -> list[SourceFile]:
@@ -129,5 +143,5 @@ def iter_rows(src: SourceFile, start: int, stop: int, batch_rows: int) -> Iterat
                "read. Copy the file into the folder (or name it as an input itself) to ingest it")
         return iter([[RawRow(0, None, None, None, why, "unsafe_path")]] if start < 1 <= stop else [])
     if src.kind == "parquet":
-        return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows)
-    return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows)
+        return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows, src.speaker)
+    return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows, src.speaker)

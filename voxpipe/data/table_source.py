@@ -80,7 +80,7 @@ def _header(path: Path, kind: str) -> list[str]:
 
 def open_table(path: Path, kind: str, cols: Columns) -> tuple[int, Columns]:
     """(records, the columns to read) of one manifest, after checking the audio and text columns.
-    Without the speaker column every row is speaker "default"."""
+    Without the speaker column every row is the source's speaker (sources.py source_speaker)."""
     try:
         names = _header(path, kind)
         rows = sum(1 for _ in _records(path, kind))
@@ -109,17 +109,18 @@ def _cell(fields: dict[str, Any], name: str, role: str) -> tuple[str | None, str
     return None, f"the {role} field {name!r} is a JSON {type(value).__name__}, not a string"
 
 
-def _row(row: int, fields: dict[str, Any], cols: Columns) -> RawRow:
+def _row(row: int, fields: dict[str, Any], cols: Columns, source_speaker: str) -> RawRow:
     audio, bad_audio = _cell(fields, cols.audio, "audio")
     text, bad_text = _cell(fields, cols.text, "text")
-    speaker, bad_speaker = _cell(fields, cols.speaker, "speaker") if cols.speaker else ("default", "")
+    speaker, bad_speaker = _cell(fields, cols.speaker, "speaker") if cols.speaker else (source_speaker, "")
     problem = bad_audio or bad_text or bad_speaker
     return RawRow(row, audio or None, text, speaker, problem)
 
 
 def iter_table(path: Path, kind: str, cols: Columns, start: int, stop: int,
-               batch_rows: int) -> Iterator[list[RawRow]]:
-    """Records [start, stop) of one manifest in batches of at most `batch_rows`."""
+               batch_rows: int, source_speaker: str) -> Iterator[list[RawRow]]:
+    """Records [start, stop) of one manifest in batches of at most `batch_rows`; without a speaker column
+    every row is `source_speaker`."""
     batch: list[RawRow] = []
     row = -1
     try:
@@ -128,8 +129,8 @@ def iter_table(path: Path, kind: str, cols: Columns, start: int, stop: int,
                 continue
             if row >= stop:
                 break
-            raw = RawRow(row, None, None, None, problem) if fields is None else _row(row, fields, cols)
-            batch.append(raw)
+            batch.append(RawRow(row, None, None, None, problem) if fields is None
+                         else _row(row, fields, cols, source_speaker))
             if len(batch) == batch_rows:
                 yield batch
                 batch = []

@@ -46,6 +46,13 @@ def two_voice_similarity(embeddings: Sequence[np.ndarray]) -> float | None:
     return cosine(unit_mean(list(e[to_a])), unit_mean(list(e[~to_a])))
 
 
+def no_f0_spread(records: Sequence[dict]) -> str:
+    """Why a checkpoint has no f0_spread: no (speaker, reference) group has two clips with a pitch."""
+    reasons = sorted({r["f0_null_reason"] for r in records if r.get("f0_null_reason")})
+    return ("no (speaker, with/without reference) group has two clips with a pitch"
+            + (f"; {reasons[0]}" if reasons else ""))
+
+
 def _std(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 

@@ -21,9 +21,20 @@ def _values(records: list[dict[str, Any]], key: str) -> list[float]:
     return [math.nan if r[key] is None else r[key] for r in records]
 
 
+def no_pitch_sentence(records: dict[str, list[dict[str, Any]]]) -> str | None:
+    """What the F0 panel says instead of points when no generated clip has a pitch (None when one has)."""
+    clips = [r for tagged in records.values() for r in tagged]
+    if any(r["f0_median_hz"] is not None for r in clips):
+        return None
+    reasons = sorted({r.get("f0_null_reason") or "no pitch" for r in clips})
+    return f"no generated clip has a pitch ({'; '.join(reasons)[:160]})"
+
+
 def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str, Voice],
-         similarity: str = "GE2E") -> None:
-    """`similarity`: what the speaker encoder that made the similarities calls its scores."""
+         similarity: str = "GE2E") -> Any:
+    """`similarity`: what the speaker encoder that made the similarities calls its scores. Returns the
+    matplotlib Figure it saved. A clip without a pitch (pitch.py: too little voicing, or a steady tone
+    such as an untrained decoder's buzz) has no marker; none with one makes the panel a sentence."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from matplotlib.ticker import ScalarFormatter
 
@@ -49,13 +60,19 @@ def plot(path: Path, records: dict[str, list[dict[str, Any]]], voices: dict[str,
                      fontsize="medium")
     sim_ax.set_ylabel("cosine")
     sim_ax.grid(alpha=0.3)
-    f0_ax.set_title("median F0 (pyin; no marker = no voiced frames)", fontsize="medium")
+    f0_ax.set_title("median F0 (pyin; no marker = no pitch found: too little voicing, or a steady tone)",
+                    fontsize="medium")
     f0_ax.set_ylabel("Hz (log scale)")
     f0_ax.set_yscale("log")
     f0_ax.yaxis.set_major_formatter(ScalarFormatter())
     f0_ax.yaxis.set_minor_formatter(ScalarFormatter())
     f0_ax.grid(alpha=0.3, which="both")
+    sentence = no_pitch_sentence(records)
+    if sentence:
+        f0_ax.text(0.5, 0.5, sentence, transform=f0_ax.transAxes, ha="center", va="center", wrap=True,
+                   fontsize="small")
     fig.legend(*sim_ax.get_legend_handles_labels(), loc="outside upper center", ncols=3, fontsize="small")
     f0_ax.set_xticks(x, names, rotation=60, ha="right", fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+    return fig

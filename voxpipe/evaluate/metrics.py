@@ -22,7 +22,7 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.generation import Generated, SpeakerPlan
-from voxpipe.evaluate.pitch import median_f0
+from voxpipe.evaluate.pitch import f0_or_reason, median_f0
 from voxpipe.evaluate.quality import DnsmosScorer
 from voxpipe.evaluate.scoring import Rate, metric_of, utterance_rate
 from voxpipe.evaluate.speaker import Encoder, cosine, unit_mean
@@ -146,7 +146,7 @@ def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers:
         prompt = voices[u.speaker].prompt
         to_prompt = cosine(embedding, prompt) if u.with_reference and prompt is not None else None
     with costs.phase("pitch"):
-        f0 = median_f0(wav)
+        f0, no_f0 = f0_or_reason(wav)
     record = {
         "name": u.name,
         "speaker": u.speaker,
@@ -168,5 +168,6 @@ def measure(clip: Generated, wav: np.ndarray, voices: dict[str, Voice], scorers:
         "nearest_speaker": nearest,
         "nearest_similarity": nearest_similarity,
         "f0_median_hz": f0,
+        "f0_null_reason": no_f0,
     }
     return ClipMeasures(record, embedding, None)

@@ -61,7 +61,13 @@ def _asr_label(figures: dict[str, Any]) -> str:
 
 def why_no_rate(figures: dict[str, Any], metric: str) -> str:
     """Why eval.json has no `metric` (wer/cer): the recogniser's reason, or that no row is scored by it."""
-    by_language = (figures.get("intelligibility") or {}).get("model", {})
+    if figures.get(f"{metric}_null_reason"):
+        return str(figures[f"{metric}_null_reason"])
+    return why_no_rate_in((figures.get("intelligibility") or {}).get("model", {}), metric)
+
+
+def why_no_rate_in(by_language: dict[str, Any], metric: str) -> str:
+    """Why one checkpoint's clips have no `metric`, from eval.json's intelligibility per language."""
     mine = {lang: v for lang, v in by_language.items() if v.get("metric") == metric}
     reasons = sorted({v["reason"] for v in mine.values() if v.get("reason")})
     if reasons:

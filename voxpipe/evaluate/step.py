@@ -56,11 +56,12 @@ from voxpipe.evaluate.benchmark_set import (
     read_benchmark,
     synthesize_benchmark,
 )
-from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.consistency import consistency, no_f0_spread
 from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
+from voxpipe.evaluate.heard import real_rates_by_voice, unheard, voice_report, without_unheard
 from voxpipe.evaluate.metrics import (
     PROTOCOL_BACKEND,
     SIMILARITY_DEFINITIONS,
@@ -71,7 +72,7 @@ from voxpipe.evaluate.metrics import (
     load_16k,
     real_voice,
 )
-from voxpipe.evaluate.pages import report_lines
+from voxpipe.evaluate.pages import report_lines, why_no_rate_in
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
 from voxpipe.evaluate.scoring_threads import ScoringThreads
@@ -256,7 +257,7 @@ def intelligibility_by_language(records: list[dict[str, Any]], rates: list[Rate 
             "metric": mine[0][0]["metric"], "rate": value, "clips": len(mine),
             "scored": sum(rate is not None for _, rate in mine),
             "asr": heard[0][0] if heard else None, "asr_model": heard[0][1] if heard else None,
-            "reason": None if value is not None else (reasons[0] if reasons else "no clip to score"),
+            "reason": None if value is not None else ("; ".join(reasons) if reasons else "no clip to score"),
         }
     return out
 
@@ -326,11 +327,13 @@ def _real_asr(plans: list[SpeakerPlan], recognisers: Recognisers, costs: Costs
               ) -> list[tuple[dict[str, Any], Rate | None]]:
     """The ASR on the real recordings of the generated texts: its floor on this data."""
     out = []
-    texts = {(u.row_id, u.text, u.language, u.real_audio) for plan in plans for u in plan.utterances}
+    texts = {(plan.speaker, u.row_id, u.text, u.language, u.real_audio)
+             for plan in plans for u in plan.utterances}
     with costs.phase("real_asr", len(texts)):
-        for row_id, text, language, audio in sorted(texts):
+        for speaker, row_id, text, language, audio in sorted(texts):
             heard, rate = intelligibility(load_16k(audio), text, language, recognisers)
-            out.append(({"row_id": row_id, "text": text, "language": language, **heard}, rate))
+            out.append(({"speaker": speaker, "row_id": row_id, "text": text, "language": language, **heard},
+                        rate))
     return out
 
 
@@ -492,6 +495,11 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         base_run, runs = finish.pop("baseline")(), {tag: done() for tag, done in finish.items()}
         voices = {speaker: v.result() for speaker, v in pending_voices.items()}
         real_asr = pending_asr.result()
+    # a voice the recogniser cannot hear in its real recordings gets no WER/CER (heard.py)
+    real_by_voice = real_rates_by_voice([r for r, _ in real_asr], [rate for _, rate in real_asr])
+    unheard_voices = unheard(real_by_voice, p.asr_max_real_rate)
+    for run in (base_run, *runs.values()):
+        run.clips = without_unheard(run.clips, unheard_voices)
     base_groups = _groups("baseline", base_run.clips)
     base_scores = _scores(base_run, base_groups)
     groups, scored = {}, []
@@ -520,6 +528,10 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     real_by_language = intelligibility_by_language([r for r, _ in real_asr], [rate for _, rate in real_asr])
     figures = _flat(summary, verdict.promoted, per_tag, _rates(real_by_language))
     figures["chosen_step"] = chosen.step
+    for tag, suffix in (("model", ""), ("baseline", "_baseline")):
+        for metric in ("wer", "cer"):
+            if figures[f"{metric}{suffix}"] is None:
+                figures[f"{metric}{suffix}_null_reason"] = why_no_rate_in(by_language[tag], metric)
     bench_report = None if benchmark is None else benchmark_report(
         benchmark, model_run.benchmark, base_run.benchmark, scorers.encoder.backend,
         [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded])
@@ -529,6 +541,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
             figures[f"{key}_null_reason"] = "no clip generated with a reference clip had a voice to embed"
     figures["similarity_to_prompt_comparable"] = int(scorers.encoder.backend == PROTOCOL_BACKEND)
     records = {"model": [c.record for c in model_run.clips], "baseline": [c.record for c in base_run.clips]}
+    for tag, key in (("model", "f0_spread"), ("baseline", "f0_spread_baseline")):
+        if figures[key] is None:
+            figures[f"{key}_null_reason"] = no_f0_spread(records[tag])
     document = {
         **figures,
         "verdict": sentence,
@@ -553,7 +568,8 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         },
         "loss": {"seeds": per_seed, "summary": summary, "val_rows": len(val), "val_batches": len(batches)},
         "voices": {
-            plan.speaker: {**voices[plan.speaker].as_dict(), "reference_id": plan.reference_id}
+            plan.speaker: {**voices[plan.speaker].as_dict(), "reference_id": plan.reference_id,
+                           "asr_real": voice_report(real_by_voice, unheard_voices, plan.speaker)}
             for plan in plans
         },
         "consistency": consistency_groups["model"] + base_groups,

@@ -1,8 +1,10 @@
 """Peak dense FLOP/s of one device: the denominator of MFU, always reported with where it came from.
 
-Accelerators use a table of published dense bf16 peaks (no sparsity); a CPU has no meaningful
-published figure, so its peak is measured here with square GEMMs in the training dtype. An
-explicit override always wins.
+Accelerators use a table of published dense bf16 peaks (no sparsity). A CPU has no published figure,
+and a GEMM benchmark re-measured in every run is no denominator: on a shared machine it moves with the
+load (three runs of one model at similar throughput read 8.3 %, 7.8 % and 17.4 % MFU), so a CPU's MFU
+is null with the reason unless a recorded peak is given. An explicit override always wins.
+`measure_cpu_gemm_peak` stays for the benchmarks (benchmarks/mfu_cpu.py), which report it as what it is.
 """
 
 from __future__ import annotations
@@ -54,8 +56,16 @@ CPU_GEMM_SIZE = 2048
 CPU_GEMM_BUDGET_S = 1.5
 
 
+CPU_NO_PEAK = (
+    "a CPU has no recorded peak FLOP/s, and a GEMM benchmark re-measured in each run moves with the "
+    "machine's load (on a shared machine one model's MFU read 8 % in one run and 17 % in another), so an "
+    "MFU here would measure the neighbours; set mfu.peak_tflops (or train.peak_tflops) to this CPU's "
+    "recorded peak for one. tokens/s is the run's speed figure"
+)
+
+
 class UnknownPeakError(StepError):
-    """No table entry for an accelerator and no override: MFU cannot be stated honestly."""
+    """No table entry for an accelerator (or a CPU) and no override: MFU cannot be stated honestly."""
 
 
 def table_peak(device_name: str) -> tuple[float, str] | None:
@@ -128,12 +138,11 @@ def peak_flops(
     device: torch.device | str,
     dtype: torch.dtype | str,
     override: float | None = None,
-    cpu_threads: int | None = None,
 ) -> tuple[float, str]:
     """Peak FLOP/s of one device and where the figure came from.
 
-    Priority: override > measured CPU GEMM (device cpu) > the table (bf16 dense peak, also used as
-    the reference for other training dtypes, which the source then says).
+    Priority: override > the table (bf16 dense peak, also used as the reference for other training
+    dtypes, which the source then says); a CPU without an override is an UnknownPeakError.
     """
     if override is not None:
         if override <= 0:
@@ -143,8 +152,7 @@ def peak_flops(
     dtype = _dtype(dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     if device.type == "cpu":
-        threads = cpu_threads or torch.get_num_threads()
-        return measure_cpu_gemm_peak(dtype, threads), f"measured cpu gemm ({dtype_name}, {threads} threads)"
+        raise UnknownPeakError(CPU_NO_PEAK)
     return lookup_peak(device_name(device), dtype_name)
 
 

@@ -18,7 +18,7 @@ from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text, read_json_object
 from voxpipe.mfu.flops import TOWERS, dit_inner_length, forward_flops, tower_shares, training_flops
-from voxpipe.mfu.peak import UnknownPeakError, lookup_peak, peak_flops
+from voxpipe.mfu.peak import CPU_NO_PEAK, UnknownPeakError, lookup_peak
 from voxpipe.mfu.published import published_check
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.params import MfuParams, Params
@@ -109,17 +109,24 @@ def read_steps(path: Path, config: VoxCPM2Config, world_size: int) -> list[StepR
 
 
 PEAK_KEY = "mfu.peak_tflops"
+THROUGHPUT_DEFINITIONS = {
+    "tokens_per_s": "text and audio positions (padding left out) per second of training, all devices "
+    "together, over every step: the train report's figure, the headline in dvc exp show, MLflow and "
+    "voxpipe compare",
+    "padded_tokens_per_s_per_device": "padded LM positions per second per device over the measured steps "
+    "(warm-up left out): what the hardware computed, the convention MFU's FLOPs are counted in",
+}
 
 
 def _run_peak(p: MfuParams, run: dict[str, Any], dtype: str) -> tuple[float, str]:
-    """override > the trainer's own peak (same machine) > measured CPU GEMM / table by device name."""
+    """override > the trainer's own peak (train.peak_tflops, or its table's) > the table by device name;
+    a CPU without either has no peak (peak.py CPU_NO_PEAK)."""
     if p.peak_tflops is not None:
         return p.peak_tflops * 1e12, "override"
     if run.get("peak_flops"):
         return float(run["peak_flops"]), f"train report: {run.get('peak_source', 'unknown')}"
     if run["device_type"] == "cpu":
-        value, source = peak_flops("cpu", dtype, cpu_threads=run.get("cpu_threads"))
-        return value, source + ", on the machine running `voxpipe mfu`"
+        raise UnknownPeakError(CPU_NO_PEAK)
     return lookup_peak(str(run["device_name"]), dtype)
 
 
@@ -155,7 +162,8 @@ def compute(p: MfuParams, base: Path) -> dict[str, Any]:
         peak, peak_source = _run_peak(p, run, dtype)
     except UnknownPeakError as e:
         null_reason = str(e)
-        warnings.warn(f"mfu: null: {e}", stacklevel=2)
+        if run["device_type"] != "cpu":  # a CPU never has a peak unless given: the summary says so
+            warnings.warn(f"mfu: null: {e}", stacklevel=2)
 
     total_time = sum(r.time_s for r in used)
     total_flops = sum(r.flops for r in used)
@@ -176,20 +184,17 @@ def compute(p: MfuParams, base: Path) -> dict[str, Any]:
         "dtype": dtype,
         "steps_measured": len(used),
         "steps_skipped": len(records) - len(used),
-        "tokens_per_s": None,
-        "tokens_per_s_per_device": None,
-        "real_tokens_per_s": None,
+        # the run's one speed figure, as the train report, MLflow and `voxpipe compare` have it
+        "tokens_per_s": run.get("tokens_per_s"),
+        "padded_tokens_per_s_per_device": None,
+        "throughput_definitions": THROUGHPUT_DEFINITIONS,
         "lora": bool(run.get("lora", False)),
         "tower_shares": None,
         "mfu_causal_half": None,
         "mean_batch_shape": None,
     }
     if all(r.tokens is not None for r in used):
-        tokens_per_s = sum(r.tokens or 0 for r in used) / total_time
-        figures["tokens_per_s"] = tokens_per_s
-        figures["tokens_per_s_per_device"] = tokens_per_s / world
-    if all(r.real_tokens is not None for r in used):
-        figures["real_tokens_per_s"] = sum(r.real_tokens or 0 for r in used) / total_time
+        figures["padded_tokens_per_s_per_device"] = sum(r.tokens or 0 for r in used) / total_time / world
     shapes = [s for r in used for s in r.shapes]
     if shapes:
         towers = {name: 0.0 for name in TOWERS}
@@ -245,9 +250,10 @@ def render_markdown(f: dict[str, Any]) -> str:
         f"| peak TFLOP/s per device | {peak_text} |",
         f"| step time (mean / median) | {f['step_time_s']:.4g} s / {f['step_time_s_median']:.4g} s |",
         f"| model FLOPs per step (all devices) | {f['flops_per_step']:.4g} |",
-        f"| LM tokens/s (padded, all devices / per device) | {opt(f['tokens_per_s'], '.4g')} / "
-        f"{opt(f['tokens_per_s_per_device'], '.4g')} |",
-        f"| real (unpadded) tokens/s, all devices | {opt(f['real_tokens_per_s'], '.4g')} |",
+        f"| tokens/s (the run's speed: {THROUGHPUT_DEFINITIONS['tokens_per_s']}) | "
+        f"{opt(f['tokens_per_s'], '.4g')} |",
+        f"| padded LM positions/s per device (MFU's convention) | "
+        f"{opt(f['padded_tokens_per_s_per_device'], '.4g')} |",
         f"| devices | {f['world_size']} x {f['device_name']} ({f['dtype']}) |",
         f"| steps measured (skipped as warm-up) | {f['steps_measured']} ({f['steps_skipped']}) |",
         f"| MFU with causal-half LM attention | {causal_half} |",

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from voxpipe.errors import quoted
 from voxpipe.serve.admission import Admission, Busy
 from voxpipe.serve.deadline import Deadline, RequestStopped
 from voxpipe.serve.formats import encode, pcm16, streamed_wav_header
@@ -190,7 +191,7 @@ def build_app(service: Service) -> FastAPI:
         except RequestError as e:
             raise ApiError(400, str(e), "voice") from None
         if not gone:
-            raise ApiError(404, f"voice {vid!r}: no added voice of that id", "voice")
+            raise ApiError(404, f"voice {quoted(vid)}: no added voice of that id", "voice")
         return {"id": vid, "deleted": True}
 
     @app.post("/v1/audio/speech")

@@ -36,7 +36,7 @@ from pydantic import ValidationError, create_model
 
 from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.text_norm import spoken_form
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted
 from voxpipe.params import Section, SynthesizeParams
 
 SAMPLE_RATE = 16000  # what VoxCPM2's AudioVAE encodes
@@ -107,7 +107,7 @@ def generation(params: dict[str, Any] | None) -> dict[str, Any]:
     except ValidationError as e:
         err = e.errors()[0]
         key = err["loc"][0] if err["loc"] else "params"
-        raise RequestError(f"params.{key}={given.get(key)!r}: {err['msg']}") from None
+        raise RequestError(f"params.{key}={quoted(given.get(key))}: {err['msg']}") from None
 
 
 def _normalize_flag(params: dict[str, Any] | None) -> bool:
@@ -115,7 +115,7 @@ def _normalize_flag(params: dict[str, Any] | None) -> bool:
     bool too: MLflow's schema may hand one over)."""
     value = (params or {}).get("normalize", NORMALIZE_DEFAULT)
     if not isinstance(value, bool | np.bool_):
-        raise RequestError(f"params.normalize={value!r}: must be true or false")
+        raise RequestError(f"params.normalize={quoted(value)}: must be true or false")
     return bool(value)
 
 
@@ -164,7 +164,7 @@ def _confined_path(text: str, where: str, limits: Limits) -> Path:
     if not path.is_relative_to(root):
         raise RequestError(refused + ": this one is outside it)")
     if not path.is_file():
-        raise RequestError(f"{where}: no file {text!r} in the reference folder")
+        raise RequestError(f"{where}: no file {quoted(text)} in the reference folder")
     return path
 
 

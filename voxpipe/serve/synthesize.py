@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
 from voxpipe.serve.models import check_registered, model_uri
@@ -76,7 +76,8 @@ def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray
 
     folder = Path(p.model)
     if not (folder / "config.json").is_file():
-        raise StepError(f"synthesize.model {p.model!r}: neither a registered model (models:/NAME@ALIAS, "
+        raise StepError(f"synthesize.model {quoted(p.model)}: neither a registered model "
+                        "(models:/NAME@ALIAS, "
                         "@candidate, a version number) nor a checkpoint folder (no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
     spoken, speech = speak(model, [p.text], [reference], _request_params(p), Limits(p.max_reference_seconds))

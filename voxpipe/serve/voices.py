@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from voxpipe.errors import quoted
 from voxpipe.files import atomic_write, atomic_write_text
 from voxpipe.serve.request import SAMPLE_RATE, Limits, RequestError, check_text, reference_waveform
 from voxpipe.track.voices import CLIPS, DEFAULT_VOICE, VOICES_FILE, voice_id
@@ -80,7 +81,8 @@ class VoiceStore:
         data = buf.getvalue()
         with self._lock:
             if vid == DEFAULT_VOICE or vid in self._model or vid in self._added:
-                raise RequestError(f"name: a voice {vid!r} exists; choose another name (or DELETE it first)")
+                raise RequestError(f"name: a voice {quoted(vid)} exists; choose another name (or "
+                                   "DELETE it first)")
             if len(self._added) >= self.max_count:
                 raise RequestError(f"voices: {len(self._added)} added already, at most {self.max_count} "
                                    "(serve.max_voices); delete one first")
@@ -100,7 +102,8 @@ class VoiceStore:
         """True when an added voice went; the model's own voices are part of the version and stay."""
         with self._lock:
             if vid in self._model:
-                raise RequestError(f"voice {vid!r} is one of the registered model's own; only added voices "
+                raise RequestError(f"voice {quoted(vid)} is one of the registered model's own; only "
+                                   "added voices "
                                    "can be deleted")
             voice = self._added.pop(vid, None)
             if voice is None:

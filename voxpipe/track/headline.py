@@ -41,7 +41,8 @@ def _number(value: Any) -> float | None:
 
 def headline(art: PipelineArtifacts) -> dict[str, float | None]:
     """The headline figures of one run from its files (None where a file lacks one: a metric that cannot
-    apply, e.g. WER with no word-spaced text, stays unlogged; eval.json says why)."""
+    apply stays unlogged, e.g. WER with no word-spaced text or of a voice the recogniser cannot hear, MFU
+    on a CPU without a recorded peak; eval.json, mfu.json and the run's description say why)."""
     files = {"eval": art.eval, "mfu": art.mfu, "train": art.train_report}
     return {name: _number(files[source].get(key)) for name, source, key in HEADLINE}
 

@@ -30,8 +30,8 @@ def run_note(art: PipelineArtifacts) -> str:
         f"- training: {r.get('steps', 'n/a')} steps, {mode}, {r.get('world_size', '?')} x "
         f"{r.get('device_name', '?')} ({r.get('dtype', '?')}), final loss {_num(final, '.4f')}, "
         f"{_num(r.get('tokens_per_s'), '.0f')} tokens/s",
-        f"- MFU: {_num(None if m.get('mfu') is None else 100 * m['mfu'], '.2f')} % "
-        f"({m.get('peak_source', 'peak unknown')})",
+        f"- MFU: {_num(100 * m['mfu'], '.2f')} % ({m.get('peak_source')})" if m.get("mfu") is not None else
+        f"- MFU: n/a ({m.get('mfu_null_reason') or 'no mfu.json figure'})",
     ]
     if art.data is not None:
         d = art.data.report

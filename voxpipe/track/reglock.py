@@ -1,7 +1,8 @@
 """The registry-wide `register` lock, on an object only the pipeline's account may write.
 
 The lock is a run in a pipeline-owned experiment of its own (`<experiment>-register-locks`, so the runs
-list shows training runs only; tag `voxpipe.register_lock` = the model's name),
+list shows training runs only, tagged so MLflow's experiments list leaves it out: tracking.py
+INTERNAL_EXPERIMENT; tag `voxpipe.register_lock` = the model's name),
 and its state is in the run's params, which MLflow makes write-once: logging `lock.N` with a value
 different from the one already there fails in every store (a unique key per run). So `lock.N = token`
 is an atomic compare-and-set: whoever logs epoch N first holds the lock, and `free.N` releases it.

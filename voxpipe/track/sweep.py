@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted
 from voxpipe.params import Params, load_params
 from voxpipe.paramspec import keys
 from voxpipe.report import write_json
@@ -62,10 +62,12 @@ def parse_grid(entries: list[str], params_file: str | Path | None = None) -> dic
         if key not in known:
             close = sorted(k for k in known if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1])
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise StepError(f"sweep grid {entry!r}: {key!r} is no params key{hint}; name one as section.key "
+            raise StepError(f"sweep grid {quoted(entry)}: {quoted(key)} is no params key{hint}; name one "
+                            "as section.key "
                             "(docs/params.md lists them), e.g. --grid train.lr=5e-5,1e-4")
         if not sep or not values:
-            raise StepError(f"sweep grid {entry!r}: no values for {key}; give them after '=', separated by "
+            raise StepError(f"sweep grid {quoted(entry)}: no values for {key}; give them after '=', "
+                            "separated by "
                             f"commas: --grid {key}=A,B")
         if key in grid:
             raise StepError(f"sweep grid: {key} is given twice; put all its values in one --grid {key}=A,B")
@@ -75,7 +77,8 @@ def parse_grid(entries: list[str], params_file: str | Path | None = None) -> dic
                 loaded = load_params(params_file, [f"{key}={raw_value}"])
             except StepError as e:
                 why = " ".join(str(e).split())  # the schema's message, on one line
-                raise StepError(f"sweep grid {entry!r}: {key}={raw_value} is refused by the schema: {why}. "
+                raise StepError(f"sweep grid {quoted(entry)}: {key}={raw_value} is refused by the "
+                                f"schema: {why}. "
                                 f"Fix that value (`voxpipe {key.split('.')[0]} --help` says what {key} takes)"
                                 ) from None
             typed.append(loaded.flat()[key])
@@ -142,7 +145,8 @@ def child_record(client: MlflowClient, run_id: str, parent: str, art: PipelineAr
     try:
         grid = json.loads(client.get_run(parent).data.tags.get(GRID_TAG, "{}"))
     except MlflowException:
-        raise StepError(f"tracking.parent_run {parent!r}: no such run in this MLflow store; open the sweep "
+        raise StepError(f"tracking.parent_run {quoted(parent)}: no such run in this MLflow store; "
+                        "open the sweep "
                         "with `voxpipe sweep-open` and pass the id it prints (sweep.json), or set "
                         "tracking.parent_run to null to register this run on its own") from None
     client.set_tag(run_id, PARENT_TAG, parent)

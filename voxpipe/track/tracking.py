@@ -155,10 +155,15 @@ def _sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
 
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view
+# MLflow's UI leaves every experiment with this tag out of its experiments list (MLflow 3's list asks for
+# `tags.`mlflow.experiment.isGateway` IS NULL`; its AI gateway tags its own usage experiments so): MLflow's
+# one way to keep an internal experiment out of the list the user sees. The register locks' carries it.
+INTERNAL_EXPERIMENT = {"mlflow.experiment.isGateway": "true"}
 
 
 def locks_experiment(experiment: str) -> str:
-    """The experiment of `experiment`'s register locks: one of their own keeps them out of the runs list."""
+    """The experiment of `experiment`'s register locks: one of their own keeps them out of the runs list,
+    and its INTERNAL_EXPERIMENT tag keeps it out of the experiments list."""
     return f"{experiment}-register-locks"
 
 
@@ -167,25 +172,29 @@ def pipeline_experiments(client: MlflowClient, experiment: str, tracking_uri: st
     """The ids of the runs' experiment and of its register locks' (`locks_experiment`), each created if
     need be: register, promote and registry-init write in both."""
     root = local_artifact_root(tracking_uri, work)
-    return experiment_id(client, experiment, root), experiment_id(client, locks_experiment(experiment), root)
+    runs = experiment_id(client, experiment, root)
+    locks = experiment_id(client, locks_experiment(experiment), root, EXPERIMENT_KIND | INTERNAL_EXPERIMENT)
+    return runs, locks
 
 
-def experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
-    """The experiment's id, created if need be, and tagged so the MLflow UI opens it in its model-training
-    view (not the GenAI one: traces, judges, prompts)."""
+def experiment_id(client: MlflowClient, name: str, artifact_location: str | None,
+                  tags: dict[str, str] = EXPERIMENT_KIND) -> str:
+    """The experiment's id, created if need be, and tagged (an older one too) so the MLflow UI opens it in
+    its model-training view (not the GenAI one: traces, judges, prompts); `tags` may add
+    INTERNAL_EXPERIMENT."""
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+            return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
         except MlflowException as e:  # a concurrent register created it first: use theirs
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             experiment = client.get_experiment_by_name(name)
     if experiment.lifecycle_stage != "active":
         raise StepError(f"MLflow experiment {name!r} is deleted: restore it or choose another name")
-    for key, value in EXPERIMENT_KIND.items():
+    for key, value in tags.items():
         if experiment.tags.get(key) != value:
             client.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id

@@ -403,7 +403,7 @@ class Trainer:
             "world_size": self.rt.world_size,
             "device_type": self.rt.device.type,
             "device_name": device_name(self.rt.device),
-            # a CPU "device" is one process: `voxpipe mfu` measures its peak with these threads
+            # a CPU "device" is one process with these threads: a peak given for MFU is for that many
             "cpu_threads": torch.get_num_threads() if self.rt.device.type == "cpu" else None,
             "dtype": str(self.dtype).removeprefix("torch."),
             "lora": self.p.lora.enabled,

@@ -1,13 +1,13 @@
 """Per-step speed figures: step time, data-wait fraction, tokens/s, samples/s, FLOPs, live MFU, memory.
 
-`tokens` counts padded LM positions (what the hardware computed, the MFU convention of
-voxpipe.mfu); `real_tokens` counts positions holding text or audio (the useful work, behind
-tokens/s). Everything is counted from the host batch (numpy, never the device), and the counts
-of all ranks travel in the trainer's one all-reduce per step, so the meter adds no
-device-to-host sync; nor does it synchronize the device: the step's one read bounds it, and a
-step's optimizer kernels are paid by the next step's read (the same total over a run). Live MFU
-needs a peak from the device table or `train.peak_tflops` (on CPU the `voxpipe mfu` step
-measures the peak instead, so training does not spend seconds on a GEMM benchmark).
+`tokens` counts padded LM positions (what the hardware computed, the MFU convention of voxpipe.mfu);
+`real_tokens` counts positions holding text or audio (the useful work, behind tokens/s, the run's one
+speed figure: the train report's `tokens_per_s`). Everything is counted from the host batch (numpy,
+never the device), and the counts of all ranks travel in the trainer's one all-reduce per step, so the
+meter adds no device-to-host sync; nor does it synchronize the device: the step's one read bounds it,
+and a step's optimizer kernels are paid by the next step's read (the same total over a run). Live MFU
+needs a peak from the device table or `train.peak_tflops`; a CPU has none unless given (a GEMM benchmark
+moves with the machine's load: voxpipe/mfu/peak.py), so its MFU is null.
 """
 
 from __future__ import annotations
