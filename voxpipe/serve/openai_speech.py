@@ -36,7 +36,8 @@ class ApiError(Exception):
     """An answer in OpenAI's error shape: {"error": {"message", "type", "param"}}."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+             408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             499: "client_closed_request", 503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -64,6 +65,11 @@ class SpeechBody(BaseModel):
     normalize: Any = None
     reference_audio: Any = None
     reference_text: Any = None
+
+
+def shown(name: str) -> str:
+    """A client's field name as an answer may quote it: at most 80 characters, a lone surrogate escaped."""
+    return name[:80].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _param_of(message: str) -> str | None:
@@ -94,12 +100,16 @@ class Speech:
 
 
 def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
+    for key in raw if isinstance(raw, dict) else ():
+        if shown(key) != key[:80]:
+            raise ApiError(400, f"{shown(key)}: a field name with a lone UTF-16 surrogate; send valid "
+                           "Unicode")
     try:
         body = SpeechBody.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or None
-        raise ApiError(400, f"{field}: {err['msg']}", field) from None
+        field = shown(".".join(str(x) for x in err["loc"])) or None
+        raise ApiError(400, f"{field or 'body'}: {err['msg']}", field) from None
     try:
         check_text(body.input, "input")
     except RequestError as e:
