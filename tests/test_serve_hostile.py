@@ -260,6 +260,7 @@ def test_health_answers_when_every_connection_has_a_request_running(hostile_serv
     still answers, another route is a 503, and the bodies' timeout frees them."""
     url, port, _ = hostile_server
     slow = [send_speech(port, LONG, whole=False) for _ in range(16)]
+    time.sleep(0.5)  # the server has read their headers (their bodies have 5 s)
     try:
         assert get(url, "/health", key=None)[0] == 200
         assert get(url, "/v1/models")[0] == 503
@@ -449,12 +450,21 @@ def mlflow_served(root: Path, model: Path, timeout_s: int) -> Iterator[str]:
 def test_mlflow_serving_gets_voxpipes_503_not_mlflows_504(tmp_path):
     """The issue's case: a 1,950-character request without params (sized to 3,925 patches) to a model that
     never stops, under a 20 s scoring timeout: voxpipe's 503 naming the limit, and the worker is free."""
+    import urllib.error
+    import urllib.request
+
     from test_request import invoke
 
     model = runaway_checkpoint(tmp_path / "runaway")
     with mlflow_served(tmp_path, model, 20) as url:
-        status, answer = invoke(url, [{"text": ("A sentence of some length to say. " * 60)[:1950]}], {})
-        assert status == 503, (status, str(answer)[:300])
-        assert "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT" in answer["message"], answer
+        text = ("A sentence of some length to say. " * 60)[:1950]
+        body = json.dumps({"dataframe_records": [{"text": text}]}).encode()
+        request = urllib.request.Request(f"{url}/invocations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=120)
+        answer = e.value.read().decode()
+        assert e.value.code == 503, (e.value.code, answer[:300])  # MLflow's own would be a 504
+        assert "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT" in json.loads(answer)["message"], answer
         status, out = invoke(url, [{"text": "hi"}], {"max_len": 4, "inference_timesteps": 1})
         assert status == 200 and len(out["predictions"][0]["audio"]) > 0
