@@ -73,7 +73,7 @@ def hostile_server(tmp_path_factory) -> Iterator[tuple[str, int, Path]]:
             "--voices", str(root / "voices"), "--device", "cpu", "--concurrency", "1", "--queue", "4",
             "--synthesize-deadline-s", "3600", "--set", "serve.max_connections=16",
             "--set", "serve.header_timeout_s=2", "--set", "serve.body_timeout_s=5",
-            "--set", "serve.keep_alive_s=1"]
+            "--set", "serve.keep_alive_s=1", "--set", "serve.stall_timeout_s=2"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update({"VOXPIPE_API_KEY": KEY, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -235,6 +235,22 @@ def test_an_idle_kept_alive_connection_is_closed(hostile_server):
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = closed_by_server(s)
     assert answer is not None and answer.startswith(b"HTTP/1.1 200"), answer
+
+
+def test_a_stream_nobody_reads_is_cut_off_and_gives_its_slot_back(hostile_server):
+    """A client that keeps its connection but reads nothing: the stream fills the buffers between them, and
+    after serve.stall_timeout_s the server cuts it off; before, its generator waited between sentences
+    holding the only slot for as long as the client pleased."""
+    url, port, _ = hostile_server
+    data = json.dumps({**LONG, "input": "This is one sentence of a text that goes on. " * 30, "max_len": 200,
+                       "response_format": "pcm"}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffer fills
+    s.connect(("127.0.0.1", port))
+    with closing(s):
+        s.sendall((HEAD.format(key=KEY) + f"Content-Type: application/json\r\nContent-Length: {len(data)}"
+                   "\r\n\r\n").encode() + data)
+        still_serves(url)  # while the reader still holds its connection, unread
 
 
 def test_300_half_sent_requests_neither_take_the_files_nor_stop_health(hostile_server):

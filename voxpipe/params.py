@@ -770,6 +770,8 @@ class ServeParams(Section):
                                     "request's line and headers; then it is closed (slow clients, slowloris)")
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds a request has to send its body "
                                   "once its headers are in; then a 408")
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds a client may leave its answer "
+                                   "unread (the send buffer full); then it is cut off, its request stopped")
     keep_alive_s: float = Field(5.0, gt=0, le=300, description="seconds an idle kept-alive connection stays "
                                 "open between requests (uvicorn's timeout_keep_alive)")
 

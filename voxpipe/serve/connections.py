@@ -5,6 +5,8 @@ client trickling a request line held a file descriptor forever).
 
 - A request's line and headers must be complete within `serve.header_timeout_s` of the connection opening
   (or of the last answer on a kept-alive one); else the connection is closed.
+- A client that leaves its answer unread for `serve.stall_timeout_s` (the send buffer full all that time)
+  is cut off: the request sees a disconnect, so a stream that nobody reads gives its slot back.
 - At most `serve.max_connections` are open. A new one past the cap closes the oldest that is still waiting
   for its request (a slow or idle client, never one whose request is running). When every connection has a
   request running, PROBE_ROOM more are let in for the probes alone (/health, /ready: a 503 for any other
@@ -42,6 +44,7 @@ class Guard:
 
     header_timeout_s: float
     max_connections: int
+    stall_timeout_s: float
     open: set[Any] = field(default_factory=set)
     waiting: dict[Any, None] = field(default_factory=dict)  # waiting for a request's headers, oldest first
     evicted: int = 0  # slow or idle connections closed to make room
@@ -79,6 +82,7 @@ def guarded_protocol(guard: Guard) -> type[H11Protocol]:
 
     class Guarded(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
+        _stall: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -127,7 +131,27 @@ def guarded_protocol(guard: Guard) -> type[H11Protocol]:
             if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
                 self._arm()  # a kept-alive connection's next request gets the same time
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall is None:
+                self._stall = self.loop.call_later(guard.stall_timeout_s, self._cut_off)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+
+        def _cut_off(self) -> None:
+            self._stall = None
+            log.debug("voxpipe serve: cut off %s: its answer unread for %g s (serve.stall_timeout_s)",
+                      self.client, guard.stall_timeout_s)
+            self.transport.abort()  # close() would wait to send what it does not read
+
         def connection_lost(self, exc: Exception | None) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
             self._disarm()
             guard.open.discard(self)
             super().connection_lost(exc)

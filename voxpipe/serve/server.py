@@ -140,7 +140,7 @@ def serve(params: Params) -> ServeResult:
     service = Service(Limits(params.synthesize.max_reference_seconds), params.synthesize.deadline_s,
                       Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key,
                       p.body_timeout_s)
-    guard = Guard(p.header_timeout_s, p.max_connections)
+    guard = Guard(p.header_timeout_s, p.max_connections, p.stall_timeout_s)
     server = uvicorn.Server(uvicorn.Config(build_app(service), host=p.host, port=p.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=5,
                                            http=guarded_protocol(guard), timeout_keep_alive=p.keep_alive_s,
