@@ -31,7 +31,7 @@ from voxpipe.serve.deadline import ClientGone, Deadline, RequestStopped
 from voxpipe.serve.formats import encode, pcm16, streamed_wav_header
 from voxpipe.serve.metrics import Metrics
 from voxpipe.serve.openai_speech import ApiError, Said, Speech, bad_request, parse_body, say
-from voxpipe.serve.request import MAX_REFERENCE_BYTES_PER_SECOND, MAX_TEXT_CHARS, Limits, RequestError
+from voxpipe.serve.request import MAX_REFERENCE_BYTES_PER_SECOND, MAX_TEXT_CHARS, Limits, RequestError, quoted
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.voices import DEFAULT_VOICE
 
@@ -212,7 +212,7 @@ def build_app(service: Service) -> FastAPI:
         except RequestError as e:
             raise ApiError(400, str(e), "voice") from None
         if not gone:
-            raise ApiError(404, f"voice {vid!r}: no added voice of that id", "voice")
+            raise ApiError(404, f"voice {quoted(vid)}: no added voice of that id", "voice")
         return {"id": vid, "deleted": True}
 
     @app.post("/v1/audio/speech")

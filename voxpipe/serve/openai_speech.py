@@ -21,7 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.deadline import Deadline
 from voxpipe.serve.formats import FORMATS, STREAMED, sentences
-from voxpipe.serve.request import GENERATION_KEYS, Limits, Request, RequestError, check_text, parse_request
+from voxpipe.serve.request import (
+    GENERATION_KEYS,
+    Limits,
+    Request,
+    RequestError,
+    check_text,
+    parse_request,
+    quoted,
+)
 from voxpipe.serve.speech import generate
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.voices import DEFAULT_VOICE
@@ -115,14 +123,14 @@ def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
     except RequestError as e:
         raise bad_request(e) from None
     if body.response_format not in FORMATS:
-        raise ApiError(400, f"response_format {body.response_format!r}: not offered; one of "
+        raise ApiError(400, f"response_format {quoted(body.response_format)}: not offered; one of "
                        f"{', '.join(FORMATS)}", "response_format")
     if body.speed != 1.0:
         raise ApiError(400, f"speed {body.speed:g}: only 1.0 is offered (VoxCPM2 speaks at its own pace)",
                        "speed")
     if body.stream_format not in (None, "audio"):
-        raise ApiError(400, f"stream_format {body.stream_format!r}: only 'audio' (raw chunks) is offered",
-                       "stream_format")
+        raise ApiError(400, f"stream_format {quoted(body.stream_format)}: only 'audio' (raw chunks) is "
+                       "offered", "stream_format")
     if body.stream_format == "audio" and body.response_format not in STREAMED:
         raise ApiError(400, f"stream_format 'audio' needs response_format {' or '.join(STREAMED)}",
                        "response_format")
@@ -146,15 +154,16 @@ def _voice(body: SpeechBody, voices: VoiceStore) -> tuple[str | None, str | None
         raise ApiError(400, "voice: give a voice id (GET /v1/audio/voices) or 'default'", "voice")
     if body.reference_audio is not None:
         if name != DEFAULT_VOICE:
-            raise ApiError(400, f"voice {name!r} and reference_audio both given; send voice 'default' with "
-                           "reference_audio, or leave reference_audio out", "voice")
+            raise ApiError(400, f"voice {quoted(name)} and reference_audio both given; send voice 'default' "
+                           "with reference_audio, or leave reference_audio out", "voice")
         return body.reference_audio, body.reference_text, REFERENCE_VOICE
     if name == DEFAULT_VOICE:
         return None, body.reference_text, DEFAULT_VOICE  # a reference_text alone is refused by the schema
     found = voices.find(name)
     if found is None:
         known = ", ".join([DEFAULT_VOICE, *(v.id for v in voices.all())][:20])
-        raise ApiError(400, f"voice {name!r}: no such voice; known: {known} (GET /v1/audio/voices)", "voice")
+        raise ApiError(400, f"voice {quoted(name)}: no such voice; known: {known} (GET /v1/audio/voices)",
+                       "voice")
     voice, folder = found
     return voice.clip_base64(folder), body.reference_text or voice.text, voice.id
 

@@ -62,6 +62,12 @@ class RequestError(StepError):
     """A refused request: one line, naming the field."""
 
 
+def quoted(value: Any) -> str:
+    """A client's value as a refusal quotes it: its repr, at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass(frozen=True)
 class Limits:
     max_reference_seconds: float = SynthesizeParams.model_fields["max_reference_seconds"].default
@@ -107,7 +113,7 @@ def generation(params: dict[str, Any] | None) -> dict[str, Any]:
     except ValidationError as e:
         err = e.errors()[0]
         key = err["loc"][0] if err["loc"] else "params"
-        raise RequestError(f"params.{key}={given.get(key)!r}: {err['msg']}") from None
+        raise RequestError(f"params.{key}={quoted(given.get(key))}: {err['msg']}") from None
 
 
 def _normalize_flag(params: dict[str, Any] | None) -> bool:
@@ -115,7 +121,7 @@ def _normalize_flag(params: dict[str, Any] | None) -> bool:
     bool too: MLflow's schema may hand one over)."""
     value = (params or {}).get("normalize", NORMALIZE_DEFAULT)
     if not isinstance(value, bool | np.bool_):
-        raise RequestError(f"params.normalize={value!r}: must be true or false")
+        raise RequestError(f"params.normalize={quoted(value)}: must be true or false")
     return bool(value)
 
 
@@ -180,7 +186,7 @@ def _confined_path(text: str, where: str, limits: Limits) -> Path:
     if not path.is_relative_to(root):
         raise RequestError(refused + ": this one is outside it)")
     if not path.is_file():
-        raise RequestError(f"{where}: no file {text!r} in the reference folder")
+        raise RequestError(f"{where}: no file {quoted(text)} in the reference folder")
     return path
 
 

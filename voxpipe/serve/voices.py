@@ -26,6 +26,7 @@ from voxpipe.serve.request import (
     RequestError,
     check_text,
     check_unicode,
+    quoted,
     reference_waveform,
 )
 from voxpipe.track.voices import CLIPS, DEFAULT_VOICE, VOICES_FILE, voice_id
@@ -156,8 +157,8 @@ class VoiceStore:
         """True when an added voice went; the model's own voices are part of the version and stay."""
         with self._lock:
             if vid in self._model:
-                raise RequestError(f"voice {vid!r} is one of the registered model's own; only added voices "
-                                   "can be deleted")
+                raise RequestError(f"voice {quoted(vid)} is one of the registered model's own; only added "
+                                   "voices can be deleted")
             voice = self._added.pop(vid, None)
             if voice is None:
                 return False
