@@ -388,12 +388,15 @@ def test_a_voice_that_is_not_whole_is_set_aside_with_its_reason(tmp_path, caplog
     (folder / "clips").mkdir(parents=True)
     sf.write(folder / "clips" / "good.flac", np.zeros(16000, np.float32), 16000)
     (folder / "clips" / "junk.wav").write_bytes(b"RIFF\x00junk")
+    sf.write(folder / "clips" / "long.flac", np.zeros(8000 * 40, np.float32), 8000)
     good = {"id": "good", "speaker": "Good", "text": "hi", "file": "clips/good.flac", "seconds": 1.0}
     rows = [good,
             {**good, "id": "no-clip", "file": "clips/missing.wav"},
             {**good, "id": "junk", "file": "clips/junk.wav"},
             {**good, "id": "outside", "file": "../../etc/passwd"},
             {**good, "id": "bad-seconds", "seconds": "long"},
+            {**good, "id": "too-long", "file": "clips/long.flac"},
+            {**good, "id": "surrogate", "speaker": "\ud800"},
             {"id": "no-speaker", "file": "clips/good.flac"},
             "a string",
             {**good, "speaker": "Again"},  # the id taken
@@ -405,6 +408,7 @@ def test_a_voice_that_is_not_whole_is_set_aside_with_its_reason(tmp_path, caplog
     reasons = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
     assert len(reasons) == len(rows) - 1, reasons
     for why in ("no clip 'clips/missing.wav'", "is not audio", "no clip '../../etc/passwd'", "seconds:",
+                "40.0 s long; a reference is at most 30 s", "speaker: a lone UTF-16 surrogate",
                 "speaker: missing", "not an object", "'good' is taken", "'default' is taken"):
         assert any(why in r for r in reasons), (why, reasons)
     with pytest.raises(StepError, match=r"voices.json: not a voices file"):

@@ -150,7 +150,8 @@ def serve(params: Params) -> ServeResult:
     def load() -> None:
         try:
             served = load_served(params, source)
-            service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes)
+            service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
+                                        params.synthesize.max_reference_seconds)
             service.served = served
             service.metrics.model.labels(served.version, served.adapter_label).set(1)
         except Exception as e:  # noqa: BLE001 - any fault ends the server with one paragraph, never a

@@ -49,7 +49,7 @@ class Voice:
         return base64.b64encode((folder / self.file).read_bytes()).decode()
 
 
-def _read(folder: Path | None, origin: str) -> dict[str, Voice]:
+def _read(folder: Path | None, origin: str, max_seconds: float) -> dict[str, Voice]:
     """The folder's voices. A file that is not a JSON list of voices is one paragraph (the server does not
     start); a voice that is not whole (a field missing or of the wrong type, its clip missing or not audio,
     an id taken) is set aside with its reason in the log, and the others are served."""
@@ -67,7 +67,7 @@ def _read(folder: Path | None, origin: str) -> dict[str, Voice]:
     voices: dict[str, Voice] = {}
     for i, row in enumerate(rows):
         try:
-            voice = _voice(row, folder, origin)
+            voice = _voice(row, folder, origin, max_seconds)
             if voice.id in voices or voice.id == DEFAULT_VOICE:
                 raise ValueError(f"the id {voice.id!r} is taken")
         except ValueError as e:
@@ -77,8 +77,9 @@ def _read(folder: Path | None, origin: str) -> dict[str, Voice]:
     return voices
 
 
-def _voice(row: Any, folder: Path, origin: str) -> Voice:
-    """One row of voices.json, checked: the fields' types, and a clip inside the folder that is audio."""
+def _voice(row: Any, folder: Path, origin: str, max_seconds: float) -> Voice:
+    """One row of voices.json, checked: the fields' types (valid Unicode), and a clip inside the folder
+    that is audio no longer than a reference may be."""
     if not isinstance(row, dict):
         raise ValueError(f"a JSON {type(row).__name__}, not an object")
     for key in ("id", "speaker", "file"):
@@ -86,6 +87,11 @@ def _voice(row: Any, folder: Path, origin: str) -> Voice:
             raise ValueError(f"{key}: missing, empty or not a string")
     if not isinstance(row.get("text"), str):
         raise ValueError("text: missing or not a string")
+    for key in ("id", "speaker", "text", "file"):
+        try:
+            check_unicode(row[key], key)
+        except RequestError as e:
+            raise ValueError(str(e)) from None
     seconds = row.get("seconds")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < 3600:
         raise ValueError(f"seconds: {str(seconds)[:40]} is not a clip's length")
@@ -93,19 +99,23 @@ def _voice(row: Any, folder: Path, origin: str) -> Voice:
     if not clip.is_relative_to(folder.resolve()) or not clip.is_file():
         raise ValueError(f"file: no clip {row['file'][:80]!r} in {folder}")
     try:
-        sf.info(clip)
+        info = sf.info(clip)
     except (sf.LibsndfileError, RuntimeError) as e:
         raise ValueError(f"file: {row['file'][:80]!r} is not audio ({str(e)[:80]})") from None
+    if info.duration > max_seconds:
+        raise ValueError(f"file: {row['file'][:80]!r} is {info.duration:.1f} s long; a reference is at most "
+                         f"{max_seconds:g} s (synthesize.max_reference_seconds)")
     return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin)
 
 
 class VoiceStore:
-    def __init__(self, trained: Path | None, added: Path, max_count: int, max_bytes: int) -> None:
+    def __init__(self, trained: Path | None, added: Path, max_count: int, max_bytes: int,
+                 max_seconds: float = Limits.max_reference_seconds) -> None:
         self.trained, self.added = trained, added
         self.max_count, self.max_bytes = max_count, max_bytes
         self._lock = threading.Lock()
-        self._model = _read(trained, "model")
-        self._added = _read(added, "added")
+        self._model = _read(trained, "model", max_seconds)
+        self._added = _read(added, "added", max_seconds)
 
     def all(self) -> list[Voice]:
         with self._lock:
