@@ -366,6 +366,7 @@ def test_one_access_line_a_request_without_the_text_or_the_key(hostile_server):
 JUNK = [b"\x00\xff\x13binary junk", b'{"voices": []}', b"[" * 100_000, b'"a string"']
 
 
+@pytest.mark.slow  # starts `voxpipe serve` once a file
 @pytest.mark.parametrize("junk", JUNK)
 def test_a_corrupt_voices_file_is_one_paragraph_at_start(tmp_path, junk):
     model = tmp_path / "tiny"
