@@ -769,6 +769,17 @@ class ServeParams(Section):
                              "model's activations and caches)")
     queue: int = Field(4, ge=0, le=256, description="requests waiting for a free slot; past them a 429, and "
                        "a 503 when one waits past its deadline")
+    max_connections: int = Field(64, ge=1, le=10000, description="open connections at most; past it a new "
+                                 "one closes the oldest still waiting for its request (/health still "
+                                 "answers)")
+    header_timeout_s: float = Field(10.0, gt=0, le=300, description="seconds a connection has to send a "
+                                    "request's line and headers; then it is closed (slow clients, slowloris)")
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds a request has to send its body "
+                                  "once its headers are in; then a 408")
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds a client may leave its answer "
+                                   "unread (the send buffer full); then it is cut off, its request stopped")
+    keep_alive_s: float = Field(5.0, gt=0, le=300, description="seconds an idle kept-alive connection stays "
+                                "open between requests (uvicorn's timeout_keep_alive)")
 
 
 class TrackingParams(Section):

@@ -9,6 +9,8 @@ import threading
 from voxpipe.errors import StepError
 from voxpipe.serve.deadline import Deadline, RequestStopped
 
+WAIT_STEP_S = 0.1  # how often a queued request looks whether its client is still there
+
 
 class Busy(StepError):
     """Every slot and queue place is taken: a 429, try again shortly."""
@@ -28,11 +30,16 @@ class Admission:
                 raise Busy(f"the server is busy: {self.slots} requests generating and {self.queue} waiting "
                            "(serve.concurrency, serve.queue); retry shortly")
             self.admitted += 1
-        if not self._free.acquire(timeout=max(0.0, deadline.remaining())):
+        try:
+            while not self._free.acquire(timeout=min(WAIT_STEP_S, max(0.0, deadline.remaining()))):
+                deadline.gone_check()  # a client that left while queued gives its place back
+                if deadline.remaining() <= 0:
+                    raise RequestStopped(f"no free slot within the request's {deadline.seconds:g} s deadline "
+                                         "(synthesize.deadline_s); the server is overloaded, retry later")
+        except RequestStopped:
             with self._lock:
                 self.admitted -= 1
-            raise RequestStopped(f"no free slot within the request's {deadline.seconds:g} s deadline "
-                                 "(synthesize.deadline_s); the server is overloaded, retry later")
+            raise
 
     def leave(self) -> None:
         self._free.release()

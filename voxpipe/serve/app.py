@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,20 +23,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from voxpipe.errors import quoted
+from voxpipe.params import ServeParams
 from voxpipe.serve.admission import Admission, Busy
-from voxpipe.serve.deadline import Deadline, RequestStopped
+from voxpipe.serve.deadline import ClientGone, Deadline, RequestStopped
 from voxpipe.serve.formats import encode, pcm16, streamed_wav_header
 from voxpipe.serve.metrics import Metrics
 from voxpipe.serve.openai_speech import ApiError, Said, Speech, bad_request, parse_body, say
 from voxpipe.serve.request import MAX_REFERENCE_BYTES_PER_SECOND, MAX_TEXT_CHARS, Limits, RequestError
 from voxpipe.serve.voices import VoiceStore
+from voxpipe.track.voices import DEFAULT_VOICE
 
 if TYPE_CHECKING:
     from voxpipe.serve.server import ServedModel
 
 log = logging.getLogger("voxpipe.serve")
+access = logging.getLogger("voxpipe.serve.access")
 API_KEY_ENV = "VOXPIPE_API_KEY"
 OPEN_ROUTES = ("/health",)  # liveness answers without the key
 
@@ -56,6 +61,7 @@ class Service:
     max_voices: int
     max_voice_bytes: int
     api_key: str | None = None
+    body_timeout_s: float = ServeParams.model_fields["body_timeout_s"].default
     metrics: Metrics = field(default_factory=Metrics)
     served: ServedModel | None = None  # set once the model is loaded (/ready)
     voices: VoiceStore | None = None
@@ -78,23 +84,33 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def _read_body(request: Request, limit: int) -> Any:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> Any:
     """The JSON body, read up to `limit` bytes; past it a 413. What is over is read and dropped, up to as much
-    again, so that the client (still sending) gets the answer rather than a reset connection."""
+    again, so that the client (still sending) gets the answer rather than a reset connection. A body still
+    arriving after `timeout_s` is a 408 (a slow client holds no connection for longer)."""
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > 2 * limit:
-            break
-        if total <= limit:
-            chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > 2 * limit:
+                    break
+                if total <= limit:
+                    chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {timeout_s:g} s (serve.body_timeout_s); send it "
+                       "at once") from None
+    except ClientDisconnect:
+        raise ApiError(400, "the client left before its body was sent") from None
     if total > limit:
         raise ApiError(413, f"the body is over {limit} bytes, the most a request can need (the longest text "
                        "and reference clip)")
     try:
         return json.loads(b"".join(chunks) or b"null")
     except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not JSON ({e}); send a JSON object") from None
+        raise ApiError(400, f"the body is not JSON ({str(e)[:120]}); send a JSON object") from None
+    except RecursionError:
+        raise ApiError(400, "the body is JSON nested too deep; send a flat JSON object") from None
 
 
 def build_app(service: Service) -> FastAPI:
@@ -113,6 +129,7 @@ def build_app(service: Service) -> FastAPI:
                 response = _error(ApiError(401, "a missing or wrong API key: send Authorization: Bearer "
                                            f"<key> (the server's ${API_KEY_ENV})"))
                 metrics.requests.labels(route, "401").inc()
+                _access(request, 401, start)
                 return response
         try:
             response = await call_next(request)
@@ -121,8 +138,9 @@ def build_app(service: Service) -> FastAPI:
             response = JSONResponse(ApiError(500, "internal error; the server's log has the details").body(),
                                     status_code=500)
         metrics.requests.labels(route, str(response.status_code)).inc()
-        if not isinstance(response, StreamingResponse) or response.status_code >= 400:
+        if not getattr(request.state, "streamed", False):  # (a stream's when it ends: `_stream`)
             metrics.latency.labels(route).observe(time.perf_counter() - start)
+            _access(request, response.status_code, start)
         return response
 
     @app.exception_handler(ApiError)
@@ -162,16 +180,20 @@ def build_app(service: Service) -> FastAPI:
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
         _, voices = service.loaded()
-        listed = [{"id": "default", "name": "default", "origin": "model", "text": None, "seconds": None,
-                   "description": "no reference: the voice the model learned"}]
-        listed += [{"id": v.id, "name": v.speaker, "origin": v.origin, "text": v.text, "seconds": v.seconds}
-                   for v in voices.all()]
+        listed = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE, "origin": "model", "text": None,
+                   "seconds": None, "description": "no reference: the voice the model learned"}]
+        names = {DEFAULT_VOICE}
+        for v in voices.all():  # a speaker named like one listed already (a single-speaker set's "default")
+            name = v.speaker if v.speaker not in names else v.id  # is named by its id, unique
+            names.add(name)
+            listed.append({"id": v.id, "name": name, "origin": v.origin, "text": v.text,
+                           "seconds": v.seconds})
         return {"object": "list", "voices": listed}
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request) -> JSONResponse:
         _, voices = service.loaded()
-        body = await _read_body(request, limit)
+        body = await _read_body(request, limit, service.body_timeout_s)
         if not isinstance(body, dict) or set(body) - {"name", "audio", "text"}:
             raise ApiError(400, "send a JSON object {name, audio (the clip's bytes in base64), text "
                            "(what the clip says)}")
@@ -198,10 +220,11 @@ def build_app(service: Service) -> FastAPI:
     async def speech(request: Request) -> Response:
         deadline = Deadline(service.deadline_s)
         served, voices = service.loaded()
-        raw = await _read_body(request, limit)
+        raw = await _read_body(request, limit, service.body_timeout_s)
         speech = await run_in_threadpool(parse_body, raw, voices, service.limits)
         labels = service.labels(speech.voice)
         said = Said()
+        request.state.voice, request.state.said = speech.voice, said  # for the access log line
         chunks = say(served.model, speech, service.admission, deadline, said)
         watcher = asyncio.create_task(_watch(request, deadline))
         start = time.perf_counter()
@@ -218,7 +241,14 @@ def build_app(service: Service) -> FastAPI:
                 metrics.spoken(labels, said.audio_seconds, time.perf_counter() - start)
                 metrics.latency.labels("/v1/audio/speech").observe(time.perf_counter() - start)
 
-            body = _stream(first, chunks, speech, served.sample_rate, deadline, done)
+            def finish() -> None:
+                chunks.close()  # gives the slot back
+                _access(request, 200, start, "streamed, the client left" if deadline.gone.is_set() else
+                        "streamed")
+
+            body = Stoppable(_stream(first, chunks, speech, served.sample_rate, done), deadline.gone, finish)
+            watcher.add_done_callback(lambda _: body.stop())  # the client left, or the answer is sent
+            request.state.streamed = True  # its access line is written when the stream ends
             return StreamingResponse(body, media_type=speech.media_type, headers=headers)
         try:
             rest = await run_in_threadpool(list, chunks)
@@ -235,9 +265,22 @@ def build_app(service: Service) -> FastAPI:
     return app
 
 
+def _access(request: Request, status: int, start: float, how: str = "") -> None:
+    """The access log line of a request: method, route (its template: no id, no query), status, seconds, the
+    audio's seconds and the voice; never the text, a clip or the key."""
+    route = getattr(request.scope.get("route"), "path", None) or "other"
+    said = getattr(request.state, "said", None)
+    audio = f"{said.audio_seconds:.2f} s of audio" if said else "no audio"
+    access.info("%s %s %d %.3f s, %s, voice %s%s", request.method, route, status,
+                time.perf_counter() - start, audio, getattr(request.state, "voice", "-"),
+                f" ({how})" if how else "")
+
+
 def _refusal(e: Exception) -> ApiError:
     if isinstance(e, Busy):
         return ApiError(429, str(e))
+    if isinstance(e, ClientGone):
+        return ApiError(499, str(e))  # nginx's "client closed request": for the log and the metrics alone
     if isinstance(e, RequestStopped):
         return ApiError(503, str(e))
     return bad_request(e)
@@ -245,16 +288,56 @@ def _refusal(e: Exception) -> ApiError:
 
 async def _watch(request: Request, deadline: Deadline) -> None:
     """Marks the request's deadline `gone` when its client disconnects, so its generation stops at the next
-    patch rather than running on for nobody."""
-    while not deadline.gone.is_set():
-        if await request.is_disconnected():
-            deadline.gone.set()
-            return
-        await asyncio.sleep(0.25)
+    patch rather than running on for nobody. It waits on the ASGI receive channel, which (the body read)
+    yields nothing until `http.disconnect`: uvicorn sends that the moment the connection is lost."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)  # not the protocol's order; never a busy loop
+    deadline.gone.set()
+
+
+class Stoppable:
+    """A streamed answer's chunks, which a client's leaving ends at once. Starlette pulls each chunk in a
+    worker thread and, when the client leaves, stops pulling but does not close the generator: suspended
+    between sentences, it held the request's slot until the garbage collector came by (10 s and more)."""
+
+    def __init__(self, chunks: Iterator[bytes], gone: threading.Event, finish: Callable[[], None]) -> None:
+        self.chunks, self.gone, self.finish = chunks, gone, finish  # finish: once, when the stream ends
+        self.lock, self.finished = threading.Lock(), False
+
+    def __iter__(self) -> Stoppable:
+        return self
+
+    def __next__(self) -> bytes:
+        with self.lock:
+            try:
+                if not self.gone.is_set():
+                    chunk = next(self.chunks)  # a generation the client leaves stops at its next patch
+                    if not self.gone.is_set():
+                        return chunk
+            except BaseException:  # the end (StopIteration) or a fault: the slot goes back either way
+                self._finish()
+                raise
+            self._finish()
+            raise StopIteration
+
+    def stop(self) -> None:
+        """Ends the stream now if it is between sentences; while one is being made the generation stops
+        itself at its next patch (the deadline's `gone`), and __next__ ends the stream after it."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._finish()
+            finally:
+                self.lock.release()
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.chunks.close()
+            self.finish()
 
 
 def _stream(first: np.ndarray | None, chunks: Iterator[np.ndarray], speech: Speech, rate: int,
-            deadline: Deadline, done: Callable[[], None]) -> Iterator[bytes]:
+            done: Callable[[], None]) -> Iterator[bytes]:
     """The response body: each sentence's PCM as it is made (a WAV header first for wav); a deadline that
     passes mid-stream ends the stream there (the status is sent already), and the log says so."""
     try:
@@ -267,6 +350,3 @@ def _stream(first: np.ndarray | None, chunks: Iterator[np.ndarray], speech: Spee
         done()
     except RequestStopped as e:
         log.warning("voxpipe serve: a streamed request stopped: %s", e)
-    finally:
-        chunks.close()  # gives the slot back, also when the client left mid-stream
-        deadline.gone.set()  # ends the watcher (a task of the event loop: not cancelled from this thread)

@@ -22,7 +22,14 @@ from voxpipe.errors import quoted
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.deadline import Deadline
 from voxpipe.serve.formats import FORMATS, STREAMED, sentences
-from voxpipe.serve.request import GENERATION_KEYS, Limits, Request, RequestError, check_text, parse_request
+from voxpipe.serve.request import (
+    GENERATION_KEYS,
+    Limits,
+    Request,
+    RequestError,
+    check_text,
+    parse_request,
+)
 from voxpipe.serve.speech import generate
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.voices import DEFAULT_VOICE
@@ -37,7 +44,8 @@ class ApiError(Exception):
     """An answer in OpenAI's error shape: {"error": {"message", "type", "param"}}."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+             408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             499: "client_closed_request", 503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -65,6 +73,11 @@ class SpeechBody(BaseModel):
     normalize: Any = None
     reference_audio: Any = None
     reference_text: Any = None
+
+
+def shown(name: str) -> str:
+    """A client's field name as an answer may quote it: at most 80 characters, a lone surrogate escaped."""
+    return name[:80].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _param_of(message: str) -> str | None:
@@ -95,12 +108,16 @@ class Speech:
 
 
 def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
+    for key in raw if isinstance(raw, dict) else ():
+        if shown(key) != key[:80]:
+            raise ApiError(400, f"{shown(key)}: a field name with a lone UTF-16 surrogate; send valid "
+                           "Unicode")
     try:
         body = SpeechBody.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or None
-        raise ApiError(400, f"{field}: {err['msg']}", field) from None
+        field = shown(".".join(str(x) for x in err["loc"])) or None
+        raise ApiError(400, f"{field or 'body'}: {err['msg']}", field) from None
     try:
         check_text(body.input, "input")
     except RequestError as e:
@@ -112,9 +129,8 @@ def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
         raise ApiError(400, f"speed {body.speed:g}: only 1.0 is offered (VoxCPM2 speaks at its own pace)",
                        "speed")
     if body.stream_format not in (None, "audio"):
-        raise ApiError(400, f"stream_format {quoted(body.stream_format)}: only 'audio' (raw chunks) "
-                            "is offered",
-                       "stream_format")
+        raise ApiError(400, f"stream_format {quoted(body.stream_format)}: only 'audio' (raw chunks) is "
+                       "offered", "stream_format")
     if body.stream_format == "audio" and body.response_format not in STREAMED:
         raise ApiError(400, f"stream_format 'audio' needs response_format {' or '.join(STREAMED)}",
                        "response_format")
@@ -138,17 +154,16 @@ def _voice(body: SpeechBody, voices: VoiceStore) -> tuple[str | None, str | None
         raise ApiError(400, "voice: give a voice id (GET /v1/audio/voices) or 'default'", "voice")
     if body.reference_audio is not None:
         if name != DEFAULT_VOICE:
-            raise ApiError(400, f"voice {quoted(name)} and reference_audio both given; send voice "
-                                "'default' with "
-                           "reference_audio, or leave reference_audio out", "voice")
+            raise ApiError(400, f"voice {quoted(name)} and reference_audio both given; send voice 'default' "
+                           "with reference_audio, or leave reference_audio out", "voice")
         return body.reference_audio, body.reference_text, REFERENCE_VOICE
     if name == DEFAULT_VOICE:
         return None, body.reference_text, DEFAULT_VOICE  # a reference_text alone is refused by the schema
     found = voices.find(name)
     if found is None:
         known = ", ".join([DEFAULT_VOICE, *(v.id for v in voices.all())][:20])
-        raise ApiError(400, f"voice {quoted(name)}: no such voice; known: {known} (GET "
-                            "/v1/audio/voices)", "voice")
+        raise ApiError(400, f"voice {quoted(name)}: no such voice; known: {known} (GET /v1/audio/voices)",
+                       "voice")
     voice, folder = found
     return voice.clip_base64(folder), body.reference_text or voice.text, voice.id
 

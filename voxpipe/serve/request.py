@@ -120,11 +120,26 @@ def _normalize_flag(params: dict[str, Any] | None) -> bool:
 
 
 def check_text(text: Any, where: str) -> str:
-    if not isinstance(text, str) or not text.strip():
+    if text is None:
+        raise RequestError(f"{where}: missing; send the text to say")
+    if not isinstance(text, str):
+        raise RequestError(f"{where}: {type(text).__name__} {repr(text)[:40]}, not a string; send the text "
+                           "to say as a string")
+    if not text.strip():
         raise RequestError(f"{where}: empty; say something")
     if len(text) > MAX_TEXT_CHARS:
         raise RequestError(f"{where}: {len(text)} characters; at most {MAX_TEXT_CHARS} per text (split it)")
+    check_unicode(text, where)
     return text
+
+
+def check_unicode(text: str, where: str) -> None:
+    """A lone UTF-16 surrogate (JSON's "\ud800" alone) is no character: refused, not a 500 further on."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{where}: a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}; send "
+                           "valid Unicode") from None
 
 
 def reference_waveform(value: str, where: str, limits: Limits) -> np.ndarray:
@@ -157,6 +172,7 @@ def reference_waveform(value: str, where: str, limits: Limits) -> np.ndarray:
 def _confined_path(text: str, where: str, limits: Limits) -> Path:
     refused = (f"{where}: not base64 audio; send the clip's bytes in base64 (a path is accepted only "
                "inside the folder this deployment names in VOXPIPE_REFERENCE_DIR")
+    check_unicode(text, where)
     if limits.reference_dir is None or len(text) > 4096 or "\x00" in text:
         raise RequestError(refused + ", and it names none)")
     root = limits.reference_dir.resolve()

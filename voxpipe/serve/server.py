@@ -27,6 +27,7 @@ from voxpipe.params import Params, ServeParams
 from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
+from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits
 from voxpipe.serve.voices import VoiceStore
@@ -135,21 +136,30 @@ def serve(params: Params) -> ServeResult:
     if key is None and p.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("voxpipe serve: listening on %s without an API key: anyone who reaches it may use it; "
                     "set $%s", p.host, API_KEY_ENV)
+    check_file_limit(p.max_connections)
     service = Service(Limits(params.synthesize.max_reference_seconds), params.synthesize.deadline_s,
-                      Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key)
+                      Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key,
+                      p.body_timeout_s)
+    guard = Guard(p.header_timeout_s, p.max_connections, p.stall_timeout_s)
     server = uvicorn.Server(uvicorn.Config(build_app(service), host=p.host, port=p.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))
+                                           access_log=False, timeout_graceful_shutdown=5,
+                                           http=guarded_protocol(guard), timeout_keep_alive=p.keep_alive_s,
+                                           backlog=BACKLOG))
     result = ServeResult(url)
 
     def load() -> None:
         try:
             served = load_served(params, source)
-            service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes)
+            service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
+                                        params.synthesize.max_reference_seconds)
             service.served = served
             service.metrics.model.labels(served.version, served.adapter_label).set(1)
-        except StepError as e:
-            service.load_error = f"the model did not load: {e}"
-            log.error("voxpipe serve: error: %s", e)
+        except Exception as e:  # noqa: BLE001 - any fault ends the server with one paragraph, never a
+            # server that is up and never ready; the stack only at debug level
+            why = str(e) if isinstance(e, StepError) else f"{type(e).__name__}: {str(e)[:200]}"
+            log.debug("voxpipe serve: the load failed", exc_info=True)
+            service.load_error = f"the model did not load: {why}"
+            log.error("voxpipe serve: error: %s", why)
             result.exit_code = 1
             server.should_exit = True
             return

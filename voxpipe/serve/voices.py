@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,10 +18,21 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from voxpipe.errors import quoted
+from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write, atomic_write_text
-from voxpipe.serve.request import SAMPLE_RATE, Limits, RequestError, check_text, reference_waveform
+from voxpipe.serve.request import (
+    SAMPLE_RATE,
+    Limits,
+    RequestError,
+    check_text,
+    check_unicode,
+    reference_waveform,
+)
 from voxpipe.track.voices import CLIPS, DEFAULT_VOICE, VOICES_FILE, voice_id
+
+log = logging.getLogger("voxpipe.serve")
+SHAPE = "list of {id, speaker, text, file, seconds}"
+WAY_OUT = "Repair it, or move it away to start without these voices"
 
 
 @dataclass(frozen=True)
@@ -36,21 +48,73 @@ class Voice:
         return base64.b64encode((folder / self.file).read_bytes()).decode()
 
 
-def _read(folder: Path | None, origin: str) -> dict[str, Voice]:
+def _read(folder: Path | None, origin: str, max_seconds: float) -> dict[str, Voice]:
+    """The folder's voices. A file that is not a JSON list of voices is one paragraph (the server does not
+    start); a voice that is not whole (a field missing or of the wrong type, its clip missing or not audio,
+    an id taken) is set aside with its reason in the log, and the others are served."""
     if folder is None or not (folder / VOICES_FILE).is_file():
         return {}
-    rows = json.loads((folder / VOICES_FILE).read_text())
-    return {r["id"]: Voice(r["id"], r["speaker"], r["text"], r["file"], float(r["seconds"]), origin)
-            for r in rows}
+    path = folder / VOICES_FILE
+    try:
+        rows = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:  # a UnicodeDecodeError is a ValueError
+        raise StepError(f"{path}: not a voices file ({type(e).__name__}: {str(e)[:80]}); it holds a JSON "
+                        f"{SHAPE}. {WAY_OUT}") from None
+    if not isinstance(rows, list):
+        raise StepError(f"{path}: not a voices file (a JSON {type(rows).__name__}, not a list); it holds "
+                        f"a JSON {SHAPE}. {WAY_OUT}")
+    voices: dict[str, Voice] = {}
+    for i, row in enumerate(rows):
+        try:
+            voice = _voice(row, folder, origin, max_seconds)
+            if voice.id in voices or voice.id == DEFAULT_VOICE:
+                raise ValueError(f"the id {voice.id!r} is taken")
+        except ValueError as e:
+            log.warning("voxpipe serve: %s: voice %d set aside: %s", path, i, str(e)[:200])
+            continue
+        voices[voice.id] = voice
+    return voices
+
+
+def _voice(row: Any, folder: Path, origin: str, max_seconds: float) -> Voice:
+    """One row of voices.json, checked: the fields' types (valid Unicode), and a clip inside the folder
+    that is audio no longer than a reference may be."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+    for key in ("id", "speaker", "file"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            raise ValueError(f"{key}: missing, empty or not a string")
+    if not isinstance(row.get("text"), str):
+        raise ValueError("text: missing or not a string")
+    for key in ("id", "speaker", "text", "file"):
+        try:
+            check_unicode(row[key], key)
+        except RequestError as e:
+            raise ValueError(str(e)) from None
+    seconds = row.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < 3600:
+        raise ValueError(f"seconds: {str(seconds)[:40]} is not a clip's length")
+    clip = (folder / row["file"]).resolve()
+    if not clip.is_relative_to(folder.resolve()) or not clip.is_file():
+        raise ValueError(f"file: no clip {row['file'][:80]!r} in {folder}")
+    try:
+        info = sf.info(clip)
+    except (sf.LibsndfileError, RuntimeError) as e:
+        raise ValueError(f"file: {row['file'][:80]!r} is not audio ({str(e)[:80]})") from None
+    if info.duration > max_seconds:
+        raise ValueError(f"file: {row['file'][:80]!r} is {info.duration:.1f} s long; a reference is at most "
+                         f"{max_seconds:g} s (synthesize.max_reference_seconds)")
+    return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin)
 
 
 class VoiceStore:
-    def __init__(self, trained: Path | None, added: Path, max_count: int, max_bytes: int) -> None:
+    def __init__(self, trained: Path | None, added: Path, max_count: int, max_bytes: int,
+                 max_seconds: float = Limits.max_reference_seconds) -> None:
         self.trained, self.added = trained, added
         self.max_count, self.max_bytes = max_count, max_bytes
         self._lock = threading.Lock()
-        self._model = _read(trained, "model")
-        self._added = _read(added, "added")
+        self._model = _read(trained, "model", max_seconds)
+        self._added = _read(added, "added", max_seconds)
 
     def all(self) -> list[Voice]:
         with self._lock:
@@ -71,6 +135,7 @@ class VoiceStore:
     def add(self, name: Any, audio: Any, text: Any, limits: Limits) -> Voice:
         if not isinstance(name, str) or not name.strip() or len(name) > 64:
             raise RequestError("name: give the voice a name of 1-64 characters")
+        check_unicode(name, "name")
         vid = voice_id(name)
         text = check_text(text, "text")
         if not isinstance(audio, str) or not audio.strip():
@@ -102,9 +167,8 @@ class VoiceStore:
         """True when an added voice went; the model's own voices are part of the version and stay."""
         with self._lock:
             if vid in self._model:
-                raise RequestError(f"voice {quoted(vid)} is one of the registered model's own; only "
-                                   "added voices "
-                                   "can be deleted")
+                raise RequestError(f"voice {quoted(vid)} is one of the registered model's own; only added "
+                                   "voices can be deleted")
             voice = self._added.pop(vid, None)
             if voice is None:
                 return False
