@@ -23,10 +23,11 @@ import unicodedata
 from functools import cache
 
 from voxpipe.data.language import detect_language
-from voxpipe.data.text_rules import AFTER, BEFORE, apply
+from voxpipe.data.text_rules import AFTER, BEFORE, LOCALES, Read, apply
 
 NORMALIZED_LANGUAGES = ("zh", "en")
 MAX_CHUNK_CHARS = 300
+DEFAULT_LOCALE = {"en": "en-US", "zh": "zh-CN"}
 
 # a sentence ends after 。！？；!?; (with closing quotes), or after a period followed by a space
 _SENTENCE_END = re.compile(r"[。！？；!?;…]+[”’」』）)\"']*\s*|\.+[”’\"')]*\s+")
@@ -87,18 +88,38 @@ def chunks(text: str) -> list[str]:
     return pieces + _cut(text[start:])
 
 
-def _read(language: str):
-    return lambda fragment: _wetext(fragment, language)
+# a comma, semicolon, colon, question or exclamation mark before a space, and a sentence's last stops: marks
+# wetext is not given, so that it can neither drop them (the comma after "March 3rd, 2024,", the stop after
+# "Downing Street.") nor read across them
+_PAUSE = re.compile(r"([,;:!?]+)(\s+)|([.!?]+)$")
 
 
-def normalize_for_speech(text: str, language: str) -> str:
-    """`text` with its written forms (digits, symbols) spelled out as words of `language`; unchanged
-    for a language without a grammar. Whitespace is collapsed as ingest does for every text."""
+def _spoken_piece(piece: str, language: str) -> str:
+    """wetext's reading of a chunk, its pauses and final stop kept as written (English; Mandarin's are
+    not spaced)."""
+    if language != "en":
+        return _wetext(piece, language)
+    parts = _PAUSE.split(piece)  # text, marks, space, stop, text, ...
+    return "".join(_wetext(p, language) if i % 4 == 0 and p.strip() else p or "" for i, p in enumerate(parts))
+
+
+def locale_for(language: str, locale: str = "") -> str:
+    """The locale a text of `language` is read in: `locale` where it is one of that language's, else the
+    language's default (an en-GB voice's Mandarin rows are read as zh-CN)."""
+    if locale in LOCALES and locale.startswith(language + "-"):
+        return locale
+    return DEFAULT_LOCALE.get(language, "")
+
+
+def normalize_for_speech(text: str, language: str, locale: str = "") -> str:
+    """`text` with its written forms (digits, symbols) spelled out as words of `language`, as a speaker
+    of `locale` says them (locale_for); unchanged for a language without a grammar. Whitespace is
+    collapsed as ingest does for every text."""
     if language not in NORMALIZED_LANGUAGES or not text:
         return text
-    read = _read(language)
+    read = Read(lambda fragment: _wetext(fragment, language), locale_for(language, locale))
     written = apply(BEFORE[language], text, read)
-    spoken = "".join(_wetext(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
+    spoken = "".join(_spoken_piece(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
                      for piece in chunks(written))
     spoken = apply(AFTER.get(language, ()), spoken, read)
     # wetext's output escapes quotes and backslashes (`\"`): as spoken, they are the characters themselves
@@ -110,9 +131,10 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def spoken_form(text: str, language: str = "") -> tuple[str, str]:
+def spoken_form(text: str, language: str = "", locale: str = "") -> tuple[str, str]:
     """(`text` as it is spoken, its language): `language`, or "" for the one its script tells
-    (language.py). What ingest trains on and what synthesize and the served model say."""
+    (language.py), read as a speaker of `locale` says it ("" or another language's: the language's
+    default). What ingest trains on and what synthesize and the served model say."""
     text = normalize_text(text)
     language = language or detect_language(text)
-    return normalize_for_speech(text, language), language
+    return normalize_for_speech(text, language, locale), language
