@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from voxpipe.data import text_norm
-from voxpipe.data.text_norm import MAX_CHUNK_CHARS, chunks, locale_for, normalize_for_speech, spoken_form
+from voxpipe.data.text_norm import (
+    MAX_CHUNK_CHARS,
+    chunks,
+    locale_for,
+    normalize_for_speech,
+    spoken_form,
+    unsure_readings,
+)
 from voxpipe.data.text_rules import AFTER, BEFORE
+from voxpipe.errors import StepError
+from voxpipe.params import load_params
 
 DATA = Path(__file__).parent / "data"
 
@@ -128,3 +137,20 @@ def test_chunks_join_to_the_text_and_cut_long_sentences_between_words():
     number = "a" * 290 + "1234567,890.123"
     assert chunks(number) == ["a" * 290, "1234567,890.123"]  # not inside a number
     assert [len(p) for p in chunks("7" * 700)] == [300, 300, 100]  # digits only: cut anyway
+
+
+def test_an_unknown_locale_is_refused_naming_the_key():
+    with pytest.raises(StepError) as raised:
+        load_params(None, ["ingest.locale=fr-FR"])
+    assert "ingest.locale" in str(raised.value) and "en-GB" in str(raised.value)
+
+
+def test_unsure_readings_name_what_to_proofread():
+    """An abbreviation kept as written, digits left, a digit string read as a number; a year and a clean
+    reading are not unsure."""
+    written = "Acme Inc. is owed 55231 pounds in 1998."
+    assert unsure_readings(written, normalize_for_speech(written, "en")) == [
+        "abbreviation kept: Inc.", "digit string read as a number: 55231"]
+    assert unsure_readings("x", "room 4B7") == ["digits kept: 4", "digits kept: 7"]
+    assert unsure_readings("in 1998", "in nineteen ninety eight") == []
+    assert unsure_readings("$1,200", "one thousand two hundred dollars") == []

@@ -138,3 +138,22 @@ def spoken_form(text: str, language: str = "", locale: str = "") -> tuple[str, s
     text = normalize_text(text)
     language = language or detect_language(text)
     return normalize_for_speech(text, language, locale), language
+
+
+# what a reading may have got wrong, to be proofread: a word with a stop inside a sentence (an abbreviation
+# wetext and our rules kept as written: "Inc. is"), digits left as written, and a long digit string read as a
+# quantity (an account number read as four thousand four hundred and seventy one)
+_KEPT_ABBREVIATION = re.compile(r"(?<![\w.])[A-Za-z]{1,5}\.(?=\s+[a-z0-9])")
+_LONG_NUMBER = re.compile(r"(?<![\d.,$€£₹¥])\d{4,}(?![\d]|[.,]\d)")
+_QUANTITY = re.compile(r"\b(?:thousand|hundred)\b")
+
+
+def unsure_readings(written: str, spoken: str) -> list[str]:
+    """Why the reading of `written` as `spoken` is worth proofreading (empty when nothing is): each reason
+    quotes the written token. The data report marks these rows."""
+    unsure = [f"abbreviation kept: {m.group()}" for m in _KEPT_ABBREVIATION.finditer(spoken)]
+    unsure += [f"digits kept: {m.group()}" for m in re.finditer(r"\d+", spoken)]
+    if _QUANTITY.search(spoken):
+        unsure += [f"digit string read as a number: {m.group()}" for m in _LONG_NUMBER.finditer(written)
+                   if not (len(m.group()) == 4 and 1100 <= int(m.group()) < 2100)]  # a year reads as one
+    return unsure
