@@ -154,3 +154,16 @@ def test_unsure_readings_name_what_to_proofread():
     assert unsure_readings("x", "room 4B7") == ["digits kept: 4", "digits kept: 7"]
     assert unsure_readings("in 1998", "in nineteen ninety eight") == []
     assert unsure_readings("$1,200", "one thousand two hundred dollars") == []
+
+
+def test_mixed_text_is_read_span_by_span():
+    """An English span inside Mandarin is read as English (the issue's 十二月三日一千九百九十九分之一 was
+    12/31/1999 read by the Mandarin grammar), Han inside English as Mandarin; a number counted by the Han
+    after it (1,000,000元) is Mandarin's; the spans join to the text."""
+    text = "他说 then paid 1,000,000元 on 12/31/1999 at 3:45pm. 然后就走了。"
+    spans = text_norm._spans(text, "zh")
+    assert "".join(piece for piece, _ in spans) == text
+    assert [lang for _, lang in spans] == ["zh", "en", "zh", "en", "zh"]
+    said = normalize_for_speech(text, "zh")
+    assert "一百万元 on December thirty first nineteen ninety nine at three forty five PM." in said
+    assert [lang for _, lang in text_norm._spans("She wrote 2024年3月5日 on it.", "en")] == ["en", "zh", "en"]

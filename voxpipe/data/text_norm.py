@@ -111,12 +111,70 @@ def locale_for(language: str, locale: str = "") -> str:
     return DEFAULT_LOCALE.get(language, "")
 
 
+# Han characters and full-width punctuation: what a Mandarin span is made of
+_HAN = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]+")
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
+# a number at the end of an English run that the Han right after it counts (paid 1,000,000元): Mandarin's
+_COUNTED_NUMBER = re.compile(r"[$€£¥]?\d[\d.,:/%-]*\s*$")
+
+
+def _spans(text: str, language: str) -> list[tuple[str, str]]:
+    """`text` as (piece, language) runs: in a Mandarin text a run of two or more English words is English,
+    in an English text a run of Han is Mandarin; the rest is the text's language. The pieces join to
+    `text`."""
+    spans: list[tuple[str, str]] = []
+    start = 0
+    for m in _HAN.finditer(text):
+        spans += _latin_spans(text[start:m.start()], language, before_han=True)
+        spans.append((m.group(), "zh"))
+        start = m.end()
+    spans += _latin_spans(text[start:], language, before_han=False)
+    merged: list[tuple[str, str]] = []
+    for piece, lang in spans:
+        if merged and merged[-1][1] == lang:
+            merged[-1] = (merged[-1][0] + piece, lang)
+        elif piece:
+            merged.append((piece, lang))
+    return merged
+
+
+def _latin_spans(run: str, language: str, before_han: bool) -> list[tuple[str, str]]:
+    if run and not _LATIN_WORD.search(run) and not any(c.isspace() for c in run):
+        return [(run, "zh")]  # digits between Han characters are Mandarin's: 2024年3月5日
+    if language == "en" or len(_LATIN_WORD.findall(run)) >= 2:
+        counted = _COUNTED_NUMBER.search(run) if before_han else None
+        if counted and _LATIN_WORD.search(run, 0, counted.start()):
+            return [(run[:counted.start()], "en"), (counted.group(), "zh")]
+        return [(run, "en")]
+    return [(run, language)]
+
+
 def normalize_for_speech(text: str, language: str, locale: str = "") -> str:
     """`text` with its written forms (digits, symbols) spelled out as words of `language`, as a speaker
-    of `locale` says them (locale_for); unchanged for a language without a grammar. Whitespace is
-    collapsed as ingest does for every text."""
+    of `locale` says them (locale_for); unchanged for a language without a grammar. An English span in
+    a Mandarin text is read as English, and the reverse (_spans). Whitespace is collapsed as ingest
+    does for every text."""
     if language not in NORMALIZED_LANGUAGES or not text:
         return text
+    if _HAN.search(text) and _LATIN_WORD.search(text):
+        spans = _spans(text, language)
+        if len(spans) > 1:
+            said = "".join(_spaced(piece, lambda t, lang=lang: _normalize_one(t, lang, locale))
+                           for piece, lang in spans)
+            return " ".join(said.split())
+    return _normalize_one(text, language, locale)
+
+
+def _spaced(piece: str, read) -> str:
+    """`read` of `piece` with the spaces around it kept (they part a span from the next)."""
+    core = piece.strip()
+    if not core:
+        return piece
+    return piece[: len(piece) - len(piece.lstrip())] + read(core) + piece[len(piece.rstrip()):]
+
+
+def _normalize_one(text: str, language: str, locale: str) -> str:
+    """normalize_for_speech of a text in one language."""
     read = Read(lambda fragment: _wetext(fragment, language), locale_for(language, locale))
     written = apply(BEFORE[language], text, read)
     spoken = "".join(_spoken_piece(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
