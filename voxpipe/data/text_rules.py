@@ -189,7 +189,10 @@ def _en_phone(m: re.Match[str], _read: Read) -> str:
 
 def _en_pairs(m: re.Match[str], read: Read) -> str:
     """A room or flight number in pairs from the right: 305 three oh five, 1534 fifteen thirty four."""
-    n = m.group("n")
+    return m.group("kw") + _pairs(m.group("n"), read)
+
+
+def _pairs(n: str, read: Read) -> str:
     head, pairs = (n[0], [n[1:]]) if len(n) == 3 else ("", [n[:2], n[2:]])
     said = [read(head)] if head else []
     for i, pair in enumerate(pairs):
@@ -197,7 +200,7 @@ def _en_pairs(m: re.Match[str], read: Read) -> str:
             said.append("hundred")
         else:
             said.append(("oh " + read(pair[1])) if pair[0] == "0" else read(pair))
-    return m.group("kw") + " ".join(said)
+    return " ".join(said)
 
 
 def _en_version(m: re.Match[str], read: Read) -> str:
@@ -210,7 +213,18 @@ _UNIT_WORDS = {"m/s": ("meter per second", "meters per second"), "m": ("meter", 
                "min": ("minute", "minutes"), "mins": ("minute", "minutes"),
                "in": ("inch", "inches"), "hr": ("hour", "hours"), "hrs": ("hour", "hours"),
                "sec": ("second", "seconds"), "secs": ("second", "seconds"), "L": ("liter", "liters"),
-               "W": ("watt", "watts"), "V": ("volt", "volts"), "kWh": ("kilowatt hour", "kilowatt hours")}
+               "W": ("watt", "watts"), "V": ("volt", "volts"), "kWh": ("kilowatt hour", "kilowatt hours"),
+               "tsp": ("teaspoon", "teaspoons"), "tbsp": ("tablespoon", "tablespoons"),
+               "gal": ("gallon", "gallons"),
+               "qt": ("quart", "quarts"), "yd": ("yard", "yards"), "yds": ("yard", "yards")}
+# units wetext itself reads right as a quantity (5 km: five kilometers) but not as a modifier (a 10 km run)
+_MODIFIER_UNITS = {"km": "kilometer", "cm": "centimeter", "mm": "millimeter", "kg": "kilogram", "g": "gram",
+                   "ft": "foot", "mi": "mile", "lb": "pound", "oz": "ounce", "ml": "milliliter",
+                   "mph": "mile per hour",
+                   **{k: v[0] for k, v in _UNIT_WORDS.items() if k not in ("in", "m/s")}}
+# words after a measurement that make it a quantity (5 m long, 10 km of road), not a modifier (a 10 km run)
+_QUANTITY_WORDS = ("of|long|wide|tall|high|deep|thick|across|away|in|on|at|to|from|per|and|or|apart|ago|"
+                   "later|each|behind|ahead|above|below|over|under|left|more|less|too|is|was|are|were")
 # "in" is an inch only where a measurement ends: before a stop, or a word that says what was measured
 _INCH_ENDS = r"(?=\s*(?:[.,;:!?)]|$)|\s(?:long|wide|tall|high|deep|thick|across|screen|display|monitor)\b)"
 
@@ -218,6 +232,10 @@ _INCH_ENDS = r"(?=\s*(?:[.,;:!?)]|$)|\s(?:long|wide|tall|high|deep|thick|across|
 def _en_unit(m: re.Match[str], _read: Read) -> str:
     one, many = _UNIT_WORDS[m.group("unit")]
     return f"{m.group('n')} {one if m.group('n') == '1' else many}"
+
+
+def _en_unit_modifier(m: re.Match[str], _read: Read) -> str:
+    return f"{m.group('pre')}{m.group('n')} {_MODIFIER_UNITS[m.group('unit')]}"
 
 
 # first names monarchs and popes share, after which a Roman numeral is an ordinal with no title before them
@@ -318,9 +336,9 @@ EN_BEFORE = (
     _rule("en_number_sign", r"(?:#|\bNo\.)\s?(?=\d)", "number ",
           "#1, No. 5: wetext fails on # and reads No. as 'Number.'"),
     _rule("en_digit_string",
-          r"(?P<kw>\b(?:ending|ending in|PIN|PIN is|[Cc]ode|[Cc]ode is|[Aa]ccount|[Cc]ard|[Ee]xtension|"
-          r"[Rr]eference|[Nn]umber|[Cc]all|[Dd]ial) )(?P<n>\d{3,})(?![\d,:/]|\.\d)",
-          lambda m, read: m.group("kw") + _digits(m.group("n"), _zero(read)),
+          r"(?P<kw>\b(?:ending in|ending|PIN|[Cc]ode|[Aa]ccount|[Cc]ard|[Ee]xtension|[Rr]eference|[Nn]umber|"
+          r"[Cc]all|[Dd]ial)(?: is| was|:)? )(?P<n>\d{3,}(?: \d{3,})*)(?![\d,:/]|\.\d)",
+          lambda m, read: m.group("kw") + ", ".join(_digits(g, _zero(read)) for g in m.group("n").split()),
           "an account, PIN, code or order number is said digit by digit (wetext: four thousand four hundred "
           "and seventy one); 0 is zero in en-US, oh in en-GB"),
     _rule("en_leading_zero", r"(?<![\w.,:/$€£₹-])0\d+(?![\d,:/]|\.\d)",
@@ -359,7 +377,17 @@ EN_BEFORE = (
           r"(?<![\w$€£₹.,])(\d+(?:\.\d+)?)m(?= (?:people|(?!across\b|hurdles\b|less\b)[a-z]+s)\b)",
           r"\1 million", "5m people, 2.5m users: m before a counted plural is million (wetext: five minutes "
           "people)"),
-    _rule("en_unit", r"(?<![\w$€£₹.,])(?P<n>\d+(?:\.\d+)?)\s?(?P<unit>m/s|m|mins?|hrs?|secs?|L|W|V|kWh|in"
+    _rule("en_unit_modifier", r"(?P<pre>\b(?:[Aa]n?|[Tt]he) )(?P<n>\d+(?:\.\d+)?)[\s-]?(?P<unit>"
+          + _words(_MODIFIER_UNITS) + rf")(?= (?!(?:{_QUANTITY_WORDS})\b)[a-z])", _en_unit_modifier,
+          "a 30 min walk, a 10 km run: a measurement before its noun is singular, a thirty minute walk "
+          "(wetext: ten kilometers run)"),
+    _rule("en_pence", r"(?<![\w.$€£₹])(\d{1,2})p(?!\w)",
+          lambda m, _: f"{m.group(1)} {'penny' if m.group(1) == '1' else 'pence'}",
+          "99p is ninety nine pence (wetext: ninety nine p)"),
+    _rule("en_resolution", r"(?<![\w.])(\d{3,4})p(?!\w)", lambda m, read: _pairs(m.group(1), read) + " p",
+          "1080p, 720p: a video resolution in pairs, ten eighty p (wetext: one thousand eighty p)"),
+    _rule("en_unit", r"(?<![\w$€£₹.,])(?P<n>\d+(?:\.\d+)?)\s?"
+          r"(?P<unit>m/s|m|mins?|hrs?|secs?|L|W|V|kWh|tsp|tbsp|gal|qt|yds?|in"
           + _INCH_ENDS + r")(?![\w²³/])", _en_unit,
           "2.4 m is meters, not minutes; 25 min, 2 hrs, 12 in (before a stop or 'long'), 1.5 L, 100 W "
           "wetext reads as minutes or leaves as written; 3 in 10 people stays"),
