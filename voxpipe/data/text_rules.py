@@ -276,13 +276,15 @@ _AFTER_NAME = {"St": "Street", "Ave": "Avenue", "Rd": "Road", "Blvd": "Boulevard
                "Jr": "Junior", "Sr": "Senior"}
 _DAYS = {"Mon": "Monday", "Tue": "Tuesday", "Tues": "Tuesday", "Wed": "Wednesday", "Thu": "Thursday",
          "Thur": "Thursday", "Thurs": "Thursday", "Fri": "Friday", "Sat": "Saturday", "Sun": "Sunday"}
+_DAY = "(?:(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day|Mon|Tues?|Wed|Thu|Thurs|Fri|Sat|Sun)"  # a day's name
 _MONTH_ABBREVIATIONS = {"Jan": "January", "Feb": "February", "Mar": "March", "Apr": "April", "Jun": "June",
                         "Jul": "July", "Aug": "August", "Sep": "September", "Sept": "September",
                         "Oct": "October", "Nov": "November", "Dec": "December"}
 _LATIN = {"vs": "versus", "e.g": "for example", "i.e": "that is", "approx": "approximately", "cf": "compare",
-          "a.k.a": "also known as", "dept": "department", "Dept": "Department"}
+          "a.k.a": "also known as", "dept": "department", "Dept": "Department", "Approx": "Approximately"}
 _BEFORE_NUMBER = {"Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "Ch": "Chapter",
-                  "pp": "pages", "Eq": "Equation", "Apt": "Apartment", "Ex": "Exercise"}
+                  "pp": "pages", "Eq": "Equation", "Apt": "Apartment", "Ex": "Exercise", "Sec": "Section",
+                  "c": "circa", "ca": "circa"}
 _ETC = {"etc": "et cetera"}
 
 
@@ -302,11 +304,31 @@ def _en_abbreviation(table: dict[str, str], may_end: bool):
 
 
 def _en_initialism(m: re.Match[str], _read: Read) -> str:
-    return " ".join(m.group().replace(".", "")) + _stop_kept(m)
+    """U.S. is U S; its stop is the sentence's only where the text ends (J.K. Rowling: initials)."""
+    return " ".join(m.group().replace(".", "")) + ("." if not m.string[m.end():].strip() else "")
 
 
 def _en_am_pm(m: re.Match[str], _read: Read) -> str:
     return f" {m.group(1).lower()}m" + _stop_kept(m)
+
+
+def _en_short_date(m: re.Match[str], read: Read) -> str:
+    month, day = (m.group("b"), m.group("a")) if read.locale == "en-GB" else (m.group("a"), m.group("b"))
+    if not (1 <= int(month) <= 12 and 1 <= int(day) <= 31):
+        return m.group()
+    name = _MONTHS.split("|")[int(month) - 1].capitalize()
+    n = int(day)
+    ordinal = read(f"{n}{_ordinal_suffix(n)}")
+    return m.group("pre") + (f"the {ordinal} of {name}" if read.locale == "en-GB" else f"{name} {ordinal}")
+
+
+def _en_slash_pair(m: re.Match[str], read: Read) -> str:
+    a, b = m.group("a"), m.group("b")
+    if "." in a:
+        return f"{a} out of {b}"
+    if int(a) >= int(b) > 0:
+        return f"{read(a)} {read(b)}"
+    return m.group()  # a fraction: wetext reads it (three quarters)
 
 
 def _en_multiply(m: re.Match[str], read: Read) -> str:
@@ -333,12 +355,13 @@ EN_BEFORE = (
           r"(?P<kw>\b(?:[Cc]all|[Dd]ial|[Pp]hone|[Tt]ext|[Ff]ax|at|is) )(?P<num>\d{3}-\d{4})(?![\d-])",
           lambda m, read: m.group("kw") + _en_phone(m, read),
           "call 555-0199: a local number after call, dial, at (wetext: five hundred and fifty five-oh ...)"),
-    _rule("en_number_sign", r"(?:#|\bNo\.)\s?(?=\d)", "number ",
+    _rule("en_number_sign", r"(?:#|\b[Nn]o\.)\s?(?=\d)", "number ",
           "#1, No. 5: wetext fails on # and reads No. as 'Number.'"),
     _rule("en_digit_string",
-          r"(?P<kw>\b(?:ending in|ending|PIN|[Cc]ode|[Aa]ccount|[Cc]ard|[Ee]xtension|[Rr]eference|[Nn]umber|"
-          r"[Cc]all|[Dd]ial)(?: is| was|:)? )(?P<n>\d{3,}(?: \d{3,})*)(?![\d,:/]|\.\d)",
-          lambda m, read: m.group("kw") + ", ".join(_digits(g, _zero(read)) for g in m.group("n").split()),
+          r"(?P<kw>\b(?:ending in|ending|PIN|[Cc]ode|[Aa]ccount|[Cc]ard|[Ee]xtension|[Ee]xt\.|[Rr]eference|"
+          r"[Nn]umber|[Cc]all|[Dd]ial)(?: is| was|:)? )(?P<n>\d{3,}(?: \d{3,})*)(?![\d,:/]|\.\d)",
+          lambda m, read: m.group("kw").replace("xt.", "xtension")
+          + ", ".join(_digits(g, _zero(read)) for g in m.group("n").split()),
           "an account, PIN, code or order number is said digit by digit (wetext: four thousand four hundred "
           "and seventy one); 0 is zero in en-US, oh in en-GB"),
     _rule("en_leading_zero", r"(?<![\w.,:/$€£₹-])0\d+(?![\d,:/]|\.\d)",
@@ -386,7 +409,7 @@ EN_BEFORE = (
           "99p is ninety nine pence (wetext: ninety nine p)"),
     _rule("en_resolution", r"(?<![\w.])(\d{3,4})p(?!\w)", lambda m, read: _pairs(m.group(1), read) + " p",
           "1080p, 720p: a video resolution in pairs, ten eighty p (wetext: one thousand eighty p)"),
-    _rule("en_unit", r"(?<![\w$€£₹.,])(?P<n>\d+(?:\.\d+)?)\s?"
+    _rule("en_unit", r"(?<![\w$€£₹.,])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s?"
           r"(?P<unit>m/s|m|mins?|hrs?|secs?|L|W|V|kWh|tsp|tbsp|gal|qt|yds?|in"
           + _INCH_ENDS + r")(?![\w²³/])", _en_unit,
           "2.4 m is meters, not minutes; 25 min, 2 hrs, 12 in (before a stop or 'long'), 1.5 L, 100 W "
@@ -414,6 +437,8 @@ EN_BEFORE = (
           _en_abbreviation(_AFTER_NAME, True),
           "Baker St., Fifth Ave., King Jr.: after a name, its stop kept only where the sentence ends "
           "(wetext: Street., St. as written)"),
+    _rule("en_day_range", rf"\b({_DAY}\.?)\s?[-–]\s?(?={_DAY}\b)",
+          r"\1 to ", "Mon.-Fri., Monday-Friday: Monday to Friday (wetext: Monday-Friday)"),
     _rule("en_day", rf"(?P<pre>(?<!the ))\b(?P<a>{_words(_DAYS)})\.", _en_abbreviation(_DAYS, True),
           "Tues., Wed.: the day's name, the stop kept only at a sentence's end (wetext: Tues., Wednesday.,)"),
     _rule("en_before_number", rf"(?P<pre>\b)(?P<a>{_words(_BEFORE_NUMBER)})\.(?= \d)",
@@ -431,6 +456,15 @@ EN_BEFORE = (
     _rule("en_am_pm", r"(?<=\d)\s?([AaPp])\.[Mm]\.", _en_am_pm,
           "9:45 a.m. at a sentence's end keeps the sentence's stop (wetext: AM, the stop lost; AM., before a "
           "comma)"),
+    _rule("en_short_date", r"(?P<pre>\b(?:[Oo]n|[Bb]y|[Uu]ntil|[Ff]rom|[Ss]ince|[Bb]efore|[Aa]fter) )"
+          r"(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _en_short_date,
+          "on 5/6, by 12/1: a date without its year after on, by, until (wetext: five sixths, a fraction); "
+          "month first in en-US, day first in en-GB"),
+    _rule("en_slash_pair", r"(?<![\w./])(?P<a>\d+(?:\.\d+)?)/(?P<b>\d+)(?![\w/]|\.\d)", _en_slash_pair,
+          "24/7, 50/50, 2.5/5: not a fraction where the top is not smaller or is a decimal (wetext: twenty "
+          "four sevenths, two.five fifths): twenty four seven, two point five out of five"),
+    _rule("en_minus_degrees", r"(?<![\w.])-(?=\d+(?:\.\d+)?\s?°)", "minus ",
+          "-10°C is minus ten degrees (wetext: negative ten degrees)"),
     _rule("en_day_first", r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{2,4})(?![\d/])", r"\2/\1/\3",
           "en-GB writes the day first: 12/05/2026 is the twelfth of May (wetext reads month first)",
           ("en-GB",)),
@@ -443,6 +477,8 @@ EN_BEFORE = (
           "reads a range as cardinals: two thousand and twenty to ...)"),
     _rule("en_percent_range", r"(\d+(?:\.\d+)?)\s*[-–]\s*(\d+(?:\.\d+)?)\s*%", r"\1 to \2%",
           "10-20% is ten to twenty percent (wetext: ten-twenty)"),
+    _rule("en_decade_apostrophe", r"(?<![\w'])(\d0)'s\b", r"\1s",
+          "the 90's is the nineties (wetext: ninety's)"),
     _rule("en_decade", r"(?<![\w'])(?P<year>1[1-9]\d0|20\d0)'?s\b", _en_decade,
           "the 1990s is the nineteen nineties (wetext: one thousand nine hundred and ninety seconds)"),
 )
