@@ -114,14 +114,17 @@ def locale_for(language: str, locale: str = "") -> str:
 # Han characters and full-width punctuation: what a Mandarin span is made of
 _HAN = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]+")
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
+# a lowercase word: what makes a Latin run inside Mandarin English speech ("then paid ... on") rather than a
+# name read within the Mandarin (iPhone 15 Pro, Windows 11: 十五, 十一)
+_ENGLISH_WORD = re.compile(r"\b[a-z]{2,}\b")
 # a number at the end of an English run that the Han right after it counts (paid 1,000,000元): Mandarin's
 _COUNTED_NUMBER = re.compile(r"[$€£¥]?\d[\d.,:/%-]*\s*$")
 
 
 def _spans(text: str, language: str) -> list[tuple[str, str]]:
-    """`text` as (piece, language) runs: in a Mandarin text a run of two or more English words is English,
-    in an English text a run of Han is Mandarin; the rest is the text's language. The pieces join to
-    `text`."""
+    """`text` as (piece, language) runs: in a Mandarin text a run of two or more English words, one of
+    them a lowercase word, is English, and in an English text a run of Han is Mandarin; the rest is the
+    text's language. The pieces join to `text`."""
     spans: list[tuple[str, str]] = []
     start = 0
     for m in _HAN.finditer(text):
@@ -141,7 +144,7 @@ def _spans(text: str, language: str) -> list[tuple[str, str]]:
 def _latin_spans(run: str, language: str, before_han: bool) -> list[tuple[str, str]]:
     if run and not _LATIN_WORD.search(run) and not any(c.isspace() for c in run):
         return [(run, "zh")]  # digits between Han characters are Mandarin's: 2024年3月5日
-    if language == "en" or len(_LATIN_WORD.findall(run)) >= 2:
+    if language == "en" or (len(_LATIN_WORD.findall(run)) >= 2 and _ENGLISH_WORD.search(run)):
         counted = _COUNTED_NUMBER.search(run) if before_han else None
         if counted and _LATIN_WORD.search(run, 0, counted.start()):
             return [(run[:counted.start()], "en"), (counted.group(), "zh")]
