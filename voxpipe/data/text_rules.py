@@ -95,11 +95,17 @@ ZH_BEFORE = (
     _rule("zh_room", _NOT_IN_NUMBER + r"(\d{3,4})(?=\s*(?:室|房间|号房))",
           lambda m, _: "".join(_ZH_DIGITS[int(d)] for d in m.group(1)),
           "202室, 1101房间: a room number is said digit by digit, 二零二室 (wetext: 两百零二室)"),
-    _rule("zh_digit_string", r"(?P<kw>号码|房间|房号|编号|账号|卡号|尾号|密码|验证码|工号|学号|单号)"
+    _rule("zh_digit_string", r"(?P<kw>号码|房间|房号|编号|账号|卡号|尾号|密码|验证码|工号|学号|单号|"
+          r"QQ号|手机号|微信号)"
           r"(?P<sep>是|为|：|:)?\s*(?P<n>\d{3,})(?![\d.,])", _zh_digit_string,
           "房间号码是305, 编号为20231, 验证码4096: a number after these names is said digit by digit "
           "(wetext: 三百零五, 两万零二百三十一); a room's 1 is 一 as in 二零二室, a code's 幺 as in a phone "
           "number"),
+    _rule("zh_fraction",
+          r"(?P<pre>约\s*)?(?<![\d.,/])(?P<a>\d+)/(?P<b>\d+)(?![\d/])(?(pre)|(?=\s*[的以左之]))",
+          lambda m, read: f"{m.group('pre') or ''}{read(m.group('b'))}分之{read(m.group('a'))}",
+          "大约1/3人, 1/3的人: a fraction after 约 or before 的/以/左 is written out, 三分之一 (wetext moves "
+          "the 约 inside: 大三分之约一); 12/25 alone, a date, stays wetext's"),
     _rule("zh_thousands", _NOT_IN_NUMBER + r"(\d{1,3}(?:,\d{3})+)(?![\d,])",
           lambda m, _: m.group(1).replace(",", ""),
           "1,234,567: wetext reads each group apart (一,两百三十四,…); the digits alone read as one number"),
