@@ -199,10 +199,12 @@ def _en_pairs(m: re.Match[str], read: Read) -> str:
 
 
 def _pairs(n: str, read: Read) -> str:
-    head, pairs = (n[0], [n[1:]]) if len(n) == 3 else ("", [n[:2], n[2:]])
+    """A number of 2 to 4 digits read in pairs from the right: 05 oh five, 305 three oh five, 1200 twelve
+    hundred."""
+    head, pairs = {2: ("", [n]), 3: (n[0], [n[1:]])}.get(len(n), ("", [n[:2], n[2:]]))
     said = [read(head)] if head else []
     for i, pair in enumerate(pairs):
-        if pair == "00" and i == len(pairs) - 1:
+        if pair == "00" and i == len(pairs) - 1 and (head or i):
             said.append("hundred")
         else:
             said.append(("oh " + read(pair[1])) if pair[0] == "0" else read(pair))
@@ -290,7 +292,7 @@ _LATIN = {"vs": "versus", "e.g": "for example", "i.e": "that is", "approx": "app
           "a.k.a": "also known as", "dept": "department", "Dept": "Department", "Approx": "Approximately"}
 _BEFORE_NUMBER = {"Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "Ch": "Chapter",
                   "pp": "pages", "Eq": "Equation", "Apt": "Apartment", "Ex": "Exercise", "Sec": "Section",
-                  "c": "circa", "ca": "circa"}
+                  "c": "circa", "ca": "circa", "ext": "extension", "Ext": "Extension"}
 _ETC = {"etc": "et cetera"}
 
 
@@ -410,6 +412,14 @@ EN_BEFORE = (
           + _words(_MODIFIER_UNITS) + rf")(?= (?!(?:{_QUANTITY_WORDS})\b)[a-z])", _en_unit_modifier,
           "a 30 min walk, a 10 km run: a measurement before its noun is singular, a thirty minute walk "
           "(wetext: ten kilometers run)"),
+    _rule("en_cents_sign", r"(?<![\w.])(\d+)\s?¢",
+          lambda m, _: f"{m.group(1)} {'cent' if m.group(1) == '1' else 'cents'}",
+          "50¢ is fifty cents (wetext leaves it as written)"),
+    _rule("en_year_apostrophe", r"(?<![\w'’])['’](\d\d)(?![\d'’]|s\b)",
+          lambda m, read: _pairs(m.group(1), read),
+          "in '99, since '05: a year's last two digits, ninety nine, oh five (wetext: 'ninety nine)"),
+    _rule("en_hashtag", r"(?<![\w#&])#(?=[A-Za-z])", "hashtag ",
+          "#summer is hashtag summer (wetext: hash summer)"),
     _rule("en_pence", r"(?<![\w.$€£₹])(\d{1,2})p(?!\w)",
           lambda m, _: f"{m.group(1)} {'penny' if m.group(1) == '1' else 'pence'}",
           "99p is ninety nine pence (wetext: ninety nine p)"),
