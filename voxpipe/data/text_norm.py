@@ -10,6 +10,11 @@ Ingest (training) and `voxpipe synthesize` / the served model (speech) call the 
 (this normalization, with the language detected from the script as ingest detects it), so the model
 reads at inference the forms it was trained on.
 
+A text is read as a speaker of its locale says it (`ingest.locale`: en-US, en-GB, zh-CN; locale_for),
+an English span inside Mandarin as English and the reverse (_spans), and its commas, question marks
+and final stops are kept as written, out of wetext's reach (_spoken_piece). `unsure_readings` says
+which readings are worth proofreading; the data report marks those rows.
+
 wetext's time grows faster than linearly with its input (32,000 characters: 32 s; 200,000: over
 300 s), so a text is read in chunks: its sentences, and a sentence longer than MAX_CHUNK_CHARS is cut
 at a space or a comma. The cost is then linear in the length; ingest also refuses rows longer than

@@ -10,7 +10,9 @@ case. tests/data/text_norm_zh.tsv and text_norm_en.tsv are the acceptance lists 
 
 Most rules rewrite the written form into one wetext reads right (12.50元 → 12.5元), or read a number
 themselves through `read`, wetext's own reading of a bare number (第200 → 第 + 两百 with 两 → 二). The
-few `after` rules fix wetext's spoken English where the written form cannot steer it.
+`after` rules fix wetext's spoken English where the written form cannot steer it. A rule may hold in
+some locales only (en_day_first in en-GB, en_month_first in en-US); `read.locale` tells the others
+how the speaker says a 0 or a price.
 """
 
 from __future__ import annotations
