@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=0, help="the first N rows of each list (0: all)")
     parser.add_argument("--nemo-python", default="", help="a Python with nemo-text-processing installed")
-    parser.add_argument("--nemo-cache", default=str(ROOT / ".cache" / "nemo-grammars"),
+    parser.add_argument("--nemo-cache", default=str(Path.home() / ".cache" / "voxpipe" / "nemo-grammars"),
                         help="where nemo's compiled grammars are kept between runs")
     parser.add_argument("--languages", nargs="+", default=["en", "zh"])
     args = parse_args(parser, rows=4)
