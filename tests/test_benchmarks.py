@@ -51,6 +51,9 @@ QUOTED: dict[str, tuple[str, ...]] = {
                  "first_chunk_within_half", "stream_chunks"),
     "real_shape_cpu.py": ("commands.train", "init_model", "encode", "train", "upstream_strict_load",
                           "synthesize", "cpu_matmul_gflops"),
+    "text_norm.py": ("en.ours.accuracy", "en.ours.per_kind", "en.ours.s_per_1000_chars",
+                     "en.ours.peak_rss_mb",
+                     "en.ours.cold_start_s", "en.nemo", "zh.ours.accuracy", "zh.nemo"),
 }
 
 

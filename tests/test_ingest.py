@@ -151,7 +151,7 @@ def test_a_300000_character_transcript_is_quarantined_before_it_is_normalized(tm
 
     seen: list[int] = []
     real = text_norm.normalize_for_speech
-    monkeypatch.setattr(text_norm, "normalize_for_speech", lambda t, lg: seen.append(len(t)) or real(t, lg))
+    monkeypatch.setattr(text_norm, "normalize_for_speech", lambda t, *a: seen.append(len(t)) or real(t, *a))
     huge = "It costs $12.50 on 3/5/2024. " * 10_345  # 300,005 characters
     rows = [{"audio": struct(good_bytes()), "text": "the good row"}, _row(good_bytes(550), huge)]
     raw, bad, report = run(tmp_path, [write_parquet(tmp_path / "d.parquet", rows)])

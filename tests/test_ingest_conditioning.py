@@ -120,9 +120,9 @@ def test_the_report_lists_every_row_whose_text_normalization_changed(ingested):
     out, kept, _, report = ingested
     changed = [r for r in kept.values() if r["text"] != r["text_raw"]]  # in raw.jsonl order
     assert len(changed) == 2
-    assert report["text_changes"] == [{"id": r["id"], "before": r["text_raw"], "after": r["text"]}
-                                      for r in changed]
-    assert kept["dollars"]["text"] == ("I paid twelve dollars and fifty cents on march fifth twenty "
+    assert report["text_changes"] == [
+        {"id": r["id"], "before": r["text_raw"], "after": r["text"], "unsure": []} for r in changed]
+    assert kept["dollars"]["text"] == ("I paid twelve dollars and fifty cents on March fifth twenty "
                                        "twenty four.")
     assert kept["quiet"]["text"] == "二零二四年三月五日我在商店花了十二点五元"
     page = (out / "data-report.html").read_text(encoding="utf-8")
@@ -146,6 +146,26 @@ def test_each_step_switches_off_and_the_language_can_be_named(tmp_path):
     stored, _ = sf.read(out / row["audio"], dtype="float32")
     assert np.abs(stored - np.round(x * 32767) / 32767).max() < 1e-4  # the samples as they came
     assert report["conditioning"]["trimmed"] == report["conditioning"]["quality_scored"] == 0
+
+
+def test_the_locale_reads_the_date_and_the_unsure_rows_are_marked(tmp_path):
+    """ingest.locale=en-GB reads 12/05/2026 as 12 May; a row with an abbreviation kept as written and an
+    account number read as a quantity is marked unsure in report.json and on the data report's page."""
+    x = _clips()["padded"][0]
+    texts = ["We met on 12/05/2026.", "Acme Inc. is owed 55231 pounds."]
+    write_parquet(tmp_path / "in" / "a.parquet", [{"audio": struct(encode(x, SR)), "text": t} for t in texts])
+    out = tmp_path / "out"
+    ingest(IngestParams(input=[str(tmp_path / "in")], out=str(out), workers=1, trim_silence=False,
+                        normalize_loudness=False, score_quality=False, locale="en-GB"))
+    rows, _, report = read_outputs(out)
+    assert [r["text"] for r in rows] == [
+        "We met on the twelfth of May twenty twenty six.",
+        "Acme Inc. is owed fifty five thousand two hundred and thirty one pounds."]
+    assert [c["unsure"] for c in report["text_changes"]] == [
+        [], ["abbreviation kept: Inc.", "digit string read as a number: 55231"]]
+    section = (out / "data-report.html").read_text(encoding="utf-8").split('id="text-changes"')[1]
+    assert "changed 2 rows, 1 marked unsure" in section
+    assert "<td>⚠ abbreviation kept: Inc.; digit string read as a number: 55231</td>" in section
 
 
 def test_a_long_pause_inside_a_clip_is_flagged_not_cut(tmp_path):

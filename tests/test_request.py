@@ -108,7 +108,7 @@ def test_the_cli_refuses_what_the_served_model_refuses(tmp_path, capsys):
 
 
 SAID = {"It costs $12.50 on 3/5/2024.":
-        "It costs twelve dollars and fifty cents on march fifth twenty twenty four.",
+        "It costs twelve dollars and fifty cents on March fifth twenty twenty four.",
         "2026年12月2日下午2点，第2名": "二零二六年十二月二日下午两点，第二名"}
 
 

@@ -141,6 +141,11 @@ class IngestParams(Section):
         "", pattern=r"^([a-z]{2})?$", description='ISO 639-1 code of every row ("zh", "en"); "" = detected '
         "per row from the script of its text. Travels with the row to evaluate"
     )
+    locale: Literal["en-US", "en-GB", "zh-CN"] = Field(
+        "en-US", description="how the speaker says what is written (text normalization): en-GB reads "
+        "12/05/2026 as 12 May, spells metres, says 0 in a digit string as oh (en-US: zero) and £5.25 as five "
+        "pounds twenty five; a row of another language is read in that language's default (zh-CN)"
+    )
     max_text_chars: int = Field(
         2000, ge=1, le=1_000_000, description="longest transcript kept, in characters: a longer row is "
         "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "

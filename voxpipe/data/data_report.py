@@ -149,13 +149,18 @@ def _examples(heap: list[tuple[float, int, dict[str, Any]]]) -> str:
     ) if rows else "<p>no kept rows</p>"
 
 
-def _text_changes(changes: list[dict[str, str]]) -> str:
-    """Every row whose text normalization changed its transcript, in raw.jsonl order."""
-    title = f'<h2 id="text-changes">Text normalization changed {len(changes)} rows</h2>'
+def _text_changes(changes: list[dict[str, Any]]) -> str:
+    """Every row whose text normalization changed its transcript, in raw.jsonl order; a row the normalizer
+    was unsure of (an abbreviation kept, a digit string read as a number) is marked, with why: those are
+    the rows to proofread."""
+    unsure = sum(1 for c in changes if c.get("unsure"))
+    title = (f'<h2 id="text-changes">Text normalization changed {len(changes)} rows, '
+             f'{unsure} marked unsure (proofread these)</h2>')
     if not changes:
         return title + "<p>no transcript was changed</p>"
-    return title + _table(["id", "before", "after (what the model trains on)"],
-                          [[c["id"], c["before"], c["after"]] for c in changes])
+    rows = [[c["id"], c["before"], c["after"], "⚠ " + "; ".join(c["unsure"]) if c.get("unsure") else ""]
+            for c in changes]
+    return title + _table(["id", "before", "after (what the model trains on)", "unsure"], rows)
 
 
 def _page(report: dict[str, Any], figures: _Figures, png: bytes) -> str:

@@ -41,6 +41,7 @@ from voxpipe.data.ingest_row import (
 )
 from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
+from voxpipe.data.text_norm import unsure_readings
 from voxpipe.errors import StepError
 from voxpipe.params import IngestParams
 from voxpipe.progress import bar
@@ -102,7 +103,8 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
     conditioning: Counter = field(default_factory=Counter)  # what was done to the kept rows (report.json)
     languages: Counter = field(default_factory=Counter)
-    # every kept row whose text normalization changed its text, in raw.jsonl order: {id, before, after}
+    # every kept row whose text normalization changed its text, in raw.jsonl order: {id, before, after,
+    # unsure: why it is worth proofreading (text_norm.unsure_readings)}
     # (report.json and the data report list them all, so a wrong reading is found by reading, not luck)
     text_changes: list[dict[str, str]] = field(default_factory=list)
 
@@ -115,7 +117,8 @@ class IngestResult:
         c = self.conditioning
         if row.get("text_raw") is not None and row["text"] != normalize_text(row["text_raw"]):
             c["text_normalized"] += 1
-            self.text_changes.append({"id": row["id"], "before": row["text_raw"], "after": row["text"]})
+            self.text_changes.append({"id": row["id"], "before": row["text_raw"], "after": row["text"],
+                                      "unsure": unsure_readings(row["text_raw"], row["text"])})
         if row.get("trim") and (row["trim"][0] or row["trim"][1]):
             c["trimmed"] += 1
             c["trimmed_seconds"] += row["duration_raw"] - row["duration"]
@@ -288,6 +291,7 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
+        locale=p.locale,
     )
 
 

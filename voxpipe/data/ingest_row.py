@@ -85,6 +85,7 @@ class RowChecks:
     quality_score: str = "bak"
     normalize_text: bool = True
     language: str = ""  # "" = detected per row
+    locale: str = "en-US"  # text normalization's locale (params.py: ingest.locale)
     max_text_chars: int = 2000
 
 
@@ -245,7 +246,7 @@ def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, 
 def _spoken_text(text: str, checks: RowChecks) -> tuple[str, str]:
     """(the text to train on, the row's language): spoken_form, as synthesize and serving say it."""
     if checks.normalize_text:
-        return spoken_form(text, checks.language)
+        return spoken_form(text, checks.language, checks.locale)
     return text, checks.language or detect_language(text)
 
 

@@ -10,6 +10,11 @@ Ingest (training) and `voxpipe synthesize` / the served model (speech) call the 
 (this normalization, with the language detected from the script as ingest detects it), so the model
 reads at inference the forms it was trained on.
 
+A text is read as a speaker of its locale says it (`ingest.locale`: en-US, en-GB, zh-CN; locale_for),
+an English span inside Mandarin as English and the reverse (_spans), and its commas, question marks
+and final stops are kept as written, out of wetext's reach (_spoken_piece). `unsure_readings` says
+which readings are worth proofreading; the data report marks those rows.
+
 wetext's time grows faster than linearly with its input (32,000 characters: 32 s; 200,000: over
 300 s), so a text is read in chunks: its sentences, and a sentence longer than MAX_CHUNK_CHARS is cut
 at a space or a comma. The cost is then linear in the length; ingest also refuses rows longer than
@@ -23,10 +28,11 @@ import unicodedata
 from functools import cache
 
 from voxpipe.data.language import detect_language
-from voxpipe.data.text_rules import AFTER, BEFORE, apply
+from voxpipe.data.text_rules import AFTER, BEFORE, LOCALES, Read, apply
 
 NORMALIZED_LANGUAGES = ("zh", "en")
 MAX_CHUNK_CHARS = 300
+DEFAULT_LOCALE = {"en": "en-US", "zh": "zh-CN"}
 
 # a sentence ends after 。！？；!?; (with closing quotes), or after a period followed by a space
 _SENTENCE_END = re.compile(r"[。！？；!?;…]+[”’」』）)\"']*\s*|\.+[”’\"')]*\s+")
@@ -87,18 +93,99 @@ def chunks(text: str) -> list[str]:
     return pieces + _cut(text[start:])
 
 
-def _read(language: str):
-    return lambda fragment: _wetext(fragment, language)
+# a comma, semicolon, colon, question or exclamation mark before a space, and a sentence's last stops: marks
+# wetext is not given, so that it can neither drop them (the comma after "March 3rd, 2024,", the stop after
+# "Downing Street.") nor read across them
+_PAUSE = re.compile(r"([,;:!?]+)(\s+)|([.!?]+)$")
 
 
-def normalize_for_speech(text: str, language: str) -> str:
-    """`text` with its written forms (digits, symbols) spelled out as words of `language`; unchanged
-    for a language without a grammar. Whitespace is collapsed as ingest does for every text."""
+def _spoken_piece(piece: str, language: str) -> str:
+    """wetext's reading of a chunk, its pauses and final stop kept as written (English; Mandarin's are
+    not spaced)."""
+    if language != "en":
+        return _wetext(piece, language)
+    parts = _PAUSE.split(piece)  # text, marks, space, stop, text, ...
+    return "".join(_wetext(p, language) if i % 4 == 0 and p.strip() else p or "" for i, p in enumerate(parts))
+
+
+def locale_for(language: str, locale: str = "") -> str:
+    """The locale a text of `language` is read in: `locale` where it is one of that language's, else the
+    language's default (an en-GB voice's Mandarin rows are read as zh-CN)."""
+    if locale in LOCALES and locale.startswith(language + "-"):
+        return locale
+    return DEFAULT_LOCALE.get(language, "")
+
+
+# Han characters and full-width punctuation: what a Mandarin span is made of
+_HAN = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]+")
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
+# a lowercase word: what makes a Latin run inside Mandarin English speech ("then paid ... on") rather than a
+# name read within the Mandarin (iPhone 15 Pro, Windows 11: 十五, 十一)
+_ENGLISH_WORD = re.compile(r"\b[a-z]{2,}\b")
+# a number at the end of an English run that the Han right after it counts (paid 1,000,000元): Mandarin's
+_COUNTED_NUMBER = re.compile(r"[$€£¥]?\d[\d.,:/%-]*\s*$")
+
+
+def _spans(text: str, language: str) -> list[tuple[str, str]]:
+    """`text` as (piece, language) runs: in a Mandarin text a run of two or more English words, one of
+    them a lowercase word, is English, and in an English text a run of Han is Mandarin; the rest is the
+    text's language. The pieces join to `text`."""
+    spans: list[tuple[str, str]] = []
+    start = 0
+    for m in _HAN.finditer(text):
+        spans += _latin_spans(text[start:m.start()], language, before_han=True)
+        spans.append((m.group(), "zh"))
+        start = m.end()
+    spans += _latin_spans(text[start:], language, before_han=False)
+    merged: list[tuple[str, str]] = []
+    for piece, lang in spans:
+        if merged and merged[-1][1] == lang:
+            merged[-1] = (merged[-1][0] + piece, lang)
+        elif piece:
+            merged.append((piece, lang))
+    return merged
+
+
+def _latin_spans(run: str, language: str, before_han: bool) -> list[tuple[str, str]]:
+    if run and not _LATIN_WORD.search(run) and not any(c.isspace() for c in run):
+        return [(run, "zh")]  # digits between Han characters are Mandarin's: 2024年3月5日
+    if language == "en" or (len(_LATIN_WORD.findall(run)) >= 2 and _ENGLISH_WORD.search(run)):
+        counted = _COUNTED_NUMBER.search(run) if before_han else None
+        if counted and _LATIN_WORD.search(run, 0, counted.start()):
+            return [(run[:counted.start()], "en"), (counted.group(), "zh")]
+        return [(run, "en")]
+    return [(run, language)]
+
+
+def normalize_for_speech(text: str, language: str, locale: str = "") -> str:
+    """`text` with its written forms (digits, symbols) spelled out as words of `language`, as a speaker
+    of `locale` says them (locale_for); unchanged for a language without a grammar. An English span in
+    a Mandarin text is read as English, and the reverse (_spans). Whitespace is collapsed as ingest
+    does for every text."""
     if language not in NORMALIZED_LANGUAGES or not text:
         return text
-    read = _read(language)
+    if _HAN.search(text) and _LATIN_WORD.search(text):
+        spans = _spans(text, language)
+        if len(spans) > 1:
+            said = "".join(_spaced(piece, lambda t, lang=lang: _normalize_one(t, lang, locale))
+                           for piece, lang in spans)
+            return " ".join(said.split())
+    return _normalize_one(text, language, locale)
+
+
+def _spaced(piece: str, read) -> str:
+    """`read` of `piece` with the spaces around it kept (they part a span from the next)."""
+    core = piece.strip()
+    if not core:
+        return piece
+    return piece[: len(piece) - len(piece.lstrip())] + read(core) + piece[len(piece.rstrip()):]
+
+
+def _normalize_one(text: str, language: str, locale: str) -> str:
+    """normalize_for_speech of a text in one language."""
+    read = Read(lambda fragment: _wetext(fragment, language), locale_for(language, locale))
     written = apply(BEFORE[language], text, read)
-    spoken = "".join(_wetext(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
+    spoken = "".join(_spoken_piece(piece.rstrip(), language) + (" " if piece[-1:].isspace() else "")
                      for piece in chunks(written))
     spoken = apply(AFTER.get(language, ()), spoken, read)
     # wetext's output escapes quotes and backslashes (`\"`): as spoken, they are the characters themselves
@@ -110,9 +197,29 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def spoken_form(text: str, language: str = "") -> tuple[str, str]:
+def spoken_form(text: str, language: str = "", locale: str = "") -> tuple[str, str]:
     """(`text` as it is spoken, its language): `language`, or "" for the one its script tells
-    (language.py). What ingest trains on and what synthesize and the served model say."""
+    (language.py), read as a speaker of `locale` says it ("" or another language's: the language's
+    default). What ingest trains on and what synthesize and the served model say."""
     text = normalize_text(text)
     language = language or detect_language(text)
-    return normalize_for_speech(text, language), language
+    return normalize_for_speech(text, language, locale), language
+
+
+# what a reading may have got wrong, to be proofread: a word with a stop inside a sentence (an abbreviation
+# wetext and our rules kept as written: "Inc. is"), digits left as written, and a long digit string read as a
+# quantity (an account number read as four thousand four hundred and seventy one)
+_KEPT_ABBREVIATION = re.compile(r"(?<![\w.])[A-Za-z]{1,5}\.(?=\s+[a-z0-9])")
+_LONG_NUMBER = re.compile(r"(?<![\d.,$€£₹¥])\d{4,}(?![\d]|[.,]\d)")
+_QUANTITY = re.compile(r"\b(?:thousand|hundred)\b")
+
+
+def unsure_readings(written: str, spoken: str) -> list[str]:
+    """Why the reading of `written` as `spoken` is worth proofreading (empty when nothing is): each reason
+    quotes the written token. The data report marks these rows."""
+    unsure = [f"abbreviation kept: {m.group()}" for m in _KEPT_ABBREVIATION.finditer(spoken)]
+    unsure += [f"digits kept: {m.group()}" for m in re.finditer(r"\d+", spoken)]
+    if _QUANTITY.search(spoken):
+        unsure += [f"digit string read as a number: {m.group()}" for m in _LONG_NUMBER.finditer(written)
+                   if not (len(m.group()) == 4 and 1100 <= int(m.group()) < 2100)]  # a year reads as one
+    return unsure
