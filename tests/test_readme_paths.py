@@ -1,0 +1,313 @@
+"""The README's paths, run as a user runs them: its own command blocks, in its order, in a scratch clone of
+this repo, on a voice no fixture has (tests/hf_voice.py: a Hugging Face parquet written by `datasets`, 44.1
+kHz, numbers, dates and money in its text).
+
+The commands are read from README.md itself, so a README change changes what runs here: `make demo` (Try
+it), the own-folder block ("No accelerator yet?", the parquet written into its `data/my-voice`), `make
+sweep GRID=...`, `voxpipe compare --sweep <parent run id>` with compare.html opened in headless Chromium,
+`voxpipe serve` spoken to with the README's own `openai` line (plain, then streamed) and its `curl` line,
+and `voxpipe synthesize`. Where this machine needs a stand-in, it is one named substitution in STAND_INS
+that fails, naming itself, once the README no longer shows the text it replaces. Every block runs even
+when one before it failed (as far as what it needs was made), and the test fails at the end with one
+paragraph per failed block: which block, the command, and the end of its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from hf_voice import TEXTS, needs_espeak, write_voice
+from servers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+STAMP = ROOT / ".venv" / ".installed"  # the Makefile's install stamp: the clone's make must not reinstall
+TIMEOUT_S = 1800  # one block, on a loaded 2-core machine
+
+# What this machine has instead of what the README assumes: (name, the README's text, the stand-in). The
+# README's own folder path needs none: it is the CPU path, and the voice is written where it looks.
+STAND_INS = {
+    # two points, not four: the sweep machinery is the same, each point is a training run
+    "two sweep points": ('GRID="train.lr=5e-5,1e-4 train.lora.r=16,32"', 'GRID="train.lr=5e-5,1e-4"'),
+    # other servers (and other test runs) may hold port 8000 on a shared machine
+    "a free port": ("127.0.0.1:8000", "127.0.0.1:{port}"),
+}
+
+
+def stand_in(name: str, text: str, **values: str) -> str:
+    readme_text, replacement = STAND_INS[name]
+    assert readme_text in text, (
+        f"README: the stand-in {name!r} replaces {readme_text!r}, which the README's command no longer shows "
+        f"({text[:200]!r}); update STAND_INS in {Path(__file__).name} with the README")
+    return text.replace(readme_text, replacement.format(**values))
+
+
+def section(title: str) -> str:
+    assert f"## {title}" in README, f"README: no section {title!r}"
+    return README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def sh_lines(block: str) -> list[str]:
+    """A ```sh block's commands, comments dropped."""
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def sh_block_after(text: str, marker: str) -> list[str]:
+    assert marker in text, f"README: no {marker!r}"
+    found = re.search(r"```sh\n(.*?)```", text.split(marker, 1)[1], re.DOTALL)
+    assert found, f"README: no ```sh block after {marker!r}"
+    return sh_lines(found[1])
+
+
+def inline(text: str, pattern: str) -> str:
+    found = re.search(pattern, text)
+    assert found, f"README: no inline command matching {pattern!r}"
+    return found[1]
+
+
+@dataclass(frozen=True)
+class ReadmePath:
+    """The README's commands, in its order, as this test runs them."""
+    demo: list[str]
+    own_folder: list[str]
+    sweep: str
+    compare: str
+    serve: str
+    openai_line: str
+    curl_line: str
+    synthesize: list[str]
+
+
+def readme_path() -> ReadmePath:
+    try_it = sh_lines(re.search(r"```sh\n(.*?)```", section("Try it"), re.DOTALL)[1])
+    own = section("Fine-tune your own voice")
+    several = section("Try several settings")
+    return ReadmePath(
+        demo=[c for c in try_it if c.startswith("make demo")],
+        own_folder=sh_block_after(own, "No accelerator yet?"),
+        sweep=inline(several, r"`(make sweep GRID=[^`]+)`"),
+        compare=inline(several, r"`(voxpipe compare --sweep [^`]+)`"),
+        serve=inline(own, r"`(voxpipe serve)`"),
+        openai_line=inline(own, r"`(openai\.OpenAI\([^`]+)`"),
+        curl_line=inline(own, r"`(curl [^`]+)`"),
+        synthesize=[c for c in sh_block_after(own, "Say something new")
+                    if c.startswith("voxpipe synthesize")],
+    )
+
+
+def test_the_readme_shows_every_command_this_test_runs():
+    """Quick, not slow: the extraction itself, so a README edit that loses a block fails in test-fast too."""
+    path = readme_path()
+    assert path.demo == ["make demo"]
+    recipe = [c for c in path.own_folder if c.startswith("voxpipe params --recipe demo-cpu")]
+    assert recipe and "dvc repro" in path.own_folder, path.own_folder
+    assert "ingest.input=data/my-voice" in recipe[0]  # where the voice is written
+    assert "<parent run id>" in path.compare and path.synthesize
+    stand_in("two sweep points", path.sweep)
+    stand_in("a free port", path.openai_line, port="1")
+    stand_in("a free port", path.curl_line, port="1")
+
+
+@dataclass
+class Clone:
+    """The scratch clone, its environment (the venv's bin first, as `source .venv/bin/activate`), and what
+    went wrong so far: one paragraph per failed README block."""
+    repo: Path
+    env: dict[str, str]
+    failures: list[str] = field(default_factory=list)
+
+    def sh(self, block: str, command: str, timeout: float = TIMEOUT_S) -> str | None:
+        """One README command; its output, or None after recording which block failed and why."""
+        try:
+            proc = subprocess.run(shlex.split(command), cwd=self.repo, env=self.env, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            self.failures.append(f"[{block}] `{command}` ran past {timeout:.0f} s: "
+                                 f"{str(e.stdout or '')[-2000:]}{str(e.stderr or '')[-2000:]}")
+            return None
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            self.failures.append(f"[{block}] `{command}` exited {proc.returncode}:\n{out[-4000:]}")
+            return None
+        return out
+
+    def check(self, block: str, what: str, ok: Callable[[], object]) -> bool:
+        """A claim the README makes about a block's result; recorded when it does not hold."""
+        try:
+            result = ok()
+        except Exception as e:  # noqa: BLE001 - the failure is reported with the block's name
+            result = f"{type(e).__name__}: {e}"
+        if result is True:
+            return True
+        self.failures.append(f"[{block}] {what}: {result!r}"[:4000])
+        return False
+
+
+def scratch_clone(tmp: Path) -> Clone:
+    """`git clone` of this repo with the working tree's uncommitted and untracked files laid over it and
+    committed (so the clone runs the code under test, and `git status` starts clean), sharing this repo's
+    venv: the Makefile's stamp is kept newer than pyproject.toml, so `make` installs nothing."""
+    repo = tmp / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    changed = subprocess.run(["git", "ls-files", "-z", "-m", "-o", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, changed):
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+        elif (repo / name).exists():
+            (repo / name).unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "VOXPIPE_", "PYTEST"))}
+    env.update(PATH=f"{repo / '.venv' / 'bin'}{os.pathsep}{env['PATH']}", DVC_NO_ANALYTICS="1",
+               PYTHONPATH=str(repo),  # the clone's code, not the editable install's (this repo's)
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.com")
+    env.pop("OMP_NUM_THREADS", None)  # a user's shell: the steps size their own thread pools
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the working tree under test"], cwd=repo,
+                   check=True)
+    (repo / ".venv").symlink_to(ROOT / ".venv")
+    stamp = STAMP.stat().st_mtime
+    os.utime(repo / "pyproject.toml", (stamp - 1, stamp - 1))
+    return Clone(repo, env)
+
+
+
+def ready(url: str, deadline_s: float) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def serve_block(clone: Clone, path: ReadmePath) -> None:
+    """`voxpipe serve` (on a free port), then the README's `openai` line as written, the same request
+    streamed through the client's `with_streaming_response`, and the README's `curl` line."""
+    block = "5. serve"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = clone.repo / "work" / "serve-test.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        server = subprocess.Popen([*shlex.split(path.serve), "--port", str(port)], cwd=clone.repo,
+                                  env=clone.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if not ready(url, 300) or server.poll() is not None:
+            clone.failures.append(f"[{block}] `{path.serve} --port {port}` never answered /ready "
+                                  f"(exit {server.poll()}):\n{log.read_text()[-4000:]}")
+            return
+        line = stand_in("a free port", path.openai_line, port=str(port))
+        clone.sh(block, f"{sys.executable} -c {shlex.quote('import openai; ' + line)}", timeout=300)
+        hello = clone.repo / "hello.wav"
+        clone.check(block, "the openai line's hello.wav", lambda: sf.info(str(hello)).frames > 0)
+        streamed = line.replace(".audio.speech.create(", ".audio.speech.with_streaming_response.create(")
+        streamed = streamed.split(".write_to_file(")[0]
+        stream = (f"import openai\nwith {streamed} as r:\n"
+                  "    n = sum(len(chunk) for chunk in r.iter_bytes())\nassert n > 44, n\nprint(n)")
+        clone.sh(block + " (streamed)", f"{sys.executable} -c {shlex.quote(stream)}", timeout=300)
+        if shutil.which("curl"):
+            curl = stand_in("a free port", path.curl_line, port=str(port))
+            clone.sh(block + " (curl)", curl.replace("-o hello.wav", "-o curl.wav"), timeout=300)
+            wav = clone.repo / "curl.wav"
+            clone.check(block, "the curl line's WAV", lambda: sf.info(str(wav)).frames > 0)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+def compare_block(clone: Clone, path: ReadmePath) -> None:
+    """`voxpipe compare --sweep <parent run id>`, then compare.html in headless Chromium: a player per run,
+    and every player decodes."""
+    from test_ui import CHECK, CHROMIUM, page_check
+
+    block = "4. compare"
+    sweep = json.loads((clone.repo / "work" / "sweep" / "sweep.json").read_text())
+    if clone.sh(block, path.compare.replace("<parent run id>", sweep["parent_run"])) is None:
+        return
+    page = clone.repo / "work" / "compare" / "compare.html"
+    if not clone.check(block, "work/compare/compare.html exists", page.is_file):
+        return
+    text = page.read_text()
+    clone.check(block, "compare.html has a player per run (2 sweep points)", lambda: text.count("<audio") >= 2
+                or f"{text.count('<audio')} players; the page says: {re.sub(r'<[^>]+>', ' ', text)[:600]}")
+    if CHROMIUM is None:
+        return  # the players' decoding needs Chromium (tests/test_ui.py says how to install it)
+    checked = page.with_name("checked.html")
+    checked.write_text(text.replace("</body>", CHECK))
+    durations = page_check(checked)[0]["audio"]
+    clone.check(block, "every compare.html player decodes in Chromium (durations)",
+                lambda: bool(durations) and all(d > 0 for d in durations) or durations)
+
+
+@pytest.mark.slow
+@needs_espeak
+def test_the_readme_path_on_a_new_voice(tmp_path):
+    if not STAMP.is_file():
+        pytest.skip(f"no {STAMP.relative_to(ROOT)}: the clone shares this repo's venv (`make install` first)")
+    path = readme_path()
+    clone = scratch_clone(tmp_path)
+    repo = clone.repo
+
+    # 1. Try it: make demo, then git status shows the three files the README names, and only those
+    for command in path.demo:
+        demo = clone.sh("1. make demo", command)
+    if demo is not None:
+        clone.check("1. make demo", "a registered model", lambda: "registered: models:/" in demo)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                                capture_output=True, text=True).stdout
+        changed = {line[3:] for line in status.splitlines()}
+        clone.check("1. make demo", "git status shows only dvc.lock, work/eval/eval.json, work/mfu/mfu.json",
+                    lambda: changed <= {"dvc.lock", "work/eval/eval.json", "work/mfu/mfu.json"} or changed)
+
+    # 2. Your own folder on the CPU: the voice where the README's block looks for it
+    write_voice(repo / "data" / "my-voice")
+    own = [clone.sh("2. own folder", command) for command in path.own_folder]
+    if None not in own:
+        ingest = json.loads((repo / "work" / "ingest" / "report.json").read_text())
+        clone.check("2. own folder", "ingest kept every clip",
+                    lambda: ingest["rows_kept"] == len(TEXTS) or ingest)
+        spoken = " ".join(json.loads(line)["text"] for line in (repo / "work/ingest/raw.jsonl").open())
+        clone.check("2. own folder", "numbers, dates and money spelled out",
+                    lambda: "dollars" in spoken and "$" not in spoken and not re.search(r"\d", spoken)
+                    or spoken[:400])
+        registered = json.loads((repo / "work" / "register" / "registered.json").read_text())
+        clone.check("2. own folder", "its own registered model, voxpipe-my-voice",
+                    lambda: registered["model_uri"].startswith("models:/voxpipe-my-voice/") or registered)
+
+    # 3. Try several settings: the README's sweep, on two points
+    swept = clone.sh("3. make sweep", stand_in("two sweep points", path.sweep))
+    if swept is not None:
+        compare_block(clone, path)  # 4.
+
+    # 5. and 6.: serve and synthesize the own voice's registered model
+    if None not in own:
+        serve_block(clone, path)
+        for command in path.synthesize:
+            args = shlex.split(command)
+            said = repo / args[args.index("--out") + 1]
+            if clone.sh("6. synthesize", command) is not None:
+                clone.check("6. synthesize", f"{said.name} has sound",
+                            lambda s=said: sf.info(str(s)).frames > 0)
+
+    assert not clone.failures, "the README's path failed:\n\n" + "\n\n".join(clone.failures)
