@@ -1,7 +1,7 @@
 """Shared pytest fixtures, and which tests are `slow`.
 
 `make test-fast` (`pytest -m "not slow"`) leaves out the end-to-end tests: those of a module marked
-`pytestmark = pytest.mark.slow` (dvc repro, kfp.local, the image, the walkthrough), those marked one by one,
+`pytestmark = pytest.mark.slow` (dvc repro, kfp.local, the image), those marked one by one,
 and every test that uses a fixture in SLOW_FIXTURES (a real server, a torchrun world, a training run), so
 a new test on one of them is slow without saying so. `make test` runs them all.
 """

@@ -10,10 +10,16 @@ and `voxpipe synthesize`. Where this machine needs a stand-in, it is one named s
 that fails, naming itself, once the README no longer shows the text it replaces. Every block runs even
 when one before it failed (as far as what it needs was made), and the test fails at the end with one
 paragraph per failed block: which block, the command, and the end of its output.
+
+The README's GPU block (`voxpipe params --recipe voxcpm2-lora-gpu1 --write params.yaml`, `dvc repro`) runs
+too, in its own test: on a folder of WAVs in the LJSpeech layout, with the tiny model, the CPU and a few
+steps standing in for the checkpoint, the GPU and an hour of speech (GPU_STAND_INS, given as `--set`).
 """
 
 from __future__ import annotations
 
+import glob
+import io
 import json
 import os
 import re
@@ -27,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 from hf_voice import TEXTS, needs_espeak, write_voice
@@ -45,6 +52,18 @@ STAND_INS = {
     # other servers (and other test runs) may hold port 8000 on a shared machine
     "a free port": ("127.0.0.1:8000", "127.0.0.1:{port}"),
 }
+
+BIN = ROOT / ".venv" / "bin"
+RECIPE_LINE = re.compile(r"^\s*(voxpipe params --recipe (\S+) --write params\.yaml)\s*$", re.MULTILINE)
+# the GPU block's stand-ins, as `--set`: what this machine has instead of a GPU, the checkpoint, an hour
+# of speech
+GPU_STAND_INS = [
+    "model.base=work/base_model", "encode.device=cpu", "train.device=cpu", "evaluate.device=cpu",
+    "train.dtype=float32", "local.nproc=1", "train.max_steps=4", "train.warmup_steps=1", "train.val_every=2",
+    "train.max_tokens=1024", "train.checkpoint_every=0", "train.export_every=2", "train.log_every=2",
+    "evaluate.seeds=[0]", "evaluate.texts_per_speaker=1", "evaluate.max_len=8",
+    "evaluate.inference_timesteps=2", "evaluate.asr=false", "model.preset=tiny",
+]
 
 
 def stand_in(name: str, text: str, **values: str) -> str:
@@ -182,6 +201,9 @@ def scratch_clone(tmp: Path) -> Clone:
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the working tree under test"], cwd=repo,
                    check=True)
     (repo / ".venv").symlink_to(ROOT / ".venv")
+    # .gitignore's `.venv/` matches a folder, not this link to one: git would list it as untracked
+    with (repo / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write("/.venv\n")
     stamp = STAMP.stat().st_mtime
     os.utime(repo / "pyproject.toml", (stamp - 1, stamp - 1))
     return Clone(repo, env)
@@ -236,6 +258,16 @@ def serve_block(clone: Clone, path: ReadmePath) -> None:
         server.wait(timeout=60)
 
 
+def queue_logs(clone: Clone) -> None:
+    """Why the sweep's points failed: the end of `dvc queue logs` of each (the sweep's own error only names
+    them), added to the sweep's failure."""
+    names = sorted(set(re.findall(r"\bsweep-[0-9a-f]{8}-\d+\b", clone.failures[-1])))
+    for name in names:
+        proc = subprocess.run(["dvc", "queue", "logs", name], cwd=clone.repo, env=clone.env,
+                              capture_output=True, text=True, timeout=300)
+        clone.failures[-1] += f"\n`dvc queue logs {name}` ends:\n{(proc.stdout + proc.stderr)[-1500:]}"
+
+
 def compare_block(clone: Clone, path: ReadmePath) -> None:
     """`voxpipe compare --sweep <parent run id>`, then compare.html in headless Chromium: a player per run,
     and every player decodes."""
@@ -249,8 +281,11 @@ def compare_block(clone: Clone, path: ReadmePath) -> None:
     if not clone.check(block, "work/compare/compare.html exists", page.is_file):
         return
     text = page.read_text()
-    clone.check(block, "compare.html has a player per run (2 sweep points)", lambda: text.count("<audio") >= 2
-                or f"{text.count('<audio')} players; the page says: {re.sub(r'<[^>]+>', ' ', text)[:600]}")
+    runs = int((re.search(r"<h1>(\d+) runs compared</h1>", text) or [0, 0])[1])
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>|data:[^'\"]+", " ", text))[:800]
+    clone.check(block, "compare.html has the sweep's 2 runs, a player for each", lambda: runs == 2
+                and text.count("<audio") >= runs and "no sample" not in text.lower()
+                or f"{runs} runs, {text.count('<audio')} players; the page says: {said}")
     if CHROMIUM is None:
         return  # the players' decoding needs Chromium (tests/test_ui.py says how to install it)
     checked = page.with_name("checked.html")
@@ -297,11 +332,16 @@ def test_the_readme_path_on_a_new_voice(tmp_path):
 
     # 3. Try several settings: the README's sweep, on two points
     swept = clone.sh("3. make sweep", stand_in("two sweep points", path.sweep))
-    if swept is not None:
+    if swept is None:
+        queue_logs(clone)
+        clone.failures.append("[4. compare] not run: it compares the sweep's runs, and the sweep failed")
+    else:
         compare_block(clone, path)  # 4.
 
     # 5. and 6.: serve and synthesize the own voice's registered model
-    if None not in own:
+    if None in own:
+        clone.failures.append("[5. serve, 6. synthesize] not run: the own folder's model was not registered")
+    else:
         serve_block(clone, path)
         for command in path.synthesize:
             args = shlex.split(command)
@@ -311,3 +351,75 @@ def test_the_readme_path_on_a_new_voice(tmp_path):
                             lambda s=said: sf.info(str(s)).frames > 0)
 
     assert not clone.failures, "the README's path failed:\n\n" + "\n\n".join(clone.failures)
+
+
+def gpu_block() -> tuple[str, str]:
+    """The recipe command of the README's GPU block and its recipe name."""
+    section = README.split("## Fine-tune your own voice", 1)[1].split("\n## ", 1)[0]
+    match = RECIPE_LINE.search(section)
+    assert match, "README: the walkthrough shows no `voxpipe params --recipe NAME --write params.yaml`"
+    assert re.search(r"^\s*dvc repro\s*$", section, re.MULTILINE), "README: no `dvc repro` in the walkthrough"
+    return match[1], match[2]
+
+
+def write_ljspeech(folder: Path, speaker: str = "spk_f") -> int:
+    """metadata.csv (id|text|normalized text) + wavs/<id>.wav at 22.05 kHz: one voice, as LJSpeech ships."""
+    table = pq.read_table(sorted(glob.glob(str(ROOT / "data" / "sample" / "*.parquet")))[0]).to_pylist()
+    rows = [r for r in table if r["speaker"] == speaker]
+    (folder / "wavs").mkdir(parents=True)
+    lines = []
+    for i, row in enumerate(rows):
+        audio, rate = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="float32")
+        sf.write(folder / "wavs" / f"MV-{i:04d}.wav", audio, rate, subtype="PCM_16")
+        lines.append(f"MV-{i:04d}|{row['text']}|{row['text']}")
+    (folder / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(rows)
+
+
+def run(repo: Path, *args: str) -> str:
+    """A command in the walkthrough's repo, the venv's bin first; its output (a failure shows its end)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_"))}
+    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.com")
+    proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{out[-6000:]}"
+    return out
+
+
+@pytest.mark.slow
+def test_the_gpu_block_from_a_wav_folder_to_a_registered_model(tmp_path):
+    """The README's GPU recipe block (`voxpipe params --recipe voxcpm2-lora-gpu1 ...`, `dvc repro`) on a
+    folder of WAVs in the LJSpeech layout (one voice of the shipped sample), LoRA as the recipe says; in a
+    minimal repo (the code, recipes and dvc.yaml), as its stand-ins make it a few seconds of training."""
+    command, recipe = gpu_block()
+    repo = tmp_path / "project"
+    repo.mkdir()
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore", "params.yaml"):
+        shutil.copy(ROOT / name, repo / name)
+    for folder in ("voxpipe", "recipes"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    recipe_input = json.loads(run(repo, str(BIN / "python"), "-c", (
+        "import json; from voxpipe.params import load_params; "
+        f"print(json.dumps(load_params(recipe={recipe!r}).ingest.input))")).strip().splitlines()[-1])
+    clips = write_ljspeech(repo / recipe_input[0])  # where the recipe looks: data/my-voice
+    run(repo, "git", "init", "-q")
+    run(repo, str(BIN / "dvc"), "init", "-q")
+
+    args = command.split()[1:] + [a for s in GPU_STAND_INS for a in ("--set", s)]
+    run(repo, str(BIN / "voxpipe"), *args)
+    run(repo, str(BIN / "dvc"), "repro")
+
+    ingest = json.loads((repo / "work" / "ingest" / "report.json").read_text())
+    assert ingest["rows_kept"] == clips and list(ingest["speakers"]) == ["default"]
+    assert any("one speaker" in notice for notice in ingest["notices"])  # no speaker column: said so
+    assert json.loads((repo / "work" / "validate" / "validate.json").read_text())["usable"]
+    trained = json.loads((repo / "work" / "train" / "report.json").read_text())
+    assert trained["lora"] is True and trained["steps"] == 4  # the recipe's LoRA, the stand-in's steps
+    wavs = (repo / "work" / "eval" / "samples").glob("*.wav")
+    samples = [s for s in wavs if not s.name.startswith("baseline-")]
+    assert samples and all(sf.info(str(s)).frames > 0 for s in samples)  # where the README says to listen
+    registered = json.loads((repo / "work" / "register" / "registered.json").read_text())
+    assert registered["model_uri"].startswith("models:/") and "candidate" in registered["aliases"]
+
