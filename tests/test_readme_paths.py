@@ -4,9 +4,9 @@ kHz, numbers, dates and money in its text).
 
 The commands are read from README.md itself, so a README change changes what runs here: `make demo` (Try
 it), the own-folder block ("No accelerator yet?", the parquet written into its `data/my-voice`), `make
-sweep GRID=...`, `voxpipe compare --sweep <parent run id>` with compare.html opened in headless Chromium,
-`voxpipe serve` spoken to with the README's own `openai` line (plain, then streamed) and its `curl` line,
-and `voxpipe synthesize`. Where this machine needs a stand-in, it is one named substitution in STAND_INS
+sweep GRID=...` (after any set-up command its section names), `voxpipe compare --sweep <parent run id>`
+with compare.html opened in headless Chromium, `voxpipe serve` spoken to with the README's own `openai`
+line (plain, then streamed) and its `curl` line, and `voxpipe synthesize`. Where this machine needs a stand-in, it is one named substitution in STAND_INS
 that fails, naming itself, once the README no longer shows the text it replaces. Every block runs even
 when one before it failed (as far as what it needs was made), and the test fails at the end with one
 paragraph per failed block: which block, the command, and the end of its output.
@@ -65,6 +65,10 @@ GPU_STAND_INS = [
     "evaluate.inference_timesteps=2", "evaluate.asr=false", "model.preset=tiny",
 ]
 
+# the section's commands this test places itself; any other it names runs before the sweep (the set-up the
+# sweep needs, such as tracking your own folder)
+SWEEP_SECTION_NAMED = ("make sweep", "dvc exp show", "voxpipe compare")
+
 
 def stand_in(name: str, text: str, **values: str) -> str:
     readme_text, replacement = STAND_INS[name]
@@ -103,7 +107,9 @@ class ReadmePath:
     """The README's commands, in its order, as this test runs them."""
     demo: list[str]
     own_folder: list[str]
+    before_sweep: list[str]  # what "Try several settings" asks for first (anything but the three below)
     sweep: str
+    after_sweep: list[str]  # the read-only looks it names (`dvc exp show`)
     compare: str
     serve: str
     openai_line: str
@@ -115,10 +121,13 @@ def readme_path() -> ReadmePath:
     try_it = sh_lines(re.search(r"```sh\n(.*?)```", section("Try it"), re.DOTALL)[1])
     own = section("Fine-tune your own voice")
     several = section("Try several settings")
+    commands = re.findall(r"`((?:make|voxpipe|dvc|git) [^`]+)`", several)  # in a user's shell: `&&` too
     return ReadmePath(
         demo=[c for c in try_it if c.startswith("make demo")],
         own_folder=sh_block_after(own, "No accelerator yet?"),
+        before_sweep=[c for c in commands if not c.startswith(SWEEP_SECTION_NAMED)],
         sweep=inline(several, r"`(make sweep GRID=[^`]+)`"),
+        after_sweep=[c for c in commands if c.startswith("dvc exp show")],
         compare=inline(several, r"`(voxpipe compare --sweep [^`]+)`"),
         serve=inline(own, r"`(voxpipe serve)`"),
         openai_line=inline(own, r"`(openai\.OpenAI\([^`]+)`"),
@@ -152,7 +161,7 @@ class Clone:
     def sh(self, block: str, command: str, timeout: float = TIMEOUT_S) -> str | None:
         """One README command; its output, or None after recording which block failed and why."""
         try:
-            proc = subprocess.run(shlex.split(command), cwd=self.repo, env=self.env, capture_output=True,
+            proc = subprocess.run(["bash", "-c", command], cwd=self.repo, env=self.env, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             self.failures.append(f"[{block}] `{command}` ran past {timeout:.0f} s: "
@@ -331,7 +340,11 @@ def test_the_readme_path_on_a_new_voice(tmp_path):
                     lambda: registered["model_uri"].startswith("models:/voxpipe-my-voice/") or registered)
 
     # 3. Try several settings: the README's sweep, on two points
+    for command in path.before_sweep:
+        clone.sh("3. sweep set-up", command)
     swept = clone.sh("3. make sweep", stand_in("two sweep points", path.sweep))
+    for command in path.after_sweep if swept is not None else ():
+        clone.sh("3. after the sweep", command)
     if swept is None:
         queue_logs(clone)
         clone.failures.append("[4. compare] not run: it compares the sweep's runs, and the sweep failed")
