@@ -6,8 +6,9 @@ The commands are read from README.md itself, so a README change changes what run
 it), the own-folder block ("No accelerator yet?", the parquet written into its `data/my-voice`), `make
 sweep GRID=...` (after any set-up command its section names), `voxpipe compare --sweep <parent run id>`
 with compare.html opened in headless Chromium, `voxpipe serve` spoken to with the README's own `openai`
-line (plain, then streamed) and its `curl` line, and `voxpipe synthesize`. Where this machine needs a stand-in, it is one named substitution in STAND_INS
-that fails, naming itself, once the README no longer shows the text it replaces. Every block runs even
+line (plain, then streamed) and its `curl` line, and `voxpipe synthesize`. Where this machine needs a
+stand-in, it is one named substitution in STAND_INS that fails, naming itself, once the README no longer
+shows the text it replaces. Every block runs even
 when one before it failed (as far as what it needs was made), and the test fails at the end with one
 paragraph per failed block: which block, the command, and the end of its output.
 
@@ -36,7 +37,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
-from hf_voice import TEXTS, needs_espeak, write_voice
+from hf_voice import TEXTS, write_voice
 from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +306,6 @@ def compare_block(clone: Clone, path: ReadmePath) -> None:
 
 
 @pytest.mark.slow
-@needs_espeak
 def test_the_readme_path_on_a_new_voice(tmp_path):
     if not STAMP.is_file():
         pytest.skip(f"no {STAMP.relative_to(ROOT)}: the clone shares this repo's venv (`make install` first)")
