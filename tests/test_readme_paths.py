@@ -200,12 +200,13 @@ def scratch_clone(tmp: Path) -> Clone:
             shutil.copy2(ROOT / name, repo / name)
         elif (repo / name).exists():
             (repo / name).unlink()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "VOXPIPE_", "PYTEST"))}
+    # a user's shell: none of the outer `make test`'s make state (its jobserver's descriptors are not ours)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "VOXPIPE_", "PYTEST"))
+           and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     env.update(PATH=f"{repo / '.venv' / 'bin'}{os.pathsep}{env['PATH']}", DVC_NO_ANALYTICS="1",
                PYTHONPATH=str(repo),  # the clone's code, not the editable install's (this repo's)
                GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@example.com")
-    env.pop("OMP_NUM_THREADS", None)  # a user's shell: the steps size their own thread pools
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the working tree under test"], cwd=repo,
