@@ -50,7 +50,8 @@ TIMEOUT_S = 1800  # one block, on a loaded 2-core machine
 STAND_INS = {
     # two points, not four: the sweep machinery is the same, each point is a training run
     "two sweep points": ('GRID="train.lr=5e-5,1e-4 train.lora.r=16,32"', 'GRID="train.lr=5e-5,1e-4"'),
-    # other servers (and other test runs) may hold port 8000 on a shared machine
+    # other servers (and other test runs) may hold port 8000 on a shared machine: the client lines' URL,
+    # and `voxpipe serve --port` the same port
     "a free port": ("127.0.0.1:8000", "127.0.0.1:{port}"),
 }
 
@@ -220,8 +221,8 @@ def scratch_clone(tmp: Path) -> Clone:
     return Clone(repo, env)
 
 
-
 def ready(url: str, deadline_s: float) -> bool:
+    """Whether the server's /ready answered 200 (the model loaded) within deadline_s."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         try:
