@@ -159,9 +159,11 @@ class Clone:
     repo: Path
     env: dict[str, str]
     failures: list[str] = field(default_factory=list)
+    took: list[str] = field(default_factory=list)  # each command's seconds, printed at the end
 
     def sh(self, block: str, command: str, timeout: float = TIMEOUT_S) -> str | None:
         """One README command; its output, or None after recording which block failed and why."""
+        start = time.monotonic()
         try:
             proc = subprocess.run(["bash", "-c", command], cwd=self.repo, env=self.env, capture_output=True,
                                   text=True, timeout=timeout)
@@ -170,6 +172,7 @@ class Clone:
                                  f"{str(e.stdout or '')[-2000:]}{str(e.stderr or '')[-2000:]}")
             return None
         out = proc.stdout + proc.stderr
+        self.took.append(f"{time.monotonic() - start:6.0f} s  [{block}] {command[:70]}")
         if proc.returncode != 0:
             self.failures.append(f"[{block}] `{command}` exited {proc.returncode}:\n{out[-4000:]}")
             return None
@@ -365,6 +368,7 @@ def test_the_readme_path_on_a_new_voice(tmp_path):
                 clone.check("6. synthesize", f"{said.name} has sound",
                             lambda s=said: sf.info(str(s)).frames > 0)
 
+    print("\n".join(clone.took))  # where the time goes (pytest shows it with -rP, or on a failure)
     assert not clone.failures, "the README's path failed:\n\n" + "\n\n".join(clone.failures)
 
 
