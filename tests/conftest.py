@@ -1,7 +1,7 @@
 """Shared pytest fixtures, and which tests are `slow`.
 
 `make test-fast` (`pytest -m "not slow"`) leaves out the end-to-end tests: those of a module marked
-`pytestmark = pytest.mark.slow` (dvc repro, kfp.local, the image, the walkthrough), those marked one by one,
+`pytestmark = pytest.mark.slow` (dvc repro, kfp.local, the image), those marked one by one,
 and every test that uses a fixture in SLOW_FIXTURES (a real server, a torchrun world, a training run), so
 a new test on one of them is slow without saying so. `make test` runs them all.
 """
@@ -41,6 +41,8 @@ SLOW_FIXTURES = {
     "two_rank_run", "finished", "live", "pipeline",  # training runs (torchrun, or in process)
 }
 
+LONGEST = "tests/test_readme_paths.py"  # make demo, the own folder, a sweep, serve: minutes on its worker
+
 
 @pytest.fixture(scope="module")
 def one_thread():
@@ -62,8 +64,11 @@ def pytest_collection_modifyitems(config, items):
     # Modules with slow tests first, in their order; the quick modules after them. `make test` hands whole
     # modules to its two workers in this order, so the last ones handed out are short and fill the gap
     # while the other worker ends a long one (a pipeline module last left a worker idle for minutes).
+    # The longest module, the README's whole path, goes first of all: handed out last, it alone would be
+    # the end of the run.
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    items.sort(key=lambda item: (item.nodeid.split("::")[0] != LONGEST,
+                                 item.nodeid.split("::")[0] not in slow))
 
 
 @pytest.fixture(scope="module")

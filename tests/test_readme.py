@@ -1,6 +1,6 @@
 """The README stays true: at most 150 lines, every `voxpipe` command it shows parses with the CLI (its
 flags are in `--help`), every `make` target exists, every recipe it names is shipped, every link
-resolves. The walkthrough's commands themselves run in tests/test_walkthrough.py."""
+resolves. The commands themselves run, in the README's order, in tests/test_readme_paths.py."""
 
 from __future__ import annotations
 
