@@ -37,7 +37,7 @@ from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.voices import DEFAULT_VOICE
 
 if TYPE_CHECKING:
-    from voxpipe.serve.server import ServedModel
+    from voxpipe.serve.served import ServedModel
 
 log = logging.getLogger("voxpipe.serve")
 access = logging.getLogger("voxpipe.serve.access")

@@ -30,6 +30,7 @@ from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits
+from voxpipe.serve.served import ServedModel
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.tracking import resolve_tracking_uri, session
 
@@ -37,21 +38,6 @@ if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import VoxCPM2
 
 log = logging.getLogger("voxpipe.serve")
-NO_ADAPTER = "none"  # the adapter label of a model served without one
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    model: VoxCPM2
-    version: str  # models:/NAME/VERSION (pinned), or the checkpoint folder
-    voices: Path | None  # the version's voices folder (track/voices.py), if it has one
-    sample_rate: int  # the model's own (VoxCPM2: 48 kHz)
-    created: int  # unix seconds, for /v1/models
-    adapter: str | None = None  # sha256 of the served LoRA adapter's weights (merged or not), if any
-
-    @property
-    def adapter_label(self) -> str:
-        return self.adapter or NO_ADAPTER
 
 
 def _weights(checkpoint: Path, base: str | None, device: str) -> tuple[VoxCPM2, str | None]:
