@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.backends import ASR, SPEAKER, listed
 from voxpipe.errors import StepError, quoted
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 DEFAULT_PARAMS = Path("params.yaml")
 MODEL_NAME_CHARS = 100  # a registered model name derived from the data is cut here
@@ -80,8 +81,8 @@ class IngestParams(Section):
         "folder that holds it (data/my-voice -> my-voice), with a notice"
     )
     sample_rate: int = Field(
-        16000, gt=0, description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks "
-        "against it"
+        SAMPLE_RATE, gt=0,
+        description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks against it",
     )
     min_seconds: float = Field(
         0.3, ge=0, description="shortest clip kept (shorter: quarantined, too_short); validate checks "

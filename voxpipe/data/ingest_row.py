@@ -26,9 +26,9 @@ import soundfile as sf
 from voxpipe.data.audio import AudioDecodeError, decode_native, flac16_bytes, to_mono_resampled
 from voxpipe.data.conditioning import clipped_fraction, find_trim, normalize_loudness
 from voxpipe.data.language import detect_language
-from voxpipe.data.quality import SAMPLE_RATE as DNSMOS_RATE
 from voxpipe.data.quality import Dnsmos
 from voxpipe.data.text_norm import normalize_text, spoken_form
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 # Machine-readable quarantine reasons in the order the checks run; a row gets the first that applies.
 # `duplicate` is judged last, by the parent, because it depends on the rows before it.
@@ -234,7 +234,7 @@ def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, 
         if level.peak_limited:
             info["flags"].append("peak_limited")
     if checks.score_quality:
-        scores = _scorer().score(to_mono_resampled(x, sr, DNSMOS_RATE), DNSMOS_RATE)
+        scores = _scorer().score(to_mono_resampled(x, sr, SAMPLE_RATE), SAMPLE_RATE)
         info["dnsmos"] = {k: round(v, 3) for k, v in scores.items()}
         if info["dnsmos"][checks.quality_score] < checks.min_quality:
             shown = ", ".join(f"{k} {v:.2f}" for k, v in info["dnsmos"].items())

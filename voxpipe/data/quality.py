@@ -33,7 +33,8 @@ import importlib.resources
 
 import numpy as np
 
-SAMPLE_RATE = 16_000
+from voxpipe.voxcpm2_format import SAMPLE_RATE
+
 SECONDS = 9.01  # the model's input length
 WINDOW = int(SECONDS * SAMPLE_RATE)  # samples per scored window
 HOP = SAMPLE_RATE  # a new window every second

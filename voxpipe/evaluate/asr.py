@@ -38,8 +38,8 @@ import numpy as np
 from voxpipe.backends import ASR
 from voxpipe.errors import StepError
 from voxpipe.evaluate import pocketsphinx_worker as worker
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
 WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
 

@@ -38,8 +38,8 @@ from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate, text_units
 from voxpipe.evaluate.speaker import cosine
 from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 BATCH = 8  # lines generated together (each with its own prompt clip)
 LIMIT_FACTOR, LIMIT_EXTRA_S = 2.0, 2.0  # max_len 0: twice the prompt's speaking rate times the text + 2 s
 # the list's name (its stem, or its folder's for meta.lst) -> the Seed-TTS-eval set it is

@@ -38,8 +38,8 @@ from torch import nn
 
 from voxpipe.data.audio import to_mono_resampled
 from voxpipe.errors import StepError
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 MIN_SECONDS = 0.3  # as the other encoders: below this there is no voice to embed
 SILENCE_RMS = 1e-4
 TRUNK = "feature_extract.model."  # the checkpoint's prefix of the WavLM trunk (s3prl's expert.model)

@@ -26,8 +26,8 @@ from voxpipe.evaluate.pitch import f0_or_reason, median_f0
 from voxpipe.evaluate.quality import DnsmosScorer
 from voxpipe.evaluate.scoring import Rate, metric_of, utterance_rate
 from voxpipe.evaluate.speaker import Encoder, cosine, unit_mean
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 PROTOCOL_BACKEND = "wavlm-ecapa"  # the encoder Seed-TTS-eval's published SIM is computed with
 SIMILARITY_DEFINITIONS = {
     "similarity_to_speaker": "cosine (evaluate.speaker's encoder) of each generated clip, with and without a "

@@ -24,9 +24,9 @@ import functools
 import numpy as np
 
 from voxpipe.evaluate.viterbi import SparseTransitions, viterbi
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 FMIN, FMAX = 50.0, 500.0
-SAMPLE_RATE = 16000
 FRAME, HOP = 1024, 320  # 64 ms windows (>= 3 periods at FMIN), 20 ms hops
 RESOLUTION = 0.1  # semitones (librosa's default; coarser grids lose voicing on low voices)
 MIN_VOICED_FRAMES = 5  # 100 ms of voicing, else the clip has no usable pitch

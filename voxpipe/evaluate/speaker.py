@@ -33,7 +33,8 @@ import torch
 from voxpipe.backends import SPEAKER
 from voxpipe.device import cpu_threads
 from voxpipe.errors import StepError
-from voxpipe.evaluate.ecapa import MIN_SECONDS, SAMPLE_RATE, WavLMEcapaEncoder, voiced_16k
+from voxpipe.evaluate.ecapa import MIN_SECONDS, WavLMEcapaEncoder, voiced_16k
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 _CPU = torch.device("cpu")  # the GE2E encoder's LSTM is a chain of tiny matmuls: one thread, no sync
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from voxpipe.files import read_state_dict
 from voxpipe.model.strict_load import mismatches
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 
 class AudioVAEConfig(BaseModel):
@@ -32,7 +33,7 @@ class AudioVAEConfig(BaseModel):
     decoder_dim: int = 2048
     decoder_rates: list[int] = [8, 6, 5, 2, 2, 2]
     depthwise: bool = True
-    sample_rate: int = 16000
+    sample_rate: int = SAMPLE_RATE
     out_sample_rate: int = 48000
     use_noise_block: bool = False
     sr_bin_boundaries: list[int] | None = [20000, 30000, 40000]

@@ -38,8 +38,8 @@ from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.text_norm import spoken_form
 from voxpipe.errors import StepError, quoted
 from voxpipe.params import Section, SynthesizeParams
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-SAMPLE_RATE = 16000  # what VoxCPM2's AudioVAE encodes
 GENERATION_KEYS = ("seed", "cfg_value", "inference_timesteps", "max_len")
 REQUEST_KEYS = (*GENERATION_KEYS, "normalize")  # every param a request may carry
 MAX_ROWS = 64

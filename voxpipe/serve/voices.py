@@ -21,7 +21,6 @@ import soundfile as sf
 from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write, atomic_write_text
 from voxpipe.serve.request import (
-    SAMPLE_RATE,
     Limits,
     RequestError,
     check_text,
@@ -29,6 +28,7 @@ from voxpipe.serve.request import (
     reference_waveform,
 )
 from voxpipe.track.voices import CLIPS, DEFAULT_VOICE, VOICES_FILE, voice_id
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 log = logging.getLogger("voxpipe.serve")
 SHAPE = "list of {id, speaker, text, file, seconds}"
