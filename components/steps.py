@@ -106,10 +106,11 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
     import os
 
     from voxpipe.launch.workspace import inside_workspace
+    from voxpipe.voxcpm2_format import is_checkpoint
 
     if base_model:
         folder = inside_workspace(workspace, "base_model", base_model)
-        if not os.path.isfile(os.path.join(folder, "config.json")):
+        if not is_checkpoint(folder):
             raise FileNotFoundError(f"base_model {base_model}: no config.json in {folder}")
         os.makedirs(os.path.dirname(model.path), exist_ok=True)
         with open(model.path, "w", encoding="utf-8") as f:

@@ -101,6 +101,9 @@ def test_a_wrong_base_a_half_adapter_or_a_base_without_adapter_is_one_paragraph(
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(StepError, match=r"config.json differs .* in max_length; the adapter needs the base"):
         load_served(export, base=other)
+    with pytest.raises(StepError, match=r"^serve --base \S+: not a VoxCPM2 checkpoint \(no "
+                       r"config.json\); name the base folder the run was trained from"):
+        load_served(export, base=tmp_path / "nothing")
     with pytest.raises(StepError, match=r"has no lora/ adapter to apply to it .* leave --base out"):
         load_served(base, base=base)
     half = tmp_path / "half"

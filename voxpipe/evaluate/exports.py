@@ -23,6 +23,7 @@ from voxpipe.evaluate.promotion import Scores, Verdict
 from voxpipe.files import step_folders
 from voxpipe.integrity import KEY_ENV, signing_key
 from voxpipe.train.identity import IDENTITY_FILE, folder_run, identity_or_why
+from voxpipe.voxcpm2_format import is_checkpoint
 
 
 def sample_tag(step: int | None) -> str:
@@ -44,11 +45,11 @@ class Candidate:
 
 def find_candidates(path: Path) -> list[Candidate]:
     """One checkpoint folder (has config.json), or a folder of `step-N/` checkpoints, oldest first."""
-    if (path / "config.json").is_file():
+    if is_checkpoint(path):
         return [Candidate(path, None)]
     found = []
     for step, child in step_folders(path):
-        if (child / "config.json").is_file():
+        if is_checkpoint(child):
             found.append(Candidate(child, step))
     if not found:
         raise StepError(

@@ -93,6 +93,7 @@ from voxpipe.train.fixed_seed_loss import (
     val_digest,
     val_loss_batches,
 )
+from voxpipe.voxcpm2_format import checkpoint_config
 
 log = logging.getLogger(__name__)
 STAGING = ".samples-new"  # this run's clips until eval.json is written (then they become samples/)
@@ -121,10 +122,7 @@ def _open_split(root: Path, split: str) -> EncodedDataset | None:
 
 
 def _read_config(path: Path) -> VoxCPM2Config:
-    config = path / "config.json"
-    if not config.is_file():
-        raise StepError(f"{path}: not a VoxCPM2 checkpoint (no config.json)")
-    return VoxCPM2Config.from_file(config)
+    return VoxCPM2Config.from_file(checkpoint_config(path))
 
 
 def _check_data(val: EncodedDataset, config: VoxCPM2Config, where: Path) -> None:

@@ -19,6 +19,7 @@ from voxpipe.model.checksums import verify_checksums
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.memory import ensure_fits, parameter_bytes
 from voxpipe.model.tokenizer import VoxTokenizer
+from voxpipe.voxcpm2_format import checkpoint_config
 
 # Bump when the latent recipe changes (padding, cropping) so older latents are never reused.
 RECIPE = "pad-right-to-hop-x-patch/v1"
@@ -55,9 +56,7 @@ def load_encoder(model_dir: str | Path) -> Encoder:
     changes a latent changes the key, so stale latents are never picked up.
     """
     model_dir = Path(model_dir)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise StepError(f"{model_dir}: not a VoxCPM2 checkpoint (no config.json); run `voxpipe init-model`")
+    config_path = checkpoint_config(model_dir, way_out="run `voxpipe init-model`")
     verify_checksums(model_dir)
     config = VoxCPM2Config.from_file(config_path)
     needed = parameter_bytes(lambda: AudioVAE(config.audio_vae_config))

@@ -29,6 +29,7 @@ from voxpipe.model.npu import KernelsChoice, resolve_kernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
+from voxpipe.voxcpm2_format import checkpoint_config
 
 MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -68,9 +69,7 @@ def from_pretrained(
     the 2.29 B shape loads without a throw-away random initialisation.
     """
     directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise StepError(f"{directory}: not a VoxCPM2 checkpoint (no config.json)")
+    config_path = checkpoint_config(directory)
     verify_checksums(directory)  # a folder that ships SHA256SUMS (the demo base) is the one that was made
     config = VoxCPM2Config.from_file(config_path)
     with on_meta():

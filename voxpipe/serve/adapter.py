@@ -26,6 +26,7 @@ from voxpipe.errors import StepError
 from voxpipe.params import LoraParams
 from voxpipe.train.export import LORA_SUBDIR
 from voxpipe.train.lora import LORA_CONFIG, LORA_WEIGHTS, apply_lora
+from voxpipe.voxcpm2_format import checkpoint_config
 
 if TYPE_CHECKING:
     import torch
@@ -149,9 +150,8 @@ def load_served(
 
 def _check_same_shape(checkpoint: Path, base: Path) -> None:
     """The adapter was trained on a base of this config: another shape would load nothing or garbage."""
-    if not (base / "config.json").is_file():
-        raise StepError(f"serve --base {base}: not a VoxCPM2 checkpoint (no config.json); name the base "
-                        f"folder the run was trained from ({LORA_CONFIG}'s base_model records where it was)")
+    checkpoint_config(base, where=f"serve --base {base}", way_out="name the base folder the run was trained "
+                      f"from ({LORA_CONFIG}'s base_model records where it was)")
     mine, theirs = (json.loads((p / "config.json").read_text()) for p in (checkpoint, base))
     if mine != theirs:
         differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))

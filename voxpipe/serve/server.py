@@ -33,6 +33,7 @@ from voxpipe.serve.request import Limits
 from voxpipe.serve.served import ServedModel
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.tracking import resolve_tracking_uri, session
+from voxpipe.voxcpm2_format import is_checkpoint
 
 if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import VoxCPM2
@@ -65,7 +66,7 @@ def resolve(params: Params) -> str:
     p = params.serve
     uri = model_uri(p.model, params.registered_model_name())
     if uri is None:
-        if not (Path(p.model) / "config.json").is_file():
+        if not is_checkpoint(p.model):
             raise StepError(f"serve.model {p.model}: neither a registered model (@champion, @ALIAS, a "
                             "version number, models:/NAME@ALIAS) nor a checkpoint folder (no config.json)")
         return p.model

@@ -28,6 +28,7 @@ from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
 from voxpipe.serve.request import reference as check_reference
 from voxpipe.track.tracking import resolve_tracking_uri, session
+from voxpipe.voxcpm2_format import is_checkpoint
 
 
 @dataclass
@@ -75,7 +76,7 @@ def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray
     from voxpipe.serve.speech import speak
 
     folder = Path(p.model)
-    if not (folder / "config.json").is_file():
+    if not is_checkpoint(folder):
         raise StepError(f"synthesize.model {quoted(p.model)}: neither a registered model "
                         "(models:/NAME@ALIAS, "
                         "@candidate, a version number) nor a checkpoint folder (no config.json)")

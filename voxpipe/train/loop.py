@@ -56,6 +56,7 @@ from voxpipe.train.resume import Refusal, result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
 from voxpipe.train.throughput import Throughput, peak_memory_per_rank
+from voxpipe.voxcpm2_format import checkpoint_config
 
 logger = logging.getLogger(__name__)
 LOSS_KEYS = ("loss/diff", "loss/stop")
@@ -169,10 +170,7 @@ class Trainer:
         self.out = Path(p.out)
         self.base = Path(params.model.base)
         self.ckpt_root = self.out / "checkpoints"
-        config_path = self.base / "config.json"
-        if not config_path.is_file():
-            raise StepError(f"{self.base}: not a VoxCPM2 checkpoint (no config.json)")
-        self.config = VoxCPM2Config.from_file(config_path)
+        self.config = VoxCPM2Config.from_file(checkpoint_config(self.base))
         self.dtype = compute_dtype(p.dtype, rt.device)
         self.kernels = resolve_kernels(params.model.kernels, rt.device)
         _seed_everything(p.seed, rt.rank)

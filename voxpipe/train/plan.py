@@ -48,6 +48,7 @@ from voxpipe.model.voxcpm2 import VoxCPM2
 from voxpipe.params import LoraParams, Params
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
+from voxpipe.voxcpm2_format import CONFIG, is_checkpoint
 
 GIB = 2**30
 CATEGORIES = ("params", "gradients", "optimizer", "activations", "other")
@@ -378,8 +379,7 @@ def model_config(params: Params) -> VoxCPM2Config:
             "--model-base at the checkpoint folder (or run `voxpipe init-model` to make the default one); "
             f"to plan model.preset's shape ({params.model.preset}) before the checkpoint is there, set "
             "plan.missing_base: preset (--set plan.missing_base=preset)")
-    path = base / "config.json"
-    return VoxCPM2Config.from_file(path) if path.is_file() else preset(params.model.preset)
+    return VoxCPM2Config.from_file(base / CONFIG) if is_checkpoint(base) else preset(params.model.preset)
 
 
 def world_size(params: Params) -> int:
