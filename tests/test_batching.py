@@ -19,6 +19,7 @@ from voxpipe.data.batching import (
     padding_waste,
 )
 from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, Sample, collate
+from voxpipe.data.token_budget import TokenBudget
 
 # ---------------------------------------------------------------------------------------------
 # collate vs upstream's AudioFeatureProcessingPacker
@@ -216,3 +217,18 @@ def test_eval_batches_are_fixed_and_count_each_row_once_across_ranks():
 def test_padding_waste_counts_pad_positions_per_real_position():
     assert padding_waste([[0, 1], [2]], [10, 6, 5]) == pytest.approx(4 / 21)
     assert padding_waste([[0], [1], [2]], [10, 6, 5]) == 0.0
+
+
+def test_the_token_budget_is_the_rule_every_batch_maker_asks():
+    """rows × longest within max_tokens; a row longer than the budget fits nowhere; the planner's largest
+    batch is the longest rows the budget and max_length allow; evaluate widens it for its longest row."""
+    budget = TokenBudget(600)
+    assert TokenBudget.cost(3, 200) == 600 and budget.fits(3, 200) and budget.fits(4, 150)
+    assert not budget.fits(4, 151)
+    assert budget.admits(600) and not budget.admits(601)
+    assert budget.largest_batch(4096) == (1, 600) and budget.largest_batch(250) == (2, 250)
+    assert budget.widened_to(500) is budget and budget.widened_to(900) == TokenBudget(900)
+    with pytest.raises(ValueError, match="max_tokens must be positive, got 0"):
+        TokenBudget(0)
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        TokenBudgetSampler(LENGTHS, 0)

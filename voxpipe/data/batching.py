@@ -22,13 +22,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from voxpipe.data.token_budget import TokenBudget
 
-def pack_sorted(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Greedy batches over `order` (ascending length) with count × longest <= max_tokens."""
+
+def pack_sorted(order: Sequence[int], lengths: Sequence[int], budget: TokenBudget) -> list[list[int]]:
+    """Greedy batches over `order` (ascending length), each within `budget`."""
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        if current and (len(current) + 1) * lengths[i] > max_tokens:
+        if current and not budget.fits(len(current) + 1, lengths[i]):
             batches.append(current)
             current = []
         current.append(i)
@@ -37,9 +39,9 @@ def pack_sorted(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -
     return batches
 
 
-def _fits(lengths: Sequence[int], max_tokens: int) -> tuple[list[int], list[int]]:
-    fit = [i for i, n in enumerate(lengths) if n <= max_tokens]
-    skipped = [i for i, n in enumerate(lengths) if n > max_tokens]
+def _fits(lengths: Sequence[int], budget: TokenBudget) -> tuple[list[int], list[int]]:
+    fit = [i for i, n in enumerate(lengths) if budget.admits(n)]
+    skipped = [i for i, n in enumerate(lengths) if not budget.admits(n)]
     return fit, skipped
 
 
@@ -68,14 +70,15 @@ class TokenBudgetSampler:
         window: int = 4096,
         drop_last: bool = False,
     ):
-        if max_tokens <= 0 or window <= 0:
-            raise ValueError("max_tokens and window must be positive")
+        self.budget = TokenBudget(max_tokens)
+        if window <= 0:
+            raise ValueError("window must be positive")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
         self.lengths = [int(n) for n in lengths]
         self.max_tokens, self.seed, self.window, self.drop_last = max_tokens, seed, window, drop_last
         self.rank, self.world_size = rank, world_size
-        self.fit, self.skipped = _fits(self.lengths, max_tokens)
+        self.fit, self.skipped = _fits(self.lengths, self.budget)
         if not self.fit:
             shortest = min(self.lengths, default=0)
             raise ValueError(f"no row fits max_tokens={max_tokens} (shortest row: {shortest} LM tokens)")
@@ -96,7 +99,7 @@ class TokenBudgetSampler:
         batches: list[list[int]] = []
         for start in range(0, len(rows), self.window):
             chunk = sorted(rows[start : start + self.window], key=self.lengths.__getitem__)  # stable
-            batches.extend(pack_sorted(chunk, self.lengths, self.max_tokens))
+            batches.extend(pack_sorted(chunk, self.lengths, self.budget))
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -148,9 +151,10 @@ class EvalBatches:
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, rank: int = 0, world_size: int = 1,
                  limit: int | None = None):
         self.lengths = [int(n) for n in lengths]
-        fit, self.skipped = _fits(self.lengths, max_tokens)
+        budget = TokenBudget(max_tokens)
+        fit, self.skipped = _fits(self.lengths, budget)
         order = sorted(fit, key=self.lengths.__getitem__)
-        batches = pack_sorted(order, self.lengths, max_tokens)[: limit or None]  # None / 0: all
+        batches = pack_sorted(order, self.lengths, budget)[: limit or None]  # None / 0: all
         per_rank = -(-len(batches) // world_size)
         mine = batches[rank::world_size]
         filler = batches[: per_rank - len(mine)]
@@ -172,5 +176,5 @@ def fixed_size_batches(num_rows: int, batch_size: int, seed: int = 0) -> list[li
 def padding_waste(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
     """Padding positions per real position: (Σ rows × longest − Σ lengths) / Σ lengths."""
     real = sum(lengths[i] for b in batches for i in b)
-    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    padded = sum(TokenBudget.cost(len(b), max(lengths[i] for i in b)) for b in batches if b)
     return (padded - real) / real if real else 0.0

@@ -37,6 +37,7 @@ import torch
 
 from voxpipe.backends import QUALITY, QUALITY_BACKEND, SPEAKER
 from voxpipe.data.dataset import EncodedDataset
+from voxpipe.data.token_budget import TokenBudget
 from voxpipe.device import cpu_threads, resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
@@ -462,8 +463,8 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
 
     lengths = val.lengths(config.patch_size)
     # the WHOLE val set: a row longer than the budget gets a batch of its own instead of being dropped
-    batches = val_loss_batches(val, config.patch_size, max(params.train.max_tokens, max(lengths)),
-                               config.max_length)
+    budget = TokenBudget(params.train.max_tokens).widened_to(max(lengths))
+    batches = val_loss_batches(val, config.patch_size, budget.max_tokens, config.max_length)
     digest = val_digest(batches, p.seeds)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
     config = p.model_dump()  # each backend takes its own evaluate.* fields (voxpipe/backends.py)

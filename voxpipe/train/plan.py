@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
+from voxpipe.data.token_budget import TokenBudget
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text
 from voxpipe.model.audiovae import AudioVAE
@@ -80,10 +81,9 @@ class Setup:
     max_tokens: int
 
     def micro_batch(self) -> tuple[int, int]:
-        """(rows, positions) of the largest micro-batch max_tokens allows: rows x longest <= max_tokens,
-        a row at most config.max_length long (collate cuts it there)."""
-        length = min(self.max_tokens, self.config.max_length)
-        return max(1, self.max_tokens // length), length
+        """(rows, positions) of the largest micro-batch train.max_tokens allows (TokenBudget), a row at
+        most config.max_length long (collate cuts it there)."""
+        return TokenBudget(self.max_tokens).largest_batch(self.config.max_length)
 
     def with_max_tokens(self, max_tokens: int) -> Setup:
         return Setup(self.config, self.world_size, self.lora, self.activation_checkpointing, self.dtype,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from voxpipe.data.token_budget import TokenBudget
 from voxpipe.errors import StepError
 from voxpipe.mfu.flops import row_counts, training_flops
 from voxpipe.mfu.peak import peak_flops
@@ -86,7 +87,7 @@ class Throughput:
         real = int(np.count_nonzero((batch["text_mask"].numpy() > 0) | (batch["audio_mask"].numpy() > 0)))
         counts = row_counts(rows)
         flops = training_flops(self.config, b, length, **counts)
-        for i, value in enumerate((b * length, real, b, flops)):
+        for i, value in enumerate((TokenBudget.cost(b, length), real, b, flops)):
             self._counts[i] += value
         self._shapes.append([b, length, counts["dit_rows"], counts["enc_rows"], counts["lm_rows"]])
 
