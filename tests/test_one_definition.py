@@ -23,6 +23,9 @@ NOT_THE_RULE = {
     "voxpipe/evaluate/asr.py": "config.json check",  # a Whisper folder
 }
 CHECKS = ("is_file", "isfile", "exists", "is_dir")
+# a file that holds none of these words defines none of the rules (and is not parsed)
+WORDS = ("SAMPLE_RATE", "16000", "16_000", "config.json", "CONFIG", "VoxCPM2 checkpoint", "TokenBudget",
+         "max_tokens")
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -38,9 +41,9 @@ def _names(node: ast.AST) -> set[str]:
     return found
 
 
-def _config_checks(scope: ast.AST) -> bool:
-    """Whether a function (or module) asks if a config.json exists, directly or through a variable that
-    holds its path (`config_path = folder / "config.json"` ... `config_path.is_file()`)."""
+def _config_checks(scope: ast.Module) -> bool:
+    """Whether a module asks if a config.json exists, directly or through a variable that holds its
+    path (`config_path = folder / "config.json"` ... `config_path.is_file()`)."""
     marks = {"config.json", "CONFIG"}
     assigned = [node for node in ast.walk(scope) if isinstance(node, ast.Assign)]
     marks |= {t.id for node in assigned if "config.json" in _names(node.value)
@@ -57,7 +60,7 @@ def _config_checks(scope: ast.AST) -> bool:
 def _kinds(node: ast.AST) -> list[str]:
     """Which of the rules `node` defines or writes out (none for most nodes)."""
     kinds = []
-    if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) and _config_checks(node):
+    if isinstance(node, ast.Module) and _config_checks(node):
         kinds.append("config.json check")
     if isinstance(node, ast.Assign | ast.AnnAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -81,7 +84,10 @@ def definitions(root: Path, folders=("voxpipe", "components")) -> dict[str, set[
     found: dict[str, set[str]] = {kind: set() for kind in HOMES}
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            text = path.read_text(encoding="utf-8")
+            if not any(word in text for word in WORDS):  # most modules: no parse needed
+                continue
+            for node in ast.walk(ast.parse(text)):
                 name = path.relative_to(root).as_posix()
                 for kind in _kinds(node):
                     if NOT_THE_RULE.get(name) != kind:
