@@ -437,7 +437,8 @@ def no_process_left(repo: Path, timeout: float = 120) -> None:
                 cmd = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if (cwd == folder or folder in cwd.parents) and (b"voxpipe" in cmd or b"sweep.py" in cmd):
+            ours = (b"bin/voxpipe\x00", b"voxpipe.cli", b"voxpipe.launch", b"sweep.py")
+            if (cwd == folder or folder in cwd.parents) and any(m in cmd for m in ours):
                 left.append(f"{proc.name}: {cmd[:120]!r}")
         if not left:
             return

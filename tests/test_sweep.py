@@ -177,6 +177,40 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
     record = json.loads((Path(root) / "sweep" / SWEEP_FILE).read_text())
     assert record["registered"]["promoted"] and record["ranking"][0] == children["a"]["run_id"]
 
+    # a sweep whose best is the champion's own export (the same settings again): no twin version
+    again = where[:-1] + [str(root / "sweep2")]
+    assert main(["sweep-open", "--grid", "train.lr=1e-4", *again]) == 0
+    parent2 = json.loads((root / "sweep2" / SWEEP_FILE).read_text())["parent_run"]
+    register_point(runs["a"], server, parent2)
+    capsys.readouterr()
+    assert main(["sweep-close", "--tracking-uri", server, "--register-model-name", NAME,
+                 "--out", str(root / "sweep2")]) == 0
+    said = capsys.readouterr().out
+    assert f"the same model as {NAME} v{champion.version} (@champion" in said and "no new version" in said
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 1
+    assert json.loads((root / "sweep2" / SWEEP_FILE).read_text())["registered"]["version"] is None
+    assert client.get_run(parent2).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_closes_its_parent_and_a_rerun_reopens_it(server):
+    """end_sweep: the parent and its RUNNING children end KILLED, tagged why; reopen_sweep: RUNNING and
+    open again, the reason gone."""
+    from voxpipe.track.sweep import ENDED_TAG, SWEEP_TAG, end_sweep, reopen_sweep
+
+    client = MlflowClient(server)
+    experiment = client.create_experiment("sweep-stop")
+    parent = client.create_run(experiment, tags={SWEEP_TAG: "open"}).info.run_id
+    child = client.create_run(experiment, tags={PARENT_TAG: parent}).info.run_id
+    end_sweep(server, parent, "KILLED", "stopped by SIGINT")
+    run = client.get_run(parent)
+    assert run.info.status == "KILLED" and run.data.tags[SWEEP_TAG] == "killed"
+    assert run.data.tags[ENDED_TAG] == "stopped by SIGINT" and client.get_run(child).info.status == "KILLED"
+    reopen_sweep(server, parent)
+    run = client.get_run(parent)
+    assert run.info.status == "RUNNING" and run.data.tags[SWEEP_TAG] == "open"
+    assert ENDED_TAG not in run.data.tags
+
 
 def test_a_cluster_point_sets_its_values_in_train_and_evaluate_and_the_parent_in_tracking():
     """The KFP sweep's `sweep_point` (its function, called directly): nested keys land in their section."""
