@@ -588,7 +588,7 @@ def test_a_killed_make_or_a_sigterm_stops_the_sweep_with_no_orphan(repo, first_r
     proc.terminate()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and "Traceback" not in out + err, err
-    assert len(err.strip().splitlines()) == 1 and "queued removed" in err, err
+    assert len(err.strip().splitlines()) == 1 and "queued or running stopped" in err, err
     parent = sweep_record(repo)["parent_run"]
     assert parent_run(repo, parent).info.status == "KILLED"
     assert sweep_names_in_dvc(repo, parent) == ({}, set())

@@ -272,21 +272,9 @@ class Sweep:
         try:
             if not self.names:
                 raise LookupError
-            states = queue_states(self.names)
-            queued = [n for n in self.names if states.get(n) == "Queued"]
-            if queued:
-                dvc("queue", "remove", *queued)
-                done.append(f"{len(queued)} queued removed")
-            running = [n for n in self.names if states.get(n) == "Running"]
-            if running:
-                dvc("queue", "kill", *running)
-                deadline = time.monotonic() + KILL_WAIT_S
-                while any(s == "Running" for s in queue_states(running).values()):
-                    if time.monotonic() > deadline:
-                        dvc("queue", "kill", "--force", *running)
-                        deadline = float("inf")
-                    time.sleep(1)
-                done.append(f"{len(running)} running stopped")
+            stopped = settle(self.names)
+            if stopped:
+                done.append(f"{stopped} queued or running stopped")
             states = queue_states(self.names)
             unfinished = [n for n in self.names if states.get(n) not in (None, "Success")]
             for name in unfinished:
@@ -348,17 +336,40 @@ def open_or_resume(sw: Sweep, grid: dict, grid_args: list[str], params_file: str
 
 def clear(names: list[str]) -> None:
     """Points of an earlier run of this sweep that did not succeed: out of the queue before they run again."""
-    if not names:
-        return
-    states = queue_states(names)
-    running = [n for n in names if states.get(n) == "Running"]
-    if running:
-        dvc("queue", "kill", "--force", *running)
-        while any(s == "Running" for s in queue_states(running).values()):
-            time.sleep(1)
-    present = [n for n in names if n in queue_states(names)]
-    if present:
-        dvc("queue", "remove", *present)
+    if names:
+        settle(names, force_after=0)
+        present = [n for n in names if n in queue_states(names)]
+        if present:
+            dvc("queue", "remove", *present)
+
+
+def settle(names: list[str], force_after: float = KILL_WAIT_S) -> int:
+    """Until none of `names` is queued or running: the queued removed, the running interrupted as by
+    Ctrl-C (`dvc queue kill`; `--force` after `force_after` s). Retried: a task just taken by a worker is
+    neither removable nor yet killable, and dvc refuses a kill of a task still being set up. Returns how
+    many there were."""
+    start, interrupted, seen = time.monotonic(), set(), set()
+    while True:
+        states = queue_states(names)
+        queued = [n for n in names if states.get(n) == "Queued"]
+        running = [n for n in names if states.get(n) == "Running"]
+        seen |= {*queued, *running}
+        if not queued and not running:
+            return len(seen)
+        waited = time.monotonic() - start
+        if waited > force_after + 2 * KILL_WAIT_S:
+            raise StepError(f"{', '.join(running + queued)} still running after {waited:.0f} s; "
+                            "`dvc queue kill --force NAME` stops it")
+        if queued:
+            with contextlib.suppress(StepError):
+                dvc("queue", "remove", *queued)
+        force = waited > force_after
+        for name in running:  # one at a time: dvc refuses the whole call if one cannot be killed yet
+            if force or name not in interrupted:
+                with contextlib.suppress(StepError):
+                    dvc("queue", "kill", *(["--force"] if force else []), name)
+                    interrupted.add(name)
+        time.sleep(1)
 
 
 def sweep(sw: Sweep, grid_args: list[str], params_file: str, asked_workers: int, sets: list[str],
