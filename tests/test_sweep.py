@@ -194,18 +194,25 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
 
 @pytest.mark.slow
 def test_a_stopped_sweep_closes_its_parent_and_a_rerun_reopens_it(server):
-    """end_sweep: the parent and its RUNNING children end KILLED, tagged why; reopen_sweep: RUNNING and
-    open again, the reason gone."""
-    from voxpipe.track.sweep import ENDED_TAG, SWEEP_TAG, end_sweep, reopen_sweep
+    """end_sweep: the parent ends KILLED, tagged why; a RUNNING child (its point's register did not
+    finish) ends KILLED and leaves the sweep, so compare --sweep and sweep-close skip it; a FINISHED one
+    stays. reopen_sweep: RUNNING and open again, the reason gone."""
+    from voxpipe.track.sweep import ENDED_TAG, LEFT_TAG, SWEEP_TAG, end_sweep, reopen_sweep
 
     client = MlflowClient(server)
     experiment = client.create_experiment("sweep-stop")
     parent = client.create_run(experiment, tags={SWEEP_TAG: "open"}).info.run_id
     child = client.create_run(experiment, tags={PARENT_TAG: parent}).info.run_id
+    done = client.create_run(experiment, tags={PARENT_TAG: parent}).info.run_id
+    client.set_terminated(done, "FINISHED")
     end_sweep(server, parent, "KILLED", "stopped by SIGINT")
     run = client.get_run(parent)
     assert run.info.status == "KILLED" and run.data.tags[SWEEP_TAG] == "killed"
-    assert run.data.tags[ENDED_TAG] == "stopped by SIGINT" and client.get_run(child).info.status == "KILLED"
+    assert run.data.tags[ENDED_TAG] == "stopped by SIGINT"
+    left = client.get_run(child)
+    assert left.info.status == "KILLED" and left.data.tags[LEFT_TAG] == parent
+    assert PARENT_TAG not in left.data.tags
+    assert client.get_run(done).data.tags[PARENT_TAG] == parent
     reopen_sweep(server, parent)
     run = client.get_run(parent)
     assert run.info.status == "RUNNING" and run.data.tags[SWEEP_TAG] == "open"

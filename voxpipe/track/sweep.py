@@ -52,6 +52,7 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child under it
 GRID_TAG = "voxpipe.sweep.grid"  # on the parent: the grid as JSON
 SWEEP_TAG = "voxpipe.sweep"  # on the parent: "open", then "closed", or "killed" / "failed" (end_sweep)
 ENDED_TAG = "voxpipe.sweep.ended"  # on a parent that did not close: why (a signal, a failed point)
+LEFT_TAG = "voxpipe.sweep.left"  # on a child whose point did not finish: the parent it was taken out of
 BEST_TAG = "voxpipe.sweep_best"  # on the parent: the winning child's run id
 MODEL_TAG = "voxpipe.sweep.model"  # on a child: its logged model as JSON (uri, model_id, export_md5)
 SWEPT_PREFIX = "sweep."  # on a child: `sweep.<key>` = its value of a swept key
@@ -232,15 +233,19 @@ def sweep_close(params: Params) -> SweepResult:
 
 # -- a sweep that did not close -------------------------------------------------------------------
 def end_sweep(uri: str, parent: str, status: str, why: str) -> None:
-    """Close a sweep that stops before sweep-close (a signal, a failed point): the parent, and any child
-    still RUNNING, end as `status` (KILLED / FAILED), the parent tagged `voxpipe.sweep` killed / failed
-    and why. A parent left RUNNING and `open` would look like a sweep still under way, forever."""
+    """Close a sweep that stops before sweep-close (a signal, a failed point): the parent ends as
+    `status` (KILLED / FAILED), tagged `voxpipe.sweep` killed / failed and why. A parent left RUNNING and
+    `open` would look like a sweep still under way, forever. A child still RUNNING is a point whose
+    register did not finish: it ends `status` too and leaves the sweep (its parent tag moved to
+    `voxpipe.sweep.left`), so neither `voxpipe compare --sweep` nor a later sweep-close counts it."""
     with session(uri) as client:
         client.set_tag(parent, SWEEP_TAG, status.lower())
         client.set_tag(parent, ENDED_TAG, why[:500])
         experiment = client.get_run(parent).info.experiment_id
         for child in children(client, experiment, parent):
             if child.info.status == "RUNNING":
+                client.set_tag(child.info.run_id, LEFT_TAG, parent)
+                client.delete_tag(child.info.run_id, PARENT_TAG)
                 client.set_terminated(child.info.run_id, status)
         client.set_terminated(parent, status)
 
