@@ -531,7 +531,7 @@ def test_an_interrupted_sweep_stops_its_points_and_the_same_command_finishes_it(
     run_ = parent_run(repo, parent)
     assert run_.info.status == "KILLED" and run_.data.tags["voxpipe.sweep"] == "killed"
     states, shown = sweep_names_in_dvc(repo, parent)
-    assert states == {f"sweep-{parent[:8]}-0": "Success"}, states
+    assert states == {f"sweep-{parent[:8]}-0": "Success"}, (states, err)
     assert f"sweep-{parent[:8]}-1" not in shown
     no_process_left(repo)
 

@@ -52,6 +52,7 @@ import json
 import re
 import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,13 +137,19 @@ def workers(asked: int, points: int) -> int:
 
 
 def run(*cmd: str) -> str:
+    """A command's output. Into files, not pipes: `dvc queue start` leaves its workers holding the
+    descriptors it was given, and a pipe would only reach its end when the whole queue has run."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-    with GUARD.atomic():
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, start_new_session=True)
+    with GUARD.atomic(), tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.run(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                              start_new_session=True)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
         raise StepError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): "
-                        f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
-    return proc.stdout
+                        f"{(stderr or stdout).strip()[-3000:]}")
+    return stdout
 
 
 def dvc(*args: str) -> str:
