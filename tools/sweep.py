@@ -426,6 +426,7 @@ def sweep(sw: Sweep, grid_args: list[str], params_file: str, asked_workers: int,
                 f"[{len(finished)}/{len(todo)} done, {minutes:.1f} min]")
             if state != "Success":
                 raise PointFailed(name, logs[name])
+    GUARD.hold()  # every point ran: the sweep closes (seconds) whatever signal comes, never half closed
     closing = voxpipe("sweep-close", *shared(params_file, sets, sw.uri), "--set",
                       f"tracking.parent_run={parent}")
     say(closing.strip())
