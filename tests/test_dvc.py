@@ -447,22 +447,35 @@ def no_process_left(repo: Path, timeout: float = 120) -> None:
 
 
 def test_a_sweep_needs_its_data_in_git_or_dvc_before_it_queues(repo, first_repro, at_commit):
-    """README's own-folder path: data/my-voice untracked. The sweep stops before queueing anything or
-    opening a parent run, naming `dvc add data/my-voice` and why (issue 41)."""
-    write_small_sample(repo / "data" / "my-voice", per_speaker=2)
-    write_params(repo, ingest={**TEST_SETTINGS["ingest"], "input": ["data/my-voice"]})
+    """README's own-folder path: the folder untracked. The sweep stops before queueing anything or
+    opening a parent run, naming `dvc add` and why; what it says to do then makes the sweep work: its
+    point runs every stage on that folder (issue 41). (their-voice: test_a_new_voice's my-voice model
+    must stay at version 1.)"""
+    write_small_sample(repo / "data" / "their-voice", per_speaker=4)
+    write_params(repo, ingest={**TEST_SETTINGS["ingest"], "input": ["data/their-voice"]})
+    shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
     try:
         proc = subprocess.run([*SWEEP, "--grid", "train.lr=2e-5,4e-5"], cwd=repo, env=_env(),
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "data/my-voice, a dependency of stage ingest" in proc.stderr
-        assert "`dvc add data/my-voice && git add data/my-voice.dvc data/.gitignore`" in proc.stderr
-        assert "Nothing was queued" in proc.stderr
+        assert "data/their-voice, a dependency of stage ingest" in proc.stderr
+        way = "`dvc add data/their-voice && git add data/their-voice.dvc data/.gitignore`"
+        assert way in proc.stderr and "Nothing was queued" in proc.stderr
         assert not (repo / "work" / "sweep" / "sweep.json").exists()
         assert "sweep-" not in dvc(repo, "queue", "status")
+
+        dvc(repo, "add", "-q", "data/their-voice")
+        run(repo, "git", "add", "data/their-voice.dvc", "data/.gitignore")
+        out = run(repo, *SWEEP, "--grid", "train.lr=2e-5")
+        every = "ingest, manifest, validate, encode, train, evaluate, mfu, register"
+        assert f"(Success): ran {every} [1/1 done" in out, out
+        assert "registered as voxpipe-their-voice v1" in out, out
     finally:
-        shutil.rmtree(repo / "data" / "my-voice")
+        run(repo, "git", "reset", "-q")
+        for path in ("data/their-voice", "data/their-voice.dvc", "data/.gitignore"):
+            target = repo / path
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
         restore_commit(repo)
 
 
