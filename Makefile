@@ -64,8 +64,12 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, metrics, audio, the model registry)"
 
-sweep: $(STAMP)  ## GRID="train.lr=5e-5,1e-4 train.lora.r=16,32": one DVC experiment per point, then the best registered (tools/sweep.py)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python tools/sweep.py $(foreach g,$(GRID),--grid $(g))
+# GRID reaches tools/sweep.py as data: in the environment, unexpanded ($(value)), never in a shell line; exec
+# makes make its parent, so a killed make stops it (tools/sweep.py: PR_SET_PDEATHSIG)
+unexport GRID YES  # make would expand them (a `$(shell ...)` in them run) to put them in every recipe's env
+sweep: export VOXPIPE_SWEEP_GRID = $(value GRID)
+sweep: $(STAMP)  ## GRID="train.lr=5e-5,1e-4 train.lora.r=16,32" [YES=1 past 16 points]: one DVC experiment per point, then the best registered (tools/sweep.py)
+	PATH="$(abspath $(BIN)):$$PATH" exec $(BIN)/python tools/sweep.py --grid-env VOXPIPE_SWEEP_GRID $(if $(value YES),--yes)
 
 repro: $(STAMP)  ## dvc repro: rerun the stages whose code, data or params changed (RECIPE=NAME: a recipe)
 	$(APPLY_RECIPE)

@@ -405,26 +405,208 @@ def test_a_new_voice_trains_fresh_and_registers_as_a_model_of_its_own(repo, firs
         restore_commit(repo)
 
 
-def test_a_sweep_queues_one_experiment_per_point_that_reuses_the_data_stages(repo, first_repro, at_commit):
+SWEEP = [sys.executable, str(ROOT / "tools" / "sweep.py")]
+
+
+def sweep_record(repo: Path) -> dict:
+    return json.loads((repo / "work" / "sweep" / "sweep.json").read_text())
+
+
+def sweep_names_in_dvc(repo: Path, parent: str) -> tuple[dict[str, str], set[str]]:
+    """(name -> state in `dvc queue status`, the experiment names `dvc exp show` lists) of one sweep."""
+    prefix = f"sweep-{parent[:8]}-"
+    states = {f[1]: f[-1] for f in (ln.split() for ln in dvc(repo, "queue", "status").splitlines())
+              if len(f) > 2 and f[1].startswith(prefix)}
+    shown = set(re.findall(rf'"name": "({prefix}[^"]*)"', dvc(repo, "exp", "show", "--json")))
+    return states, shown
+
+
+def parent_run(repo: Path, run_id: str):
+    return MlflowClient(f"sqlite:///{repo / 'work/mlflow.db'}").get_run(run_id)
+
+
+def no_process_left(repo: Path, timeout: float = 120) -> None:
+    """No tools/sweep.py and no voxpipe step (a point's torchrun, evaluate...) runs in the repo or in one
+    of DVC's temporary experiment copies under it (Linux /proc)."""
+    folder, deadline = repo.resolve(), time.monotonic() + timeout
+    while True:
+        left = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                cwd = Path(os.readlink(proc / "cwd"))
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ours = (b"bin/voxpipe\x00", b"voxpipe.cli", b"voxpipe.launch", b"sweep.py")
+            if (cwd == folder or folder in cwd.parents) and any(m in cmd for m in ours):
+                left.append(f"{proc.name}: {cmd[:120]!r}")
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes left: {left}"
+        time.sleep(0.5)
+
+
+def test_a_sweep_needs_its_data_in_git_or_dvc_before_it_queues(repo, first_repro, at_commit):
+    """README's own-folder path: the folder untracked. The sweep stops before queueing anything or
+    opening a parent run, naming `dvc add` and why; what it says to do then makes the sweep work: its
+    point runs every stage on that folder (issue 41). (their-voice: test_a_new_voice's my-voice model
+    must stay at version 1.)"""
+    write_small_sample(repo / "data" / "their-voice", per_speaker=4)
+    write_params(repo, ingest={**TEST_SETTINGS["ingest"], "input": ["data/their-voice"]})
+    shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
+    try:
+        proc = subprocess.run([*SWEEP, "--grid", "train.lr=2e-5,4e-5"], cwd=repo, env=_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "data/their-voice, a dependency of stage ingest" in proc.stderr
+        way = "`dvc add data/their-voice && git add data/their-voice.dvc data/.gitignore`"
+        assert way in proc.stderr and "Nothing was queued" in proc.stderr
+        assert not (repo / "work" / "sweep" / "sweep.json").exists()
+        assert "sweep-" not in dvc(repo, "queue", "status")
+
+        dvc(repo, "add", "-q", "data/their-voice")
+        run(repo, "git", "add", "data/their-voice.dvc", "data/.gitignore")
+        out = run(repo, *SWEEP, "--grid", "train.lr=2e-5")
+        every = "ingest, manifest, validate, encode, train, evaluate, mfu, register"
+        assert f"(Success): ran {every} [1/1 done" in out, out
+        assert "registered as voxpipe-their-voice v1" in out, out
+    finally:
+        run(repo, "git", "reset", "-q")
+        for path in ("data/their-voice", "data/their-voice.dvc", "data/.gitignore"):
+            target = repo / path
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        restore_commit(repo)
+
+
+def test_a_failed_point_closes_the_sweep_and_a_rerun_keeps_the_point_that_succeeded(repo, first_repro,
+                                                                                    at_commit):
+    """Point 1 (train.device=npu on a machine without one) fails: the sweep ends in one line naming it
+    and its saved log, the parent is FAILED (tagged), the failed point is out of the queue and of `dvc exp
+    show`; the same command again keeps point 0 (it runs no stage) and tries point 1 again (issue 41)."""
+    shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
+    command = [*SWEEP, "--grid", "train.device=cpu,npu", "--grid", "train.lr=2e-5", "--workers", "1"]
+    first = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    assert first.returncode == 1 and "Traceback" not in first.stdout + first.stderr, first.stderr[-3000:]
+    record = sweep_record(repo)
+    parent = record["parent_run"]
+    assert re.search(rf"^sweep-{parent[:8]}-0 \(Success\): ran train, evaluate, mfu, register \[1/2 done",
+                     first.stdout, re.M), first.stdout
+    assert len(first.stderr.strip().splitlines()) == 1, first.stderr
+    assert f"point sweep-{parent[:8]}-1 failed" in first.stderr
+    assert (repo / "work" / "sweep" / f"sweep-{parent[:8]}-1.log").is_file()
+    run_ = parent_run(repo, parent)
+    assert run_.info.status == "FAILED" and run_.data.tags["voxpipe.sweep"] == "failed"
+    assert "voxpipe.sweep.ended" in run_.data.tags
+    states, shown = sweep_names_in_dvc(repo, parent)
+    assert states == {f"sweep-{parent[:8]}-0": "Success"}, states
+    assert f"sweep-{parent[:8]}-1" not in shown  # no failed row with the baseline's figures
+    assert record["state"] == "failed"
+
+    again = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    assert again.returncode == 1 and "Traceback" not in again.stdout + again.stderr, again.stderr[-3000:]
+    assert sweep_record(repo)["parent_run"] == parent  # the same sweep, taken up again
+    kept = f"sweep-{parent[:8]}-0 (Success): kept from the stopped run of this sweep, ran nothing"
+    assert kept in again.stdout
+    assert "1 experiments queued" in again.stdout and f"point sweep-{parent[:8]}-1-r1 failed" in again.stderr
+    assert parent_run(repo, parent).info.status == "FAILED"
+    no_process_left(repo)
+    restore_commit(repo)
+
+
+def test_an_interrupted_sweep_stops_its_points_and_the_same_command_finishes_it(repo, first_repro,
+                                                                                at_commit):
     """`make sweep` (tools/sweep.py): one queued `dvc exp run -S` per point, run by `dvc queue start`;
     each reruns only train and after (ingest, manifest, encode come from dvc.lock and the cache); the
-    points are children of one MLflow parent and only the best becomes a model version (issue 31)."""
+    points are children of one MLflow parent and only the best becomes a model version (issue 31).
+    Ctrl-C once point 0 finished and point 1 runs: one line, no traceback, point 1 stopped and out of
+    the queue, the parent KILLED, no process left; the same command keeps point 0, runs point 1 and
+    closes the sweep (issue 41)."""
+    shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
     db = repo / "work" / "mlflow.db"
     before = {v.version for v in MlflowClient(f"sqlite:///{db}").search_model_versions("name='voxpipe-sample'")}
-    out = run(repo, sys.executable, str(ROOT / "tools" / "sweep.py"), "--grid", "train.lr=2e-5,4e-5",
-              "--workers", "1")
-    points = re.findall(r"^(sweep-\w+-\d) \((\w+)\): ran (.*)$", out, re.M)
-    once_each = [("Success", "train, evaluate, mfu, register")] * 2  # no ingest, manifest, encode
-    assert [(state, stages) for _, state, stages in points] == once_each, out
+    command = [*SWEEP, "--grid", "train.lr=2e-5,4e-5", "--workers", "1"]
+    proc = subprocess.Popen(command, cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[1/2 done" in line:
+            break
+    assert "(Success): ran train, evaluate, mfu, register [1/2 done" in "".join(lines), "".join(lines)
+    time.sleep(3)  # point 1 has started
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sweep: stopped by SIGINT:"), err
+    parent = sweep_record(repo)["parent_run"]
+    run_ = parent_run(repo, parent)
+    assert run_.info.status == "KILLED" and run_.data.tags["voxpipe.sweep"] == "killed"
+    states, shown = sweep_names_in_dvc(repo, parent)
+    assert states == {f"sweep-{parent[:8]}-0": "Success"}, (states, err)
+    assert f"sweep-{parent[:8]}-1" not in shown
+    no_process_left(repo)
+
+    out = run(repo, *command)
+    assert f"sweep-{parent[:8]}-0 (Success): kept from the stopped run of this sweep, ran nothing" in out
+    points = re.findall(r"^(sweep-\w+-\d(?:-r\d)?) \((\w+)\): ran (.*?) \[", out, re.M)
+    assert [(state, stages) for _, state, stages in points] == [("Success", "train, evaluate, mfu, register")]
     assert "train.lr" in out and "loss_model" in out  # dvc exp show: the swept key and the figures
-    sweep = json.loads((repo / "work" / "sweep" / "sweep.json").read_text())
+    sweep = sweep_record(repo)
+    assert sweep["parent_run"] == parent and sweep["state"] == "closed"
     client = MlflowClient(f"sqlite:///{db}")
     experiment = client.get_experiment_by_name("voxpipe").experiment_id
-    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{sweep['parent_run']}'")
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'")
     assert sorted(r.data.tags["sweep.train.lr"] for r in children) == ["2e-05", "4e-05"]
-    assert client.get_run(sweep["parent_run"]).data.tags["voxpipe.sweep_best"] == sweep["best"]
+    closed = client.get_run(parent)
+    assert closed.info.status == "FINISHED" and closed.data.tags["voxpipe.sweep_best"] == sweep["best"]
     new = [v for v in client.search_model_versions("name='voxpipe-sample'") if v.version not in before]
     assert [v.run_id for v in new] == [sweep["best"]]
+    restore_commit(repo)
+
+
+def test_a_killed_make_or_a_sigterm_stops_the_sweep_with_no_orphan(repo, first_repro, at_commit):
+    """`make sweep` SIGKILLed while its point runs: tools/sweep.py (make's child: the recipe execs it)
+    gets SIGHUP from the kernel (PR_SET_PDEATHSIG), stops the point and closes the parent KILLED; nothing
+    of the sweep runs on. Then SIGTERM while the points are being queued: the queued ones are removed."""
+    shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
+    (repo / "tools").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "tools" / "sweep.py", repo / "tools" / "sweep.py")  # the recipe's relative path
+    make = subprocess.Popen(["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={BIN.parent}", "STAMP=",
+                             "sweep", "GRID=train.lr=3e-5"], cwd=repo, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in make.stdout:
+        if "experiments queued" in line:
+            break
+    time.sleep(5)  # the point runs
+    make.kill()
+    make.wait()
+    no_process_left(repo)
+    err = make.stderr.read()  # (make's own `sed` over a pyproject.toml the scratch repo lacks, first)
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("sweep: stopped by SIGHUP:"), err
+    parent = sweep_record(repo)["parent_run"]
+    run_ = parent_run(repo, parent)
+    assert run_.info.status == "KILLED" and run_.data.tags["voxpipe.sweep"] == "killed"
+    assert sweep_names_in_dvc(repo, parent) == ({}, set())
+
+    shutil.rmtree(repo / "work" / "sweep")
+    proc = subprocess.Popen([*SWEEP, "--grid", "train.lr=5e-5,6e-5,7e-5"], cwd=repo, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (repo / "work/sweep/sweep.json").is_file() or not sweep_record(repo).get("experiments"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.terminate()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Traceback" not in out + err, err
+    assert len(err.strip().splitlines()) == 1 and "queued or running stopped" in err, err
+    parent = sweep_record(repo)["parent_run"]
+    assert parent_run(repo, parent).info.status == "KILLED"
+    assert sweep_names_in_dvc(repo, parent) == ({}, set())
+    no_process_left(repo)
+    shutil.rmtree(repo / "tools")
     restore_commit(repo)
 
 

@@ -11,6 +11,12 @@ The DVC sweep (tools/sweep.py) runs in test_dvc.py's scratch repo, the KFP sweep
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +72,57 @@ def test_the_cli_says_a_bad_grid_in_one_line(capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1
 
 
+# -- tools/sweep.py and make sweep: safe to start -------------------------------------------------------
+SWEEP = [sys.executable, str(ROOT / "tools" / "sweep.py")]
+
+
+@pytest.mark.parametrize("hostile", [
+    "train.lr=$$(touch {m})", "train.lr=$(touch {m})", "train.lr=`touch {m}`", "train.lr=1;touch {m}",
+    "train.lr=1|touch {m}", "train.lr=1\ntouch {m}", "train.lr=1 && touch {m}", "$(shell touch {m})",
+    "train.lr='1' ; touch {m} '", "train.lr=1 > {m}",
+])
+def test_make_sweep_hands_grid_over_as_data_never_as_a_shell_line(hostile, tmp_path):
+    """A GRID from a CI variable: shell metacharacters, newlines and make functions reach tools/sweep.py
+    as text (the grid's check refuses them in one line); nothing of them runs (issue 41)."""
+    marker = tmp_path / "pwned"
+    # -o: the venv stamp counts as built, whatever pyproject.toml's age
+    grid = f"GRID={hostile.format(m=marker)}"
+    proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "sweep", grid], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and not marker.exists(), proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("make")]
+    assert "Traceback" not in proc.stderr and len(lines) == 1 and lines[0].startswith("sweep: error:"), lines
+
+
+def test_a_grid_past_the_bound_asks_for_yes_before_anything_starts(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    proc = subprocess.run([*SWEEP, "--grid", "train.lr=1e-4,2e-4,3e-4", "--grid", "train.seed=1,2,3,4,5,6"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "the grid has 18 points, more than --max-points 16" in proc.stderr and "--yes" in proc.stderr
+    assert not (tmp_path / "work" / "sweep").exists()
+    proc = subprocess.run([*SWEEP, "--grid", "train.lr=1e-4,2e-4", "--max-points", "1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert "the grid has 2 points, more than --max-points 1" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_before_the_sweep_opened_is_one_line(sig, tmp_path):
+    """A signal while the driver loads or checks (here no DVC repo: it ends in that error if the signal
+    comes later): one line, never a traceback, whatever the moment."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    for delay in (0.3, 0.8, 1.5):
+        proc = subprocess.Popen([*SWEEP, "--grid", "train.lr=1e-4"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (delay, err)
+        assert err.startswith(("sweep: stopped by", "sweep: error: DVC cannot read the pipeline")), err
+        assert not (tmp_path / "work" / "sweep").exists()
+
+
 # -- MLflow: parent, children, only the best registered ---------------------------------------------
 @pytest.fixture(scope="module")
 def points(tmp_path_factory):
@@ -119,6 +176,47 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
     assert champion.version == versions[0].version
     record = json.loads((Path(root) / "sweep" / SWEEP_FILE).read_text())
     assert record["registered"]["promoted"] and record["ranking"][0] == children["a"]["run_id"]
+
+    # a sweep whose best is the champion's own export (the same settings again): no twin version
+    again = where[:-1] + [str(root / "sweep2")]
+    assert main(["sweep-open", "--grid", "train.lr=1e-4", *again]) == 0
+    parent2 = json.loads((root / "sweep2" / SWEEP_FILE).read_text())["parent_run"]
+    register_point(runs["a"], server, parent2)
+    capsys.readouterr()
+    assert main(["sweep-close", "--tracking-uri", server, "--register-model-name", NAME,
+                 "--out", str(root / "sweep2")]) == 0
+    said = capsys.readouterr().out
+    assert f"the same model as {NAME} v{champion.version} (@champion" in said and "no new version" in said
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 1
+    assert json.loads((root / "sweep2" / SWEEP_FILE).read_text())["registered"]["version"] is None
+    assert client.get_run(parent2).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_closes_its_parent_and_a_rerun_reopens_it(server):
+    """end_sweep: the parent ends KILLED, tagged why; a RUNNING child (its point's register did not
+    finish) ends KILLED and leaves the sweep, so compare --sweep and sweep-close skip it; a FINISHED one
+    stays. reopen_sweep: RUNNING and open again, the reason gone."""
+    from voxpipe.track.sweep import ENDED_TAG, LEFT_TAG, SWEEP_TAG, end_sweep, reopen_sweep
+
+    client = MlflowClient(server)
+    experiment = client.create_experiment("sweep-stop")
+    parent = client.create_run(experiment, tags={SWEEP_TAG: "open"}).info.run_id
+    child = client.create_run(experiment, tags={PARENT_TAG: parent}).info.run_id
+    done = client.create_run(experiment, tags={PARENT_TAG: parent}).info.run_id
+    client.set_terminated(done, "FINISHED")
+    end_sweep(server, parent, "KILLED", "stopped by SIGINT")
+    run = client.get_run(parent)
+    assert run.info.status == "KILLED" and run.data.tags[SWEEP_TAG] == "killed"
+    assert run.data.tags[ENDED_TAG] == "stopped by SIGINT"
+    left = client.get_run(child)
+    assert left.info.status == "KILLED" and left.data.tags[LEFT_TAG] == parent
+    assert PARENT_TAG not in left.data.tags
+    assert client.get_run(done).data.tags[PARENT_TAG] == parent
+    reopen_sweep(server, parent)
+    run = client.get_run(parent)
+    assert run.info.status == "RUNNING" and run.data.tags[SWEEP_TAG] == "open"
+    assert ENDED_TAG not in run.data.tags
 
 
 def test_a_cluster_point_sets_its_values_in_train_and_evaluate_and_the_parent_in_tracking():

@@ -30,7 +30,16 @@ from voxpipe.paramspec import keys
 from voxpipe.report import write_json
 from voxpipe.track.headline import VERDICT_TAG, promoted
 from voxpipe.track.ownership import check_owned
-from voxpipe.track.registry import LoggedModel, Place, ensure_registered_model, log_model, register_logged
+from voxpipe.track.registry import (
+    CHAMPION,
+    EXPORT_TAG,
+    LoggedModel,
+    Place,
+    alias_version,
+    ensure_registered_model,
+    log_model,
+    register_logged,
+)
 from voxpipe.track.tracking import pipeline_experiments, redact_uri, resolve_tracking_uri, session
 
 if TYPE_CHECKING:
@@ -41,7 +50,9 @@ if TYPE_CHECKING:
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child under its parent
 GRID_TAG = "voxpipe.sweep.grid"  # on the parent: the grid as JSON
-SWEEP_TAG = "voxpipe.sweep"  # on the parent: "open", then "closed"
+SWEEP_TAG = "voxpipe.sweep"  # on the parent: "open", then "closed", or "killed" / "failed" (end_sweep)
+ENDED_TAG = "voxpipe.sweep.ended"  # on a parent that did not close: why (a signal, a failed point)
+LEFT_TAG = "voxpipe.sweep.left"  # on a child whose point did not finish: the parent it was taken out of
 BEST_TAG = "voxpipe.sweep_best"  # on the parent: the winning child's run id
 MODEL_TAG = "voxpipe.sweep.model"  # on a child: its logged model as JSON (uri, model_id, export_md5)
 SWEPT_PREFIX = "sweep."  # on a child: `sweep.<key>` = its value of a swept key
@@ -111,6 +122,9 @@ class SweepResult:
             points = len(r["points"])
             return f"sweep: parent run {r['parent_run']} ({points} points) -> {self.out / SWEEP_FILE}"
         reg = r["registered"]
+        if reg.get("version") is None:
+            return (f"sweep-close: best of {r['children']} runs is {r['best']}: {reg['reason']} -> "
+                    f"{self.out / SWEEP_FILE}")
         aliases = " ".join(f"@{a}" for a in reg["aliases"]) or "no alias"
         return (f"sweep-close: best of {r['children']} runs is {r['best']}, registered as {reg['name']} "
                 f"v{reg['version']} ({aliases}); {reg['reason']} -> {self.out / SWEEP_FILE}")
@@ -196,20 +210,58 @@ def sweep_close(params: Params) -> SweepResult:
             local = mlflow.artifacts.download_artifacts(run_id=best.info.run_id, dst_path=tmp,
                                                         artifact_path="eval/eval.json", tracking_uri=uri)
             evaluation = json.loads(Path(local).read_text())
-        place = Place(uri, locks, params.register_.lock_timeout_s)
-        reg = register_logged(client, place, name, best.info.run_id, model, evaluation,
-                              {"voxpipe.sweep": parent})
+        champion = alias_version(client, name, CHAMPION)
+        if champion is not None and champion.tags.get(EXPORT_TAG) == model.export_md5:
+            # the same bytes as the champion (a sweep of the champion's own settings): a second version of
+            # them would be a twin nobody can tell apart, so none is made
+            registered = {"name": name, "version": None, "aliases": [], "promoted": None,
+                          "reason": f"the same model as {name} v{champion.version} (@{CHAMPION}, export md5 "
+                                    f"{model.export_md5}): no new version",
+                          "model_uri": f"models:/{name}/{champion.version}"}
+        else:
+            place = Place(uri, locks, params.register_.lock_timeout_s)
+            reg = register_logged(client, place, name, best.info.run_id, model, evaluation,
+                                  {"voxpipe.sweep": parent})
+            registered = {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
+                          "promoted": reg.decision.promoted, "reason": reg.decision.reason,
+                          "model_uri": f"models:/{reg.name}/{reg.version}"}
         client.set_tag(parent, BEST_TAG, best.info.run_id)
         client.set_tag(parent, SWEEP_TAG, "closed")
         client.set_terminated(parent, "FINISHED")
     record = {"parent_run": parent, "children": len(runs), "best": best.info.run_id,
-              "ranking": [r.info.run_id for r in sorted(runs, key=rank)],
-              "registered": {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
-                             "promoted": reg.decision.promoted, "reason": reg.decision.reason,
-                             "model_uri": f"models:/{reg.name}/{reg.version}"},
-              "closed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "ranking": [r.info.run_id for r in sorted(runs, key=rank)], "registered": registered,
+              "state": "closed", "closed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_json(out / SWEEP_FILE, {**_read(out), **record})
     return SweepResult(out, record)
+
+
+# -- a sweep that did not close -------------------------------------------------------------------
+def end_sweep(uri: str, parent: str, status: str, why: str) -> None:
+    """Close a sweep that stops before sweep-close (a signal, a failed point): the parent ends as
+    `status` (KILLED / FAILED), tagged `voxpipe.sweep` killed / failed and why. A parent left RUNNING and
+    `open` would look like a sweep still under way, forever. A child still RUNNING is a point whose
+    register did not finish: it ends `status` too and leaves the sweep (its parent tag moved to
+    `voxpipe.sweep.left`), so neither `voxpipe compare --sweep` nor a later sweep-close counts it."""
+    with session(uri) as client:
+        client.set_tag(parent, SWEEP_TAG, status.lower())
+        client.set_tag(parent, ENDED_TAG, why[:500])
+        experiment = client.get_run(parent).info.experiment_id
+        for child in children(client, experiment, parent):
+            if child.info.status == "RUNNING":
+                client.set_tag(child.info.run_id, LEFT_TAG, parent)
+                client.delete_tag(child.info.run_id, PARENT_TAG)
+                client.set_terminated(child.info.run_id, status)
+        client.set_terminated(parent, status)
+
+
+def reopen_sweep(uri: str, parent: str) -> None:
+    """A stopped sweep run again with the same grid on the same workspace: its parent runs on (RUNNING,
+    `open`), so the points that finished stay its children and only the others run again."""
+    with session(uri) as client:
+        client.update_run(parent, status="RUNNING")
+        client.set_tag(parent, SWEEP_TAG, "open")
+        if ENDED_TAG in client.get_run(parent).data.tags:
+            client.delete_tag(parent, ENDED_TAG)
 
 
 def _read(out: Path) -> dict[str, Any]:
