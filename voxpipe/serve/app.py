@@ -221,7 +221,7 @@ def build_app(service: Service) -> FastAPI:
         deadline = Deadline(service.deadline_s)
         served, voices = service.loaded()
         raw = await _read_body(request, limit, service.body_timeout_s)
-        speech = await run_in_threadpool(parse_body, raw, voices, service.limits)
+        speech = await run_in_threadpool(parse_body, raw, voices, service.limits, served.locale)
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line
@@ -234,7 +234,8 @@ def build_app(service: Service) -> FastAPI:
             watcher.cancel()
             raise _refusal(e) from None
         headers = {"X-Sample-Rate": str(served.sample_rate), "X-Voxpipe-Model-Version": served.version,
-                   "X-Voxpipe-Adapter": served.adapter_label, "X-Voxpipe-Voice": speech.voice}
+                   "X-Voxpipe-Adapter": served.adapter_label, "X-Voxpipe-Voice": speech.voice,
+                   "X-Voxpipe-Locale": speech.request.locale}  # the input was read in it
         metrics.first_byte.labels(**labels).observe(time.perf_counter() - start)
         if speech.streamed:
             def done() -> None:
