@@ -730,10 +730,10 @@ class SynthesizeParams(Section):
         "(the same function and language detection; the summary shows what was said); --no-normalize: "
         "the text as written. The served model takes the same as its `normalize` param"
     )
-    locale: Literal["", "en-US", "en-GB", "zh-CN"] = Field(
-        "", description="how the text is read (ingest.locale's choices); \"\": the locale the model's "
-        "training text was read in, recorded at register (en-US, said so, for a model that recorded none). "
-        "The served model takes the same as its `locale` param"
+    locale: str = Field(  # checked by the request schema (serve/request.py), as the served model does
+        "", description="how the text is read: en-US, en-GB or zh-CN (as ingest.locale); \"\": the "
+        "locale the model's training text was read in, recorded at register (en-US, said so, for a model "
+        "that recorded none). The served model takes the same as its `locale` param"
     )
     reference: str | None = Field(
         None, description="an audio file of the voice to speak in (a few seconds is enough; at most "
