@@ -197,6 +197,8 @@ def test_each_voice_reads_its_text_in_its_own_locale_and_a_request_may_name_anot
         return raw.headers["x-voxpipe-locale"]
 
     assert read_in("spk_f") == "en-GB" and read_in("spk_m") == "en-US"
+    listed = {v["id"]: v["locale"] for v in json.loads(get(url, "/v1/audio/voices")[1])["voices"]}
+    assert listed["spk_f"] == "en-GB" and listed["spk_m"] == "en-US"
     assert read_in("spk_m", locale="en-GB") == "en-GB" and read_in("spk_f", locale="zh-CN") == "zh-CN"
     registered = json.loads((root / "register" / "registered.json").read_text())
     assert registered["locale"] in ("en-GB", "en-US") and read_in("default") == registered["locale"]

@@ -179,15 +179,16 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        _, voices = service.loaded()
+        served, voices = service.loaded()
         listed = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE, "origin": "model", "text": None,
-                   "seconds": None, "description": "no reference: the voice the model learned"}]
+                   "seconds": None, "locale": served.locale,
+                   "description": "no reference: the voice the model learned"}]
         names = {DEFAULT_VOICE}
         for v in voices.all():  # a speaker named like one listed already (a single-speaker set's "default")
             name = v.speaker if v.speaker not in names else v.id  # is named by its id, unique
             names.add(name)
             listed.append({"id": v.id, "name": name, "origin": v.origin, "text": v.text,
-                           "seconds": v.seconds})
+                           "seconds": v.seconds, "locale": v.locale or served.locale})  # text read in it
         return {"object": "list", "voices": listed}
 
     @app.post("/v1/audio/voices")
