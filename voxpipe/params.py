@@ -173,6 +173,18 @@ class IngestParams(Section):
         json_schema_extra={"wired": True, "shard": True},
     )
 
+    @field_validator("locale", mode="before")
+    @classmethod
+    def _one_locale_or_a_mapping(cls, value: Any) -> Any:
+        """One line naming the wrong value, not one per member of the union."""
+        known = typing.get_args(Locale)
+        given = list(value.values()) if isinstance(value, dict) else [value]
+        bad = [v for v in given if not isinstance(v, str) or v not in known]
+        if bad:
+            raise ValueError(f"{str(bad[0])[:40]!r} is not a locale: give one of {', '.join(known)}, or a "
+                             "mapping {speaker or input: locale}")
+        return value
+
 
 class ManifestParams(Section):
     """`manifest`: raw.jsonl split into train.jsonl / val.jsonl (upstream format), same-speaker references."""
