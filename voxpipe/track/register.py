@@ -41,10 +41,9 @@ from voxpipe.track.tracking import (
     scrub,
     session,
 )
-from voxpipe.track.voices import ASSUMED_LOCALE, training_locale
+from voxpipe.track.voices import ASSUMED_LOCALE, LOCALE_TAG, training_locale
 
 RUN_NAME_TAG = "mlflow.runName"  # what the MLflow UI lists a run by
-LOCALE_TAG = "voxpipe.locale"  # the version's: the locale its training text was read in (ingest.locale)
 
 @dataclass
 class RegisterResult:
@@ -106,6 +105,8 @@ def _register(params: Params) -> RegisterResult:
         else:
             reg = register_export(client, Place(uri, locks, p.lock_timeout_s), name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
+        if locale is not None:  # the run's too: sweep-close tags the version of its best child with it
+            client.set_tag(ref.run_id, LOCALE_TAG, locale)
         client.set_terminated(ref.run_id, "FINISHED")
     common = {"run_id": ref.run_id, "experiment_id": ref.experiment_id, "tracking_uri": redact_uri(uri),
               "logged": logged}

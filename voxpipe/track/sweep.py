@@ -32,6 +32,7 @@ from voxpipe.track.headline import VERDICT_TAG, promoted
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import LoggedModel, Place, ensure_registered_model, log_model, register_logged
 from voxpipe.track.tracking import pipeline_experiments, redact_uri, resolve_tracking_uri, session
+from voxpipe.track.voices import LOCALE_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -197,8 +198,9 @@ def sweep_close(params: Params) -> SweepResult:
                                                         artifact_path="eval/eval.json", tracking_uri=uri)
             evaluation = json.loads(Path(local).read_text())
         place = Place(uri, locks, params.register_.lock_timeout_s)
+        carried = {LOCALE_TAG: best.data.tags[LOCALE_TAG]} if LOCALE_TAG in best.data.tags else {}
         reg = register_logged(client, place, name, best.info.run_id, model, evaluation,
-                              {"voxpipe.sweep": parent})
+                              {"voxpipe.sweep": parent, **carried})
         client.set_tag(parent, BEST_TAG, best.info.run_id)
         client.set_tag(parent, SWEEP_TAG, "closed")
         client.set_terminated(parent, "FINISHED")

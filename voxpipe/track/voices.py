@@ -25,6 +25,7 @@ VOICES_FILE = "voices.json"
 CLIPS = "clips"
 DEFAULT_VOICE = "default"  # no reference: the voice the model learned
 ASSUMED_LOCALE = LOCALES[0]  # ingest's default: what a model or voice that recorded no locale was trained in
+LOCALE_TAG = "voxpipe.locale"  # a run's and its version's: the locale most training rows were read in
 PREFERRED_SECONDS = 6.0  # a few seconds of speech clone a voice; longer costs time, not quality
 MAX_SECONDS: float = SynthesizeParams.model_fields["max_reference_seconds"].default
 
