@@ -182,6 +182,7 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     version = client.get_model_version(NAME, a["version"])
     assert version.tags["voxpipe.decision"] == "promoted" and float(version.tags["voxpipe.eval_loss"]) == 1.90
     assert version.run_id == a["run_id"]
+    assert a["locale"] == version.tags["voxpipe.locale"] == "en-US"  # the sample's rows were read in it
 
     run = client.get_run(a["run_id"])
     experiment = client.get_experiment(run.info.experiment_id)
