@@ -168,6 +168,29 @@ def test_the_locale_reads_the_date_and_the_unsure_rows_are_marked(tmp_path):
     assert "<td>⚠ abbreviation kept: Inc.; digit string read as a number: 55231</td>" in section
 
 
+def test_a_locale_per_source_and_per_speaker_reads_each_voice_as_its_speaker_says_it(tmp_path):
+    """ingest.locale as a mapping: the folder `gb` (speaker ann) is en-GB, speaker `li` (in the folder `us`)
+    zh-CN, and `us`'s other speaker, named by no key, en-US; every raw.jsonl row records the locale it was
+    read in."""
+    x = _clips()["padded"][0]
+    date = "We met on 12/05/2026."
+    def row(scale: float, speaker: str) -> dict:
+        return {"audio": struct(encode(x * scale, SR)), "text": date, "speaker": speaker}
+
+    write_parquet(tmp_path / "gb" / "a.parquet", [row(1.0, "ann")])
+    write_parquet(tmp_path / "us" / "a.parquet", [row(1.0, "sam"), row(0.5, "li")])
+    out = tmp_path / "out"
+    ingest(IngestParams(input=[str(tmp_path / "gb"), str(tmp_path / "us")], out=str(out), workers=1,
+                        trim_silence=False, normalize_loudness=False, score_quality=False,
+                        locale={str(tmp_path / "gb"): "en-GB", "li": "zh-CN"}))
+    rows, _, _ = read_outputs(out)
+    said = {r["speaker"]: (r["locale"], r["text"]) for r in rows}
+    assert said == {"ann": ("en-GB", "We met on the twelfth of May twenty twenty six."),
+                    "sam": ("en-US", "We met on December fifth twenty twenty six."),
+                    # an English row of a zh-CN voice is read in English's default (text_norm.locale_for)
+                    "li": ("zh-CN", "We met on December fifth twenty twenty six.")}
+
+
 def test_a_long_pause_inside_a_clip_is_flagged_not_cut(tmp_path):
     x = np.concatenate([speech(0), _silence(1.5), speech(1)])
     write_parquet(tmp_path / "in" / "a.parquet", [{"audio": struct(encode(x, SR)), "text": "two parts"}])

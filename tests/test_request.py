@@ -27,7 +27,14 @@ from test_track import write_eval, write_mfu, write_training
 from voxpipe.cli import main
 from voxpipe.data.ingest_row import RowChecks, _spoken_text
 from voxpipe.params import ModelParams, Params
-from voxpipe.serve.request import MAX_TEXT_CHARS, Limits, RequestError, generation, parse_request
+from voxpipe.serve.request import (
+    MAX_TEXT_CHARS,
+    Limits,
+    RequestError,
+    generation,
+    model_locale,
+    parse_request,
+)
 from voxpipe.track.register import register
 from voxpipe.train.init_model import init_model
 
@@ -142,6 +149,23 @@ class _Recorder:
                                [False] * len(texts), 48000)
 
 
+def test_a_request_is_read_in_the_voices_locale_unless_it_names_another():
+    """The voice's locale (recorded at register) reads 12/05/2026; a request's `locale` overrides it, and an
+    unknown one is refused naming the field (the pyfunc, serve and synthesize share this schema)."""
+    date = ["Due 12/05/2026."]
+    assert parse_request(date, [None], None, Limits(), locale="en-GB").spoken == ["Due the twelfth of May "
+                                                                                   "twenty twenty six."]
+    assert parse_request(date, [None], None, Limits()).spoken == ["Due December fifth twenty twenty six."]
+    us = parse_request(date, [None], {"locale": "en-US"}, Limits(), locale="en-GB")
+    assert us.locale == "en-US" and us.spoken == ["Due December fifth twenty twenty six."]
+    assert parse_request(date, [None], {"locale": ""}, Limits(), locale="en-GB").locale == "en-GB"
+    for bad in ("fr-FR", "en_gb", 3, ["en-GB"]):
+        with pytest.raises(RequestError, match=r"^params.locale=.*: unknown; one of en-US, en-GB, zh-CN"):
+            parse_request(date, [None], {"locale": bad}, Limits())
+    assert model_locale(None) == ("en-US", "none recorded with the model: en-US assumed")
+    assert model_locale("zh-CN") == ("zh-CN", "recorded at register")
+
+
 def test_the_served_model_says_the_normalized_text_and_returns_it():
     import pandas as pd
 
@@ -172,7 +196,11 @@ def test_synthesize_says_what_it_spoke(tmp_path, monkeypatch, capsys):
             "--device", "cpu"]
     assert main([*base, "--text", "It costs $12.50 on 3/5/2024."]) == 0
     said = SAID["It costs $12.50 on 3/5/2024."]
-    assert f"said (normalized): {said!r}" in capsys.readouterr().out and recorder.said == [said]
+    # a checkpoint folder records no locale: en-US, and the summary says it was assumed
+    assumed = "normalized in en-US: none recorded with the model: en-US assumed"
+    assert f"said ({assumed}): {said!r}" in capsys.readouterr().out and recorder.said == [said]
+    assert main([*base, "--text", "Due 12/05/2026.", "--locale", "en-GB"]) == 0
+    assert "said (normalized in en-GB: --locale): 'Due the twelfth of May" in capsys.readouterr().out
     assert main([*base, "--text", "It costs $12.50.", "--no-normalize"]) == 0
     assert "said (as written): 'It costs $12.50.'" in capsys.readouterr().out
     assert recorder.said[-1] == "It costs $12.50."

@@ -47,7 +47,7 @@ def voxpipe_server(tmp_path_factory):
     registered with the sample's ingest (its voices), with an API key; yields (url, root)."""
     root = tmp_path_factory.mktemp("serve")
     ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1,
-                        score_quality=False))
+                        score_quality=False, locale={"spk_f": "en-GB"}))  # spk_m: en-US, the default
     init_model(ModelParams(preset="tiny", out=str(root / "export")))
     files = {"model": str(root / "export"), "ingest": str(root / "ingest"), "out": str(root / "register"),
              "train": str(write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])),
@@ -168,6 +168,8 @@ BAD = {  # what: (create() kwargs, the param named, the message)
     "number as reference": ({"extra_body": {"reference_audio": 12345}}, "reference_audio", r"not a string"),
     "reference_text alone": ({"extra_body": {"reference_text": "hi"}}, "reference_text",
                              r"without a reference"),
+    "unknown locale": ({"extra_body": {"locale": "fr-FR"}}, "locale",
+                       r"^params.locale='fr-FR': unknown; one of en-US, en-GB, zh-CN"),
 }
 
 
@@ -182,6 +184,55 @@ def test_bad_requests_get_a_400_in_openais_shape(voxpipe_server, what):
     assert error["param"] == param and error["type"] == "invalid_request_error", error
     assert re.search(message, error["message"]) and "\n" not in error["message"], error
     assert "Traceback" not in e.value.response.text
+
+
+def test_each_voice_reads_its_text_in_its_own_locale_and_a_request_may_name_another(voxpipe_server):
+    """ingest.locale made spk_f en-GB and spk_m en-US; register recorded both voices' locales and the model's
+    (its version's tag, registered.json); the answer names the locale the input was read in."""
+    url, root = voxpipe_server
+
+    def read_in(voice: str, **extra: str) -> str:
+        raw = client(url).audio.speech.with_raw_response.create(
+            model=NAME, voice=voice, input="Due 12/05/2026.", extra_body={**FAST, **extra})
+        return raw.headers["x-voxpipe-locale"]
+
+    assert read_in("spk_f") == "en-GB" and read_in("spk_m") == "en-US"
+    listed = {v["id"]: v["locale"] for v in json.loads(get(url, "/v1/audio/voices")[1])["voices"]}
+    assert listed["spk_f"] == "en-GB" and listed["spk_m"] == "en-US"
+    assert read_in("spk_m", locale="en-GB") == "en-GB" and read_in("spk_f", locale="zh-CN") == "zh-CN"
+    registered = json.loads((root / "register" / "registered.json").read_text())
+    assert registered["locale"] in ("en-GB", "en-US") and read_in("default") == registered["locale"]
+    assert f"text read in {registered['locale']}" in (root / "serve.log").read_text()
+
+
+def test_the_registered_pyfunc_reads_in_its_recorded_locale_and_takes_a_locale_param(voxpipe_server):
+    """MLflow's own loader and params check: the version's model_config holds the locale, the signature a
+    `locale` param; an unknown one is a 400 naming it."""
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+    from mlflow.models.utils import _enforce_params_schema
+
+    _, root = voxpipe_server
+    registered = json.loads((root / "register" / "registered.json").read_text())
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'work' / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}/1")
+    assert model.model_config["locale"] == registered["locale"]
+    version = mlflow.MlflowClient().get_model_version(NAME, "1")
+    assert version.tags["voxpipe.locale"] == registered["locale"]
+    frame = pd.DataFrame({"text": ["Due 12/05/2026."]})
+
+    def said(**params) -> str:
+        return model.predict(frame, params={**FAST, **params})["spoken_text"][0]
+
+    gb, us = "Due the twelfth of May twenty twenty six.", "Due December fifth twenty twenty six."
+    assert said() == (gb if registered["locale"] == "en-GB" else us)
+    assert said(locale="en-GB") == gb and said(locale="en-US") == us
+    checked = _enforce_params_schema({"locale": "en-AU"}, model.metadata.signature.params)
+    with pytest.raises(MlflowException) as e:
+        model.unwrap_python_model().predict(None, frame, params=checked)
+    assert e.value.get_http_status_code() == 400
+    assert e.value.message.startswith("params.locale='en-AU': unknown")
 
 
 def test_a_wrong_key_gets_401_on_every_route_but_health(voxpipe_server):

@@ -174,6 +174,7 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
     assert [v.run_id for v in versions] == [children["a"]["run_id"]]
     champion = client.get_model_version_by_alias(NAME, "champion")  # no champion before: the rule's verdict
     assert champion.version == versions[0].version
+    assert champion.tags["voxpipe.locale"] == "en-US"  # the best point's data's, as register tags a version
     record = json.loads((Path(root) / "sweep" / SWEEP_FILE).read_text())
     assert record["registered"]["promoted"] and record["ranking"][0] == children["a"]["run_id"]
 

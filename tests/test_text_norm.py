@@ -143,6 +143,10 @@ def test_an_unknown_locale_is_refused_naming_the_key():
     with pytest.raises(StepError) as raised:
         load_params(None, ["ingest.locale=fr-FR"])
     assert "ingest.locale" in str(raised.value) and "en-GB" in str(raised.value)
+    with pytest.raises(StepError) as raised:  # the mapping form: the wrong value named, in one line
+        load_params(None, ["ingest.locale={spk_f: en-GB, spk_m: en-AU}"])
+    assert "ingest.locale: Value error, 'en-AU' is not a locale" in str(raised.value)
+    assert load_params(None, ["ingest.locale={spk_f: en-GB}"]).ingest.locale == {"spk_f": "en-GB"}
 
 
 def test_unsure_readings_name_what_to_proofread():

@@ -182,6 +182,7 @@ def test_register_logs_the_run_and_promotes(registered, pipeline, server):
     version = client.get_model_version(NAME, a["version"])
     assert version.tags["voxpipe.decision"] == "promoted" and float(version.tags["voxpipe.eval_loss"]) == 1.90
     assert version.run_id == a["run_id"]
+    assert a["locale"] == version.tags["voxpipe.locale"] == "en-US"  # the sample's rows were read in it
 
     run = client.get_run(a["run_id"])
     experiment = client.get_experiment(run.info.experiment_id)
@@ -257,7 +258,7 @@ def test_champion_loads_and_synthesizes(registered, server, pipeline, monkeypatc
     with session(server):
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
     assert {p.name for p in model.metadata.signature.params.params} == {
-        "seed", "cfg_value", "inference_timesteps", "max_len", "normalize"}
+        "seed", "cfg_value", "inference_timesteps", "max_len", "normalize", "locale"}
     assert model.metadata.signature.inputs.input_names() == ["text", "reference_audio"]
     params = {"seed": 3, "max_len": 8, "inference_timesteps": 2}
     out = model.predict(pd.DataFrame({"text": ["hello there"]}), params=params)
@@ -683,6 +684,42 @@ def test_default_sqlite_store_without_server(pipeline, monkeypatch):
     rows = compare(Params(tracking={"work": str(work)},
                           compare=CompareParams(format="csv", out=str(root / "local_compare")))).rows
     assert len(rows) == 1
+
+
+def test_a_model_whose_data_recorded_no_locale_says_it_reads_en_us(
+        pipeline, monkeypatch, tmp_path, capsys, caplog):
+    """Data ingested before rows recorded their locale: register records none and its summary says en-US is
+    assumed; the loaded pyfunc says so in its log, and synthesize in its summary; --locale still applies."""
+    root, runs = pipeline
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    old = tmp_path / "ingest"
+    shutil.copytree(runs["a"]["ingest"], old)
+    rows = [json.loads(line) for line in (old / "raw.jsonl").read_text().splitlines()]
+    assert {r.pop("locale") for r in rows} == {"en-US"}  # what ingest records now
+    (old / "raw.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    files = {**runs["a"], "ingest": str(old), "out": str(tmp_path / "register")}
+    files.pop("work")
+    params = Params.model_validate({"register": {**files, "model_name": NAME},
+                                    "tracking": {"work": str(tmp_path / "work")}})
+    result = register(params)
+    assert result.registered["locale"] is None
+    assert "no locale recorded in the training data (ingested before ingest recorded it): en-US assumed" \
+        in result.summary()
+    uri = result.registered["tracking_uri"]
+    with session(uri):
+        version = MlflowClient(uri).get_model_version(NAME, result.registered["version"])
+    assert "voxpipe.locale" not in version.tags
+    common = ["synthesize", "--model", result.registered["model_uri"], "--text", "Due 12/05/2026.",
+              "--max-len", "2", "--inference-timesteps", "1", "--device", "cpu", "--tracking-uri", uri,
+              "--out", str(tmp_path / "x.wav")]
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert "said (normalized in en-US: none recorded with the model: en-US assumed): 'Due December" in out
+    assert "locale en-US (none recorded with the model: en-US assumed)" in caplog.text
+    assert main([*common, "--locale", "en-GB"]) == 0
+    assert "said (normalized in en-GB: --locale): 'Due the twelfth of May" in capsys.readouterr().out
+    assert main([*common, "--locale", "fr-FR"]) == 1  # refused before the model loads, in one paragraph
+    assert "synthesize: params.locale='fr-FR': unknown; one of en-US, en-GB, zh-CN" in capsys.readouterr().err
 
 
 # -- train.track: the trainer logs live into the run `register` completes -------------------------------

@@ -16,6 +16,7 @@ import importlib
 import logging
 import os
 import sys
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +181,8 @@ def _integer(text: str) -> int:
 def _kwargs(key: Key) -> dict[str, Any] | None:
     """argparse settings for a key's type; None for mappings (those are set in a file or with --set)."""
     inner, _ = base_type(key.annotation)
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):  # one or a mapping: a flag sets one
+        inner = typing.get_args(inner)[0]
     origin = typing.get_origin(inner)
     if inner is bool:
         return {"action": argparse.BooleanOptionalAction}

@@ -55,6 +55,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
+Locale = Literal["en-US", "en-GB", "zh-CN"]  # text_rules.LOCALES: how a speaker says what is written
+Locales = Locale | dict[str, Locale]  # ingest.locale: one for every row, or per speaker / input
+
+
 class IngestParams(Section):
     """`ingest`: your audio and transcripts, checked and decoded once to 16 kHz mono FLAC + raw.jsonl."""
 
@@ -142,10 +146,12 @@ class IngestParams(Section):
         "", pattern=r"^([a-z]{2})?$", description='ISO 639-1 code of every row ("zh", "en"); "" = detected '
         "per row from the script of its text. Travels with the row to evaluate"
     )
-    locale: Literal["en-US", "en-GB", "zh-CN"] = Field(
+    locale: Locales = Field(
         "en-US", description="how the speaker says what is written (text normalization): en-GB reads "
         "12/05/2026 as 12 May, spells metres, says 0 in a digit string as oh (en-US: zero) and £5.25 as five "
-        "pounds twenty five; a row of another language is read in that language's default (zh-CN)"
+        "pounds twenty five; a row of another language is read in that language's default (zh-CN). Per "
+        "voice: a mapping {speaker or input file/folder: locale} (a speaker outranks its source; one named "
+        "by neither is en-US). Each row records its locale; register records the voices' with the model"
     )
     max_text_chars: int = Field(
         2000, ge=1, le=1_000_000, description="longest transcript kept, in characters: a longer row is "
@@ -167,6 +173,18 @@ class IngestParams(Section):
         default_factory=list, description="ingest-merge: the ingest-shard output folders, any order",
         json_schema_extra={"wired": True, "shard": True},
     )
+
+    @field_validator("locale", mode="before")
+    @classmethod
+    def _one_locale_or_a_mapping(cls, value: Any) -> Any:
+        """One line naming the wrong value, not one per member of the union."""
+        known = typing.get_args(Locale)
+        given = list(value.values()) if isinstance(value, dict) else [value]
+        bad = [v for v in given if not isinstance(v, str) or v not in known]
+        if bad:
+            raise ValueError(f"{str(bad[0])[:40]!r} is not a locale: give one of {', '.join(known)}, or a "
+                             "mapping {speaker or input: locale}")
+        return value
 
 
 class ManifestParams(Section):
@@ -724,6 +742,11 @@ class SynthesizeParams(Section):
         True, description="spell out numbers, dates and money before speaking, as ingest did for training "
         "(the same function and language detection; the summary shows what was said); --no-normalize: "
         "the text as written. The served model takes the same as its `normalize` param"
+    )
+    locale: str = Field(  # checked by the request schema (serve/request.py), as the served model does
+        "", description="how the text is read: en-US, en-GB or zh-CN (as ingest.locale); \"\": the "
+        "locale the model's training text was read in, recorded at register (en-US, said so, for a model "
+        "that recorded none). The served model takes the same as its `locale` param"
     )
     reference: str | None = Field(
         None, description="an audio file of the voice to speak in (a few seconds is enough; at most "

@@ -99,7 +99,8 @@ def base_type(annotation: Any) -> tuple[Any, bool]:
     """(the type without None, whether None is allowed)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return (args[0] if len(args) == 1 else annotation), True
+        optional = len(args) < len(typing.get_args(annotation))
+        return (args[0] if len(args) == 1 else typing.Union[tuple(args)]), optional  # noqa: UP007
     return annotation, False
 
 
@@ -108,6 +109,10 @@ def type_name(annotation: Any) -> str:
     inner, optional = base_type(annotation)
     if typing.get_origin(inner) is Literal:
         text = " | ".join(str(a) for a in typing.get_args(inner))
+    elif typing.get_origin(inner) in (typing.Union, types.UnionType):  # ingest.locale: one, or a mapping
+        text = " or ".join(type_name(a) for a in typing.get_args(inner))
+    elif typing.get_origin(inner) is dict:
+        text = f"dict[{', '.join(type_name(a) for a in typing.get_args(inner))}]"
     elif typing.get_origin(inner) is not None:
         text = str(inner).replace("typing.", "")
     else:

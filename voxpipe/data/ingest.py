@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,14 @@ from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import unsure_readings
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams
+from voxpipe.params import IngestParams, Locales
 from voxpipe.progress import bar
 from voxpipe.report import write_report
 
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
 LOG_SECONDS = 30.0  # off a terminal: one progress line this often
 SPEAKERS_NAMED = 5  # the summary names the speakers when there are this few
+DEFAULT_LOCALE: str = IngestParams.model_fields["locale"].default  # of a source ingest.locale's mapping omits
 log = logging.getLogger(__name__)
 
 
@@ -244,6 +245,7 @@ def _record(
             info = dict(outcome.info)
             row = {"id": row_id, "audio": outcome.audio, "text": outcome.text,
                    "text_raw": info.pop("text_raw"), "language": info.pop("language"),
+                   "locale": info.pop("locale"),
                    "speaker": outcome.speaker, "duration": outcome.duration, **info, "source": source}
             writer.raw.write(json_line(row))
             result.count_kept(row)
@@ -260,13 +262,29 @@ def columns_of(p: IngestParams) -> Columns:
     return Columns(audio=p.audio_column, text=p.text_column, speaker=p.speaker_column)
 
 
-def _batches(sources: Mapping[int, SourceFile], ranges: list[Range], checks: RowChecks) -> Iterator[Batch]:
+def _batches(sources: Mapping[int, SourceFile], ranges: list[Range], checks: RowChecks,
+             locale: Locales) -> Iterator[Batch]:
     for i, start, stop in ranges:
         src = sources[i]
         base = str(src.path.parent.resolve())
         root = str(src.root.resolve())
+        source_checks = replace(checks, locale=source_locale(locale, src.path))
         for rows in iter_rows(src, start, stop, BATCH_ROWS):
-            yield Batch(i, base, root, rows, checks)
+            yield Batch(i, base, root, rows, source_checks)
+
+
+def source_locale(locale: Locales, path: Path) -> str:
+    """The locale of a source file: `ingest.locale` itself, or in its mapping form the value of the key
+    naming the file or the nearest folder above it (relative to the working folder, as `ingest.input`);
+    the schema's default where no key names it. A speaker key (`speaker_locales`) outranks it row by row."""
+    if isinstance(locale, str):
+        return locale
+    real, found, depth = path.resolve(), DEFAULT_LOCALE, -1
+    for key, value in locale.items():
+        named = Path(key).resolve()
+        if (named == real or named in real.parents) and len(named.parts) > depth:
+            found, depth = value, len(named.parts)
+    return found
 
 
 def too_many_bad(result: IngestResult, max_bad_fraction: float, out: Path) -> StepError | None:
@@ -291,7 +309,7 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
-        locale=p.locale,
+        speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
     )
 
 
@@ -311,7 +329,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     total = sum(stop - first for _, first, stop in ranges)
     try:
         with bar(total=total, unit="row", desc="ingest", mininterval=1.0) as shown:
-            batches = _batches(sources, ranges, checks)
+            batches = _batches(sources, ranges, checks, p.locale)
             logged = start
             for file_index, outcomes in _ordered_map(process_batch, batches, workers):
                 for outcome in outcomes:

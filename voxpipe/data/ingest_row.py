@@ -85,7 +85,8 @@ class RowChecks:
     quality_score: str = "bak"
     normalize_text: bool = True
     language: str = ""  # "" = detected per row
-    locale: str = "en-US"  # text normalization's locale (params.py: ingest.locale)
+    locale: str = "en-US"  # text normalization's locale for this source (params.py: ingest.locale)
+    speaker_locales: tuple[tuple[str, str], ...] = ()  # (speaker, locale): ingest.locale's speaker keys
     max_text_chars: int = 2000
 
 
@@ -243,10 +244,11 @@ def _condition(x: np.ndarray, row: int, checks: RowChecks) -> tuple[np.ndarray, 
     return x, info
 
 
-def _spoken_text(text: str, checks: RowChecks) -> tuple[str, str]:
-    """(the text to train on, the row's language): spoken_form, as synthesize and serving say it."""
+def _spoken_text(text: str, checks: RowChecks, locale: str = "") -> tuple[str, str]:
+    """(the text to train on, the row's language): spoken_form in `locale` (the row's; "": the source's), as
+    synthesize and serving say it."""
     if checks.normalize_text:
-        return spoken_form(text, checks.language, checks.locale)
+        return spoken_form(text, checks.language, locale or checks.locale)
     return text, checks.language or detect_language(text)
 
 
@@ -283,9 +285,10 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     if isinstance(conditioned, Rejected):
         return conditioned
     x, info = conditioned
-    spoken, language = _spoken_text(text, checks)
+    locale = dict(checks.speaker_locales).get(speaker, checks.locale)  # the speaker's, else the source's
+    spoken, language = _spoken_text(text, checks, locale)
     digest, rel = _store(x, checks)
-    info = {"text_raw": raw.text, "language": language, **info}
+    info = {"text_raw": raw.text, "language": language, "locale": locale, **info}
     return Kept(raw.row, digest, rel, round(x.size / checks.sample_rate, 4), spoken, speaker, info)
 
 

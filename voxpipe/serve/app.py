@@ -179,15 +179,16 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        _, voices = service.loaded()
+        served, voices = service.loaded()
         listed = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE, "origin": "model", "text": None,
-                   "seconds": None, "description": "no reference: the voice the model learned"}]
+                   "seconds": None, "locale": served.locale,
+                   "description": "no reference: the voice the model learned"}]
         names = {DEFAULT_VOICE}
         for v in voices.all():  # a speaker named like one listed already (a single-speaker set's "default")
             name = v.speaker if v.speaker not in names else v.id  # is named by its id, unique
             names.add(name)
             listed.append({"id": v.id, "name": name, "origin": v.origin, "text": v.text,
-                           "seconds": v.seconds})
+                           "seconds": v.seconds, "locale": v.locale or served.locale})  # text read in it
         return {"object": "list", "voices": listed}
 
     @app.post("/v1/audio/voices")
@@ -221,7 +222,7 @@ def build_app(service: Service) -> FastAPI:
         deadline = Deadline(service.deadline_s)
         served, voices = service.loaded()
         raw = await _read_body(request, limit, service.body_timeout_s)
-        speech = await run_in_threadpool(parse_body, raw, voices, service.limits)
+        speech = await run_in_threadpool(parse_body, raw, voices, service.limits, served.locale)
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line
@@ -234,7 +235,8 @@ def build_app(service: Service) -> FastAPI:
             watcher.cancel()
             raise _refusal(e) from None
         headers = {"X-Sample-Rate": str(served.sample_rate), "X-Voxpipe-Model-Version": served.version,
-                   "X-Voxpipe-Adapter": served.adapter_label, "X-Voxpipe-Voice": speech.voice}
+                   "X-Voxpipe-Adapter": served.adapter_label, "X-Voxpipe-Voice": speech.voice,
+                   "X-Voxpipe-Locale": speech.request.locale}  # the input was read in it
         metrics.first_byte.labels(**labels).observe(time.perf_counter() - start)
         if speech.streamed:
             def done() -> None:

@@ -1,7 +1,8 @@
 """POST /v1/audio/speech as OpenAI's API has it (model, input, voice, response_format, speed, stream_format)
-plus voxpipe's extensions (cfg_value, inference_timesteps, seed, max_len, normalize, reference_audio in
-base64, reference_text), checked by the one request schema (request.py) that `synthesize` and the pyfunc
-use, so all three refuse the same things.
+plus voxpipe's extensions (cfg_value, inference_timesteps, seed, max_len, normalize, locale, reference_audio
+in base64, reference_text), checked by the one request schema (request.py) that `synthesize` and the pyfunc
+use, so all three refuse the same things. The input is read in the voice's locale (recorded at register),
+else the model's, unless `locale` names another.
 
 The input is said sentence by sentence (formats.sentences), the same way whether streamed or not, so a
 streamed answer is the same audio as the whole one; streamed, each sentence's PCM leaves as soon as it is
@@ -23,7 +24,9 @@ from voxpipe.serve.admission import Admission
 from voxpipe.serve.deadline import Deadline
 from voxpipe.serve.formats import FORMATS, STREAMED, sentences
 from voxpipe.serve.request import (
+    DEFAULT_LOCALE,
     GENERATION_KEYS,
+    TEXT_KEYS,
     Limits,
     Request,
     RequestError,
@@ -71,6 +74,7 @@ class SpeechBody(BaseModel):
     seed: Any = None
     max_len: Any = None
     normalize: Any = None
+    locale: Any = None
     reference_audio: Any = None
     reference_text: Any = None
 
@@ -107,7 +111,8 @@ class Speech:
         return FORMATS[self.response_format][2]
 
 
-def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
+def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = DEFAULT_LOCALE) -> Speech:
+    """`locale`: the served model's, for a voice that recorded none."""
     for key in raw if isinstance(raw, dict) else ():
         if shown(key) != key[:80]:
             raise ApiError(400, f"{shown(key)}: a field name with a lone UTF-16 surrogate; send valid "
@@ -137,18 +142,20 @@ def parse_body(raw: Any, voices: VoiceStore, limits: Limits) -> Speech:
     if body.instructions:
         raise ApiError(400, "instructions: not offered; the voice comes from `voice` or reference_audio",
                        "instructions")
-    reference, reference_text, label = _voice(body, voices)
-    params = {k: getattr(body, k) for k in (*GENERATION_KEYS, "normalize") if getattr(body, k) is not None}
+    reference, reference_text, label, voice_locale = _voice(body, voices)
+    params = {k: getattr(body, k) for k in (*GENERATION_KEYS, *TEXT_KEYS) if getattr(body, k) is not None}
     try:
-        request = parse_request([body.input], [reference], params, limits, reference_text)
+        request = parse_request([body.input], [reference], params, limits, reference_text,
+                                voice_locale or locale)
     except RequestError as e:
         raise bad_request(e) from None
     streamed = body.stream_format == "audio" or body.response_format == "pcm"
     return Speech(request, body.response_format, streamed, label)
 
 
-def _voice(body: SpeechBody, voices: VoiceStore) -> tuple[str | None, str | None, str]:
-    """(reference clip in base64, its transcript, the voice label) for the body's voice or clip."""
+def _voice(body: SpeechBody, voices: VoiceStore) -> tuple[str | None, str | None, str, str | None]:
+    """(reference clip in base64, its transcript, the voice label, its locale or None) for the body's voice
+    or clip."""
     name = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
     if not isinstance(name, str) or not name:
         raise ApiError(400, "voice: give a voice id (GET /v1/audio/voices) or 'default'", "voice")
@@ -156,16 +163,16 @@ def _voice(body: SpeechBody, voices: VoiceStore) -> tuple[str | None, str | None
         if name != DEFAULT_VOICE:
             raise ApiError(400, f"voice {quoted(name)} and reference_audio both given; send voice 'default' "
                            "with reference_audio, or leave reference_audio out", "voice")
-        return body.reference_audio, body.reference_text, REFERENCE_VOICE
+        return body.reference_audio, body.reference_text, REFERENCE_VOICE, None
     if name == DEFAULT_VOICE:
-        return None, body.reference_text, DEFAULT_VOICE  # a reference_text alone is refused by the schema
+        return None, body.reference_text, DEFAULT_VOICE, None  # reference_text alone: refused by the schema
     found = voices.find(name)
     if found is None:
         known = ", ".join([DEFAULT_VOICE, *(v.id for v in voices.all())][:20])
         raise ApiError(400, f"voice {quoted(name)}: no such voice; known: {known} (GET /v1/audio/voices)",
                        "voice")
     voice, folder = found
-    return voice.clip_base64(folder), body.reference_text or voice.text, voice.id
+    return voice.clip_base64(folder), body.reference_text or voice.text, voice.id, voice.locale
 
 
 @dataclass

@@ -22,7 +22,10 @@ Load-time options (`model_config`): device ("auto" = cuda when available, else c
 dtype of the model parameters ("float32" or "bfloat16"; the VAE stays float32), kernels
 (`model.kernels`: "auto" = torch_npu's fused kernels on an NPU, "fused", "eager") and
 max_reference_seconds (default 30; $VOXPIPE_MAX_REFERENCE_SECONDS overrides it in a deployment) and
-deadline_s (`synthesize.deadline_s`; $VOXPIPE_DEADLINE_S overrides it).
+deadline_s (`synthesize.deadline_s`; $VOXPIPE_DEADLINE_S overrides it) and locale (the locale the model's
+training text was read in, recorded at register: its texts are read in it unless a request's `locale` param
+names another; a version registered before locales were recorded has none, and en-US is assumed, said in
+the log when it loads).
 
 Every request's work ends with it: generation stops at the deadline (serve/deadline.py) and the answer is a
 503 naming it; a param the signature does not know is a 400 (MLflow itself drops it with a warning, so
@@ -48,7 +51,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UN
 from mlflow.pyfunc import PythonModel
 
 from voxpipe.serve.deadline import DEADLINE_S, Deadline, RequestStopped
-from voxpipe.serve.request import REQUEST_KEYS, Limits, RequestError
+from voxpipe.serve.request import DEFAULT_LOCALE, REQUEST_KEYS, Limits, RequestError, model_locale
 
 REFERENCE_DIR_ENV = "VOXPIPE_REFERENCE_DIR"
 MAX_REFERENCE_ENV = "VOXPIPE_MAX_REFERENCE_SECONDS"  # a deployment's override of model_config's
@@ -107,6 +110,8 @@ class RefusedRequest(MlflowException):
 class VoxpipeTTS(PythonModel):
     deadline_s: float = DEADLINE_S  # load_context: model_config's or $VOXPIPE_DEADLINE_S
     voices: str | None = None
+    locale: str = DEFAULT_LOCALE  # load_context: model_config's (model_locale)
+    locale_how: str = ""  # "recorded at register", or that none was and what is assumed
 
     def load_context(self, context) -> None:
         import torch
@@ -128,6 +133,10 @@ class VoxpipeTTS(PythonModel):
         self.deadline_s = float(os.environ.get(DEADLINE_ENV) or config.get("deadline_s", DEADLINE_S))
         self.checkpoint = context.artifacts["checkpoint"]
         self.voices = context.artifacts.get("voices")  # a folder (voices.json + clips), or None
+        self.locale, self.locale_how = model_locale(config.get("locale"))
+        if config.get("locale") is None:
+            logging.getLogger("voxpipe.serve").warning("voxpipe model: locale %s (%s)", self.locale,
+                                                       self.locale_how)
 
     def deadline(self, rows: int) -> Deadline:
         """The request's deadline: `deadline_s`, or less where MLflow's scoring timeout needs it (read from
@@ -154,7 +163,7 @@ class VoxpipeTTS(PythonModel):
         references = list(frame["reference_audio"]) if "reference_audio" in frame else [None] * len(texts)
         deadline = self.deadline(len(texts))
         try:
-            spoken, speech = speak(self.model, texts, references, params, self.limits, deadline)
+            spoken, speech = speak(self.model, texts, references, params, self.limits, deadline, self.locale)
         except RequestStopped as e:
             raise RefusedRequest(str(e), TEMPORARILY_UNAVAILABLE) from None  # HTTP 503
         except RequestError as e:

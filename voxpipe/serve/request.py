@@ -5,6 +5,8 @@ refused the same things with the same one-line reasons, and their texts are spok
 `normalize` (default true) reads each text as ingest read the training transcripts: the same
 `spoken_form` (voxpipe/data/text_norm.py: wetext and our rules, the language detected from the
 script), so "$12.50" is said as the model heard such prices in training. False: the text as written.
+`locale` (en-US, en-GB, zh-CN) is how the text is read (12/05 as 12 May in en-GB); left out or "": the
+voice's own, recorded at register (`model_locale`), en-US for a model that recorded none.
 
 The bounds are the `synthesize` section's fields (voxpipe/params.py: one place, one description):
 finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches (left out: sized
@@ -36,12 +38,15 @@ from pydantic import ValidationError, create_model
 
 from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.text_norm import spoken_form
+from voxpipe.data.text_rules import LOCALES
 from voxpipe.errors import StepError, quoted
 from voxpipe.params import Section, SynthesizeParams
+from voxpipe.track.voices import ASSUMED_LOCALE
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 GENERATION_KEYS = ("seed", "cfg_value", "inference_timesteps", "max_len")
-REQUEST_KEYS = (*GENERATION_KEYS, "normalize")  # every param a request may carry
+REQUEST_KEYS = (*GENERATION_KEYS, "normalize", "locale")  # every param a request may carry
+TEXT_KEYS = ("normalize", "locale")  # how the text is read, not how it is generated
 MAX_ROWS = 64
 MAX_TEXT_CHARS = next(m.max_length for m in SynthesizeParams.model_fields["text"].metadata
                       if hasattr(m, "max_length"))
@@ -56,6 +61,7 @@ Generation = create_model("Generation", __base__=Section,
                           **{k: (_FIELDS[k].annotation, _FIELDS[k]) for k in GENERATION_KEYS})
 GENERATION_DEFAULTS = {k: SynthesizeParams.model_fields[k].default for k in GENERATION_KEYS}
 NORMALIZE_DEFAULT: bool = _FIELDS["normalize"].default
+DEFAULT_LOCALE = ASSUMED_LOCALE  # what a model that recorded no locale was trained in (ingest's default)
 
 
 class RequestError(StepError):
@@ -76,6 +82,7 @@ class Request:
     generation: dict[str, Any]  # max_len resolved for these texts
     max_len: int | None = None  # as the request gave it (None: sized per text, `sized_max_len`)
     reference_text: str | None = None  # the references' transcript, as spoken
+    locale: str = DEFAULT_LOCALE  # the texts were read in it
 
 
 SIZED_BASE_PATCHES, SIZED_PATCHES_PER_CHAR = 25, 2  # 4 s, then 320 ms a character: slow speech, with room
@@ -117,6 +124,25 @@ def _normalize_flag(params: dict[str, Any] | None) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise RequestError(f"params.normalize={quoted(value)}: must be true or false")
     return bool(value)
+
+
+def request_locale(params: dict[str, Any] | None, default: str) -> str:
+    """The request's `locale` param, or `default` (the voice's) when it is left out, null or ""."""
+    value = (params or {}).get("locale")
+    if value is None or value == "":
+        return default
+    if value not in LOCALES:
+        raise RequestError(f"params.locale={quoted(value)}: unknown; one of {', '.join(LOCALES)} (or leave "
+                           "it out for the voice's own)")
+    return str(value)
+
+
+def model_locale(recorded: Any) -> tuple[str, str]:
+    """(the locale a model's text is read in, how that was decided): the one recorded at register, or
+    DEFAULT_LOCALE, said so, for a model registered before locales were recorded (or a checkpoint folder)."""
+    if isinstance(recorded, str) and recorded in LOCALES:
+        return recorded, "recorded at register"
+    return DEFAULT_LOCALE, f"none recorded with the model: {DEFAULT_LOCALE} assumed"
 
 
 def check_text(text: Any, where: str) -> str:
@@ -197,15 +223,17 @@ def _check_length(source: bytes | Path, where: str, limits: Limits) -> None:
 
 
 def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any] | None,
-                  limits: Limits, reference_text: Any = None) -> Request:
-    """reference_text: the reference clips' transcript (serving's extension); it needs a clip."""
+                  limits: Limits, reference_text: Any = None, locale: str = DEFAULT_LOCALE) -> Request:
+    """reference_text: the reference clips' transcript (serving's extension); it needs a clip. `locale`:
+    the voice's, read in unless the params name another."""
     if not texts:
         raise RequestError("no text: send at least one row")
     if len(texts) > MAX_ROWS:
         raise RequestError(f"{len(texts)} texts in one request; at most {MAX_ROWS}")
     checked = [check_text(t, f"text of row {i}") for i, t in enumerate(texts)]
     normalize = _normalize_flag(params)
-    gen = generation({k: v for k, v in (params or {}).items() if k != "normalize"})
+    locale = request_locale(params, locale)
+    gen = generation({k: v for k, v in (params or {}).items() if k not in TEXT_KEYS})
     refs = [reference(r, f"reference_audio of row {i}", limits) for i, r in enumerate(references)]
     said = None
     if reference_text is not None:
@@ -213,10 +241,11 @@ def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any
         if any(r is None for r in refs):
             raise RequestError("reference_text: given without a reference clip; send reference_audio (or a "
                                "voice) with it, or leave it out")
-        said = spoken_form(said)[0] if normalize else said
-    spoken = [spoken_form(t)[0] if normalize else t for t in checked]
+        said = spoken_form(said, "", locale)[0] if normalize else said
+    spoken = [spoken_form(t, "", locale)[0] if normalize else t for t in checked]
     given = gen["max_len"]
-    return Request(checked, spoken, refs, {**gen, "max_len": sized_max_len(spoken, given)}, given, said)
+    return Request(checked, spoken, refs, {**gen, "max_len": sized_max_len(spoken, given)}, given, said,
+                   locale)
 
 
 def reference(value: Any, where: str, limits: Limits) -> np.ndarray | None:

@@ -29,7 +29,7 @@ from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
-from voxpipe.serve.request import Limits
+from voxpipe.serve.request import Limits, model_locale
 from voxpipe.serve.served import ServedModel
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.tracking import resolve_tracking_uri, session
@@ -92,14 +92,17 @@ def load_served(params: Params, source: str) -> ServedModel:
     if p.base is not None:
         tts.model = None  # the pyfunc's merged copy: replaced by base + adapter, not kept beside it
         model, adapter = _weights(Path(tts.checkpoint), p.base, p.device)
-    return ServedModel(model, source, voices, model.audio_vae.out_sample_rate, int(time.time()), adapter)
+    return ServedModel(model, source, voices, model.audio_vae.out_sample_rate, int(time.time()), adapter,
+                       tts.locale)
 
 
 def _from_folder(folder: Path, params: ServeParams) -> ServedModel:
     model, adapter = _weights(folder, params.base, params.device)
     voices = folder / "voices"
+    locale, how = model_locale(None)  # a checkpoint folder records none
+    log.info("voxpipe serve: locale %s (%s)", locale, how)
     return ServedModel(model, str(folder), voices if voices.is_dir() else None,
-                       model.audio_vae.out_sample_rate, int(time.time()), adapter)
+                       model.audio_vae.out_sample_rate, int(time.time()), adapter, locale)
 
 
 def _check_port(host: str, port: int) -> None:
@@ -152,8 +155,9 @@ def serve(params: Params) -> ServeResult:
             return
         while not server.started and not server.should_exit:
             time.sleep(0.05)
-        log.info("voxpipe serve: ready: %s (adapter %s, %d voices, %d Hz) at %s%s", served.version,
-                 served.adapter_label, len(service.voices.all()), served.sample_rate, url,
+        log.info("voxpipe serve: ready: %s (adapter %s, %d voices, %d Hz, text read in %s) at %s%s",
+                 served.version, served.adapter_label, len(service.voices.all()), served.sample_rate,
+                 served.locale, url,
                  "" if key else " (no API key: set $VOXPIPE_API_KEY to require one)")
 
     threading.Thread(target=load, name="voxpipe-serve-load", daemon=True).start()

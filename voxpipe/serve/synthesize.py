@@ -9,8 +9,9 @@ the served model answers; a checkpoint folder is loaded directly and runs the sa
 (speech.py). The same seed and inputs give the same audio, bit for bit. The request is checked
 once up front by the schema the served model uses (request.py): the reference file's bytes go in
 base64, as a serving client sends them. The text is normalized as ingest normalized the training
-transcripts (numbers, dates, money spelled out; `--no-normalize`: as written), and the summary shows
-what was said.
+transcripts (numbers, dates, money spelled out; `--no-normalize`: as written) in the locale the model
+recorded at register (`--locale` overrides it; en-US, said so, for a model that recorded none), and the
+summary shows what was said and in which locale.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write
 from voxpipe.params import Params, SynthesizeParams
 from voxpipe.serve.models import check_registered, model_uri
-from voxpipe.serve.request import GENERATION_KEYS, Limits, RequestError, encode_file, parse_request
+from voxpipe.serve.request import (
+    GENERATION_KEYS,
+    Limits,
+    RequestError,
+    encode_file,
+    model_locale,
+    parse_request,
+)
 from voxpipe.serve.request import reference as check_reference
 from voxpipe.track.tracking import resolve_tracking_uri, session
 from voxpipe.voxcpm2_format import is_checkpoint
@@ -47,15 +55,24 @@ class SynthesizeResult:
                 f"{stop} -> {self.out}; said ({self.how}): {self.spoken!r}")
 
 
-def _request_params(p: SynthesizeParams) -> dict[str, int | float | bool]:
-    return {**{k: getattr(p, k) for k in GENERATION_KEYS}, "normalize": p.normalize}
+def _request_params(p: SynthesizeParams) -> dict[str, int | float | bool | str]:
+    """The request's params; `locale` only when --locale names one (a version registered before locales
+    has no such param, and reads its own)."""
+    return {**{k: getattr(p, k) for k in GENERATION_KEYS}, "normalize": p.normalize,
+            **({"locale": p.locale} if p.locale else {})}
+
+
+def _locale(p: SynthesizeParams, model: tuple[str, str]) -> str:
+    """How the summary names the locale the text was read in: --locale's, or the model's (`model_locale`:
+    the locale and whence)."""
+    return f"{p.locale}: --locale" if p.locale else ": ".join(model)
 
 
 def _from_registry(params: Params, uri: str, reference: str | None
-                   ) -> tuple[np.ndarray, int, bool, str | None, str]:
-    """The served model's answer and the version spoken with (`models:/NAME/N`); the spoken text is None
-    from a version registered before serving normalized text (its signature drops `normalize` and it
-    says the text as written)."""
+                   ) -> tuple[np.ndarray, int, bool, str | None, str, str]:
+    """The served model's answer, the version spoken with (`models:/NAME/N`) and the locale its text was
+    read in; the spoken text is None from a version registered before serving normalized text (its
+    signature drops `normalize` and it says the text as written)."""
     import mlflow
     import pandas as pd
 
@@ -67,7 +84,11 @@ def _from_registry(params: Params, uri: str, reference: str | None
     frame = pd.DataFrame({"text": [p.text], "reference_audio": [reference]})
     out = model.predict(frame, params=_request_params(p))
     spoken = str(out["spoken_text"][0]) if "spoken_text" in out else None
-    return out["audio"][0], int(out["sample_rate"][0]), bool(out["hit_length_limit"][0]), spoken, pinned
+    tts = model.unwrap_python_model()  # a version registered before locales reads en-US and says nothing
+    recorded = (tts.locale, tts.locale_how) if getattr(tts, "locale_how", "") else model_locale(None)
+    locale = _locale(p, recorded)
+    hit = bool(out["hit_length_limit"][0])
+    return out["audio"][0], int(out["sample_rate"][0]), hit, spoken, pinned, locale
 
 
 def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray, int, bool, str]:
@@ -81,7 +102,8 @@ def _from_folder(p: SynthesizeParams, reference: str | None) -> tuple[np.ndarray
                         "(models:/NAME@ALIAS, "
                         "@candidate, a version number) nor a checkpoint folder (no config.json)")
     model = from_pretrained(folder, device=resolve_device_type(p.device)).eval()
-    spoken, speech = speak(model, [p.text], [reference], _request_params(p), Limits(p.max_reference_seconds))
+    spoken, speech = speak(model, [p.text], [reference], _request_params(p), Limits(p.max_reference_seconds),
+                           locale=model_locale(None)[0])
     audio = speech.audio[0].numpy().astype(np.float32)
     return audio, speech.sample_rate, bool(speech.hit_length_limit[0]), spoken[0]
 
@@ -102,12 +124,12 @@ def synthesize(params: Params) -> SynthesizeResult:
         raise StepError(f"synthesize: {e}") from None
     uri = model_uri(p.model, params.registered_model_name())
     if uri is not None:
-        audio, rate, hit, spoken, pinned = _from_registry(params, uri, reference)
+        audio, rate, hit, spoken, pinned, locale = _from_registry(params, uri, reference)
         source = pinned if pinned == uri else f"{pinned} ({uri})"
     else:
         audio, rate, hit, spoken = _from_folder(p, reference)
-        source = p.model
-    how = "normalized" if p.normalize else "as written"
+        source, locale = p.model, _locale(p, model_locale(None))  # a checkpoint folder records no locale
+    how = f"normalized in {locale}" if p.normalize else "as written"
     if spoken is None:
         spoken, how = p.text, "as written: this model version predates text normalization"
     out = Path(p.out)

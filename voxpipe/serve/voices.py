@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from voxpipe.data.text_rules import LOCALES
 from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write, atomic_write_text
 from voxpipe.serve.request import (
@@ -43,6 +44,7 @@ class Voice:
     file: str  # relative to its folder
     seconds: float
     origin: str = "model"  # "model": the training data's; "added": a client's
+    locale: str | None = None  # how the speaker's training text was read (track/voices.py); None: the model's
 
     def clip_base64(self, folder: Path) -> str:
         return base64.b64encode((folder / self.file).read_bytes()).decode()
@@ -104,7 +106,10 @@ def _voice(row: Any, folder: Path, origin: str, max_seconds: float) -> Voice:
     if info.duration > max_seconds:
         raise ValueError(f"file: {row['file'][:80]!r} is {info.duration:.1f} s long; a reference is at most "
                          f"{max_seconds:g} s (synthesize.max_reference_seconds)")
-    return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin)
+    locale = row.get("locale")
+    if locale is not None and locale not in LOCALES:
+        raise ValueError(f"locale: {str(locale)[:40]!r} is not one of {', '.join(LOCALES)}")
+    return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin, locale)
 
 
 class VoiceStore:

@@ -41,6 +41,7 @@ from voxpipe.track.tracking import (
     scrub,
     session,
 )
+from voxpipe.track.voices import ASSUMED_LOCALE, LOCALE_TAG, training_locale
 
 RUN_NAME_TAG = "mlflow.runName"  # what the MLflow UI lists a run by
 
@@ -58,8 +59,10 @@ class RegisterResult:
         d = r["decision"]
         aliases = " ".join(f"@{a}" for a in r["aliases"]) or "no alias"
         state = "registered" if r["created"] else "already registered (nothing new)"
+        locale = (f"text read in {r['locale']}" if r.get("locale") else "no locale recorded in the training "
+                  f"data (ingested before ingest recorded it): {ASSUMED_LOCALE} assumed when it speaks")
         return (
-            f"register: {r['name']} v{r['version']} {state}, {aliases}; {d['reason']}; "
+            f"register: {r['name']} v{r['version']} {state}, {aliases}; {d['reason']}; {locale}; "
             f"run {r['run_id']} (logged: {', '.join(r['logged']) or 'nothing new'}) "
             f"-> {self.out / 'registered.json'}"
         )
@@ -86,6 +89,9 @@ def _register(params: Params) -> RegisterResult:
     extra = {"voxpipe.pipeline_key": key}
     if art.data is not None:
         extra["voxpipe.data_version"] = art.data.version
+    locale = training_locale(art.data.rows) if art.data is not None else None
+    if locale is not None:
+        extra[LOCALE_TAG] = locale
     with session(uri) as client:
         experiment, locks = pipeline_experiments(client, tracking.experiment, uri, work)
         ensure_registered_model(client, name)
@@ -99,6 +105,8 @@ def _register(params: Params) -> RegisterResult:
         else:
             reg = register_export(client, Place(uri, locks, p.lock_timeout_s), name, ref.run_id, art, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
+        if locale is not None:  # the run's too: sweep-close tags the version of its best child with it
+            client.set_tag(ref.run_id, LOCALE_TAG, locale)
         client.set_terminated(ref.run_id, "FINISHED")
     common = {"run_id": ref.run_id, "experiment_id": ref.experiment_id, "tracking_uri": redact_uri(uri),
               "logged": logged}
@@ -108,7 +116,7 @@ def _register(params: Params) -> RegisterResult:
         registered = {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
                       "created": reg.created, "decision": reg.decision.as_dict(),
                       "model_uri": f"models:/{reg.name}/{reg.version}",
-                      "logged_model_uri": reg.model_source, **common}
+                      "logged_model_uri": reg.model_source, "locale": locale, **common}
     write_json(out / "registered.json", registered)
     write_report(out, registered, run={"seconds": round(time.perf_counter() - start, 3)})
     return RegisterResult(out, registered)

@@ -34,7 +34,7 @@ from voxpipe.params import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
-from voxpipe.track.voices import write_training_voices
+from voxpipe.track.voices import training_locale, write_training_voices
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -122,8 +122,9 @@ def pinned_requirements() -> list[str]:
 
 def signature() -> ModelSignature:
     """Input: "text" and an optional "reference_audio" (base64 clip of the voice to clone).
-    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields) and
-    normalize (the text as ingest normalized training text, default true).
+    Params: seed, cfg_value, inference_timesteps, max_len (bounds: the synthesize section's fields),
+    normalize (the text as ingest normalized training text, default true) and locale (how it is read; "":
+    the model's own, recorded at register).
     Output: per text the 48 kHz float32 waveform, its sample rate, whether it hit max_len, and the text
     as spoken."""
     from mlflow.models import ModelSignature
@@ -147,6 +148,7 @@ def signature() -> ModelSignature:
             # max_len's default None: sized for the text (serve/request.py), never the 4096 maximum
             *(ParamSpec(k, DataType.double, None if v is None else float(v)) for k, v in d.items()),
             ParamSpec("normalize", DataType.boolean, SynthesizeParams().normalize),
+            ParamSpec("locale", DataType.string, SynthesizeParams().locale),
         ]),
     )
 
@@ -162,7 +164,9 @@ def find_version(client: MlflowClient, name: str, run_id: str, export_md5: str) 
 
 
 def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
-    """The pyfunc model in the run; returns its model URI (models:/<model id>) and model id."""
+    """The pyfunc model in the run; returns its model URI (models:/<model id>) and model id. Its
+    model_config records the training text's locale (`training_locale`), left out when the data records none
+    (the pyfunc then says what it assumes)."""
     import mlflow
 
     artifacts = {"checkpoint": str(art.export.resolve())}
@@ -182,10 +186,15 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
             # serve/pyfunc.py: load-time options
             model_config={"device": "auto", "dtype": "float32", "kernels": "auto",
                           "max_reference_seconds": SynthesizeParams().max_reference_seconds,
-                          "deadline_s": SynthesizeParams().deadline_s},
+                          "deadline_s": SynthesizeParams().deadline_s, **_locale_config(art)},
             tags={EXPORT_TAG: art.export_md5},
         )
     return info.model_uri, info.model_id
+
+
+def _locale_config(art: PipelineArtifacts) -> dict[str, str]:
+    locale = training_locale(art.data.rows) if art.data is not None else None
+    return {} if locale is None else {"locale": locale}
 
 
 def alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:

@@ -41,6 +41,7 @@ from voxpipe.track.registry import (
     register_logged,
 )
 from voxpipe.track.tracking import pipeline_experiments, redact_uri, resolve_tracking_uri, session
+from voxpipe.track.voices import LOCALE_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -220,8 +221,9 @@ def sweep_close(params: Params) -> SweepResult:
                           "model_uri": f"models:/{name}/{champion.version}"}
         else:
             place = Place(uri, locks, params.register_.lock_timeout_s)
+            carried = {LOCALE_TAG: best.data.tags[LOCALE_TAG]} if LOCALE_TAG in best.data.tags else {}
             reg = register_logged(client, place, name, best.info.run_id, model, evaluation,
-                                  {"voxpipe.sweep": parent})
+                                  {"voxpipe.sweep": parent, **carried})
             registered = {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
                           "promoted": reg.decision.promoted, "reason": reg.decision.reason,
                           "model_uri": f"models:/{reg.name}/{reg.version}"}

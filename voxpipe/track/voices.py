@@ -2,7 +2,9 @@
 training data, logged with the model (the artifact "voices") so that `voxpipe serve` lists and uses them
 with no data folder at hand.
 
-The folder holds `voices.json` (a list of {id, speaker, text, file, seconds}) and the clips under `clips/`;
+The folder holds `voices.json` (a list of {id, speaker, text, file, seconds, locale}: locale is how the
+speaker's training text was read, `ingest.locale`; absent for data ingested before it was recorded) and the
+clips under `clips/`;
 `voxpipe serve` keeps the voices a client adds (POST /v1/audio/voices) in the same layout.
 """
 
@@ -11,15 +13,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from voxpipe.data.text_rules import LOCALES
 from voxpipe.errors import StepError
 from voxpipe.params import SynthesizeParams
 
 VOICES_FILE = "voices.json"
 CLIPS = "clips"
 DEFAULT_VOICE = "default"  # no reference: the voice the model learned
+ASSUMED_LOCALE = LOCALES[0]  # ingest's default: what a model or voice that recorded no locale was trained in
+LOCALE_TAG = "voxpipe.locale"  # a run's and its version's: the locale most training rows were read in
 PREFERRED_SECONDS = 6.0  # a few seconds of speech clone a voice; longer costs time, not quality
 MAX_SECONDS: float = SynthesizeParams.model_fields["max_reference_seconds"].default
 
@@ -28,6 +34,13 @@ def voice_id(name: str) -> str:
     """A voice name as a URL-safe id ("Speaker A/1" -> "speaker-a-1"); `default` is never one."""
     slug = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:64] or "voice"
     return f"{slug}-voice" if slug == DEFAULT_VOICE else slug
+
+
+def training_locale(rows: list[dict[str, Any]]) -> str | None:
+    """The locale most of the training rows were read in (raw.jsonl's `locale`, `ingest.locale`): the one
+    the registered model reads a request's text in. None when no row records one (ingested before)."""
+    counts = Counter(row["locale"] for row in rows if isinstance(row.get("locale"), str))
+    return min(counts, key=lambda locale: (-counts[locale], locale)) if counts else None
 
 
 def write_training_voices(ingest: Path, rows: list[dict[str, Any]], out: Path) -> Path | None:
@@ -57,6 +70,7 @@ def write_training_voices(ingest: Path, rows: list[dict[str, Any]], out: Path) -
         clip = Path(CLIPS) / f"{vid}{source.suffix}"
         shutil.copyfile(source, out / clip)
         voices.append({"id": vid, "speaker": speaker, "text": row.get("text", ""), "file": clip.as_posix(),
-                       "seconds": round(float(row["duration"]), 3)})
+                       "seconds": round(float(row["duration"]), 3),
+                       **({"locale": row["locale"]} if isinstance(row.get("locale"), str) else {})})
     (out / VOICES_FILE).write_text(json.dumps(voices, ensure_ascii=False, indent=1) + "\n")
     return out
