@@ -431,7 +431,8 @@ def test_the_gpu_block_from_a_wav_folder_to_a_registered_model(tmp_path):
     run(repo, str(BIN / "dvc"), "repro")
 
     ingest = json.loads((repo / "work" / "ingest" / "report.json").read_text())
-    assert ingest["rows_kept"] == clips and list(ingest["speakers"]) == ["default"]
+    # no speaker column: the folder's one voice, named after it (data/my-voice)
+    assert ingest["rows_kept"] == clips and list(ingest["speakers"]) == [Path(recipe_input[0]).name]
     assert any("one speaker" in notice for notice in ingest["notices"])  # no speaker column: said so
     assert json.loads((repo / "work" / "validate" / "validate.json").read_text())["usable"]
     trained = json.loads((repo / "work" / "train" / "report.json").read_text())

@@ -100,9 +100,18 @@ def detected(text: str) -> list[tuple[str, str]]:
         for pattern in detector.denylist:
             for m in pattern.finditer(text):
                 secret = m.group(0).strip(_DELIMITERS)
-                if secret and secret != REDACTED:
+                start = m.start() + m.group(0).find(secret)
+                if secret and secret != REDACTED and not _inside_a_longer_run(text, start,
+                                                                              start + len(secret)):
                     found.append((f"a {detector.secret_type} (detect-secrets)", secret))
     return found
+
+
+def _inside_a_longer_run(text: str, start: int, end: int) -> bool:
+    """A match with a letter or digit right beside it is part of a longer run, not that token: some
+    detectors' patterns have no word boundary (AWS's `ACCA` + 16), so any base64 blob (an RNG state, a
+    clip) would hold "keys". A random run as a whole is the high-entropy rule's to judge."""
+    return (start > 0 and text[start - 1].isalnum()) or (end < len(text) and text[end].isalnum())
 
 
 # -- secrets by the shape of the value (the group named "secret" is what is redacted)

@@ -39,7 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from voxpipe.errors import StepError
-from voxpipe.files import step_folders
+from voxpipe.files import atomic_write_text, step_folders
 from voxpipe.integrity import (
     KEY_ENV,
     MANIFEST,
@@ -212,7 +212,10 @@ def save_checkpoint(
         rt.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-        write_json(tmp / f"rank-{rt.rank}.json", {"rng": rng_state(rt.device), "sampler": sampler})
+        # machine state, not a report: written as it is, since the report writer's secret scrub rewrites
+        # random-looking runs, and random bytes in base64 are just that (a scrubbed RNG state cannot load)
+        atomic_write_text(tmp / f"rank-{rt.rank}.json",
+                          json.dumps({"rng": rng_state(rt.device), "sampler": sampler}))
         if rt.is_main:
             write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
     except BaseException as e:  # torch's CheckpointException (a disk full in DCP's writer) is no Exception
