@@ -702,6 +702,10 @@ class CompareParams(Section):
     sweep: str | None = Field(
         None, description="compare only this sweep's runs: the MLflow run id of its parent (the children's "
         "`mlflow.parentRunId`); the table and compare.html are also logged to the parent")
+    kfp_run: str | None = Field(
+        None, description="compare only the runs of this KFP pipeline run (its id), as KFP's MLflow plugin "
+        "nests them: the run tagged kfp.pipeline_run_id and every run below it (tasks, loop iterations), "
+        "in any experiment (docs/cluster.md)")
 
 
 class SweepParams(Section):
