@@ -7,6 +7,7 @@ register then run for real, each with its own task's environment."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from mlflow import MlflowClient
@@ -23,6 +24,7 @@ from voxpipe.track.kfp_runs import (
     kfp_task,
 )
 from voxpipe.track.live import LiveRun
+from voxpipe.track.reglock import LOCK_TAG
 from voxpipe.train.loop import train
 
 EXPERIMENT = "voxpipe-kfp"
@@ -139,3 +141,51 @@ def test_compare_refuses_a_kfp_run_id_that_is_no_id_and_names_one_with_no_runs(k
     assert "is no KFP run id" in capsys.readouterr().err
     assert main([*args, "--set", "compare.kfp_run=no-such-run"]) != 0
     assert "KFP run 'no-such-run' has no runs" in capsys.readouterr().err
+
+
+# what KFP's driver would do per task, done in the task's own process: sitecustomize runs first in every
+# Python process, and a kfp.local task's process names its component function in its argv
+SITECUSTOMIZE = '''
+import json, os, sys
+if "--function_to_execute" in sys.argv:
+    runs = json.loads(os.environ.get("VOXPIPE_TEST_KFP_TASK_RUNS", "{}"))
+    name = sys.argv[sys.argv.index("--function_to_execute") + 1]
+    if name in runs:
+        os.environ["MLFLOW_RUN_ID"] = runs[name]
+'''
+TASKS = ("ingest_plan", "ingest_shard", "ingest_merge", "manifest", "init_model", "validate", "encode",
+         "train", "evaluate", "mfu", "register")
+
+
+@pytest.mark.slow
+def test_under_kfp_local_each_task_logs_into_its_nested_run_and_the_version_has_the_lineage(
+        server, local_runner, monkeypatch, tmp_path):
+    from test_kfp import small_run
+
+    from pipelines import finetune as pipeline
+
+    client = MlflowClient(server)
+    experiment = client.create_experiment("kfp-plugin")
+    root = client.create_run(experiment, run_name="finetune", tags={KFP_RUN_TAG: "local-run"}).info.run_id
+    runs = {name: client.create_run(experiment, run_name=name, tags={PARENT_TAG: root}).info.run_id
+            for name in TASKS}
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("VOXPIPE_TEST_KFP_TASK_RUNS", json.dumps(runs))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    monkeypatch.setenv("MLFLOW_WORKSPACE", WORKSPACE)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    args = {**small_run(local_runner, "kfp-local-plugin"), "mlflow_tracking_uri": server}
+    registered = pipeline.finetune_pipeline()(**args).output.metadata
+    version = client.get_model_version(registered["name"], registered["version"])
+    assert version.run_id == registered["run_id"] == runs["register"]  # register logged into its task's run
+    held = client.get_run(runs["register"])
+    assert held.data.tags[PIPELINE_RUN_TAG] == root and held.data.tags[KFP_RUN_TAG] == "local-run"
+    assert [m.step for m in client.get_metric_history(runs["register"], "loss")] == [1, 2, 3]  # the history
+    assert {"train", "eval", "plots", "data"} <= {a.path for a in client.list_artifacts(runs["register"])}
+    # one tree: no run outside it but the register lock's
+    everything = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    top = [r.info.run_id for r in everything if PARENT_TAG not in r.data.tags and LOCK_TAG not in r.data.tags]
+    assert top == [root]
