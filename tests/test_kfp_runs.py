@@ -25,6 +25,7 @@ from voxpipe.track.kfp_runs import (
 )
 from voxpipe.track.live import LiveRun
 from voxpipe.track.reglock import LOCK_TAG
+from voxpipe.track.sweep import SWEEP_PARENT_TAG, children, sweep_open
 from voxpipe.train.loop import train
 
 EXPERIMENT = "voxpipe-kfp"
@@ -142,6 +143,23 @@ def test_compare_refuses_a_kfp_run_id_that_is_no_id_and_names_one_with_no_runs(k
     assert main([*args, "--set", "compare.kfp_run=no-such-run"]) != 0
     assert "KFP run 'no-such-run' has no runs" in capsys.readouterr().err
 
+
+
+def test_sweep_open_under_the_plugin_makes_its_task_run_the_parent_not_a_new_top_level_run(kfp, server,
+                                                                                        tmp_path):
+    client = kfp.client
+    task = kfp.task("sweep-open")
+    before = {r.info.run_id for r in client.search_runs([kfp.experiment])}
+    params = Params.model_validate({"sweep": {"grid": ["train.lr=1e-4,2e-4"], "out": str(tmp_path)},
+                                    "tracking": {"uri": server, "experiment": EXPERIMENT,
+                                                 "work": str(tmp_path / "work")}})
+    record = sweep_open(params).record
+    assert record["parent_run"] == task
+    assert {r.info.run_id for r in client.search_runs([kfp.experiment])} == before  # no run made
+    # a point's run under its loop iteration, naming the parent: sweep-close and compare find it
+    loop = kfp.task("for-loop-2")
+    point = client.create_run(kfp.experiment, tags={PARENT_TAG: loop, SWEEP_PARENT_TAG: task}).info.run_id
+    assert [r.info.run_id for r in children(client, kfp.experiment, task)] == [point]
 
 # what KFP's driver would do per task, done in the task's own process: sitecustomize runs first in every
 # Python process, and a kfp.local task's process names its component function in its argv

@@ -38,7 +38,7 @@ from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, se
 from voxpipe.track.kfp_runs import REGISTERED_IN_TAG, pipeline_tree
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
-from voxpipe.track.sweep import PARENT_TAG, SWEEP_TAG
+from voxpipe.track.sweep import SWEEP_TAG, children
 from voxpipe.track.tracking import resolve_tracking_uri, session
 from voxpipe.track.untrusted import printable, spreadsheet_cell
 
@@ -201,11 +201,13 @@ def _compared(run: Run) -> bool:
 def _runs(client: MlflowClient, experiment_id: str, max_runs: int, sweep: str | None) -> list[Run]:
     """The runs compared, oldest first: a sweep's children, or the newest `max_runs` runs of the experiment
     that have figures (pages are read until that many are found: lock runs and sweep parents count not)."""
-    where = f"tags.`{PARENT_TAG}` = '{sweep}'" if sweep else ""
+    if sweep:  # nested under the parent, or (KFP) naming it: sweep.children
+        picked = [r for r in children(client, experiment_id, sweep) if _compared(r)]
+        return sorted(picked, key=lambda r: r.info.start_time)[-max_runs:]
     found: list[Run] = []
     token = None
     while len(found) < max_runs:
-        page = client.search_runs([experiment_id], filter_string=where, max_results=PAGE,
+        page = client.search_runs([experiment_id], max_results=PAGE,
                                   order_by=["attributes.start_time DESC"], page_token=token)
         found += [r for r in page if _compared(r)]
         token = page.token

@@ -175,7 +175,12 @@ def child_record(client: MlflowClient, run_id: str, parent: str, art: PipelineAr
 # -- close ---------------------------------------------------------------------------------------
 def children(client: MlflowClient, experiment: str, parent: str) -> list[Run]:
     """The parent's children: nested under it, or (KFP) naming it, in this experiment or the parent's."""
-    experiments = list(dict.fromkeys([experiment, client.get_run(parent).info.experiment_id]))
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiments = list(dict.fromkeys([experiment, client.get_run(parent).info.experiment_id]))
+    except MlflowException:  # no such parent: it has no children here either
+        experiments = [experiment]
     found = {r.info.run_id: r for tag in (PARENT_TAG, SWEEP_PARENT_TAG)
              for r in client.search_runs(experiments, filter_string=f"tags.`{tag}` = '{parent}'",
                                          max_results=1000)}
