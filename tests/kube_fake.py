@@ -2,7 +2,8 @@
 
 No API server, container engine or kind/k3s/envtest runs on these machines, so the submit/watch
 code is exercised through the official kubernetes client against this HTTP server on 127.0.0.1:
-create/get/delete of a Volcano Job or a Kubeflow Trainer TrainJob (status scripted per test), create
+create/get/delete of a Volcano Job or a Kubeflow Trainer TrainJob (status scripted per test), a merge patch
+of a TrainJob's status (what a training pod reports), create
 of a TrainingRuntime, list pods by label, and a pod's log with tailLines. It checks what a real
 server would reject in these calls (wrong paths, a missing name, bad label selectors, a kind posted
 to another kind's path); it runs no controller.
@@ -19,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 JOBS = re.compile(r"^/apis/(batch\.volcano\.sh|trainer\.kubeflow\.org)/v1alpha1/namespaces/([a-z0-9-]+)/"
-                  r"(jobs|trainjobs|trainingruntimes)(?:/([a-z0-9.-]+))?$")
+                  r"(jobs|trainjobs|trainingruntimes)(?:/([a-z0-9.-]+))?(/status)?$")
 # the kind each path takes, and the label its controller puts on the job's pods
 KINDS = {("batch.volcano.sh", "jobs"): ("Job", "volcano.sh/job-name"),
          ("trainer.kubeflow.org", "trainjobs"): ("TrainJob", "jobset.sigs.k8s.io/jobset-name"),
@@ -40,6 +41,8 @@ class FakeCluster:
     runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)  # TrainingRuntimes by name
     deleted: list[str] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    status_patches: list[dict[str, Any]] = field(default_factory=list)  # bodies of status merge patches
+    patch_error: int | None = None  # answer every status patch with this code (403: RBAC missing)
     _gets: int = 0
 
     def __post_init__(self) -> None:
@@ -106,6 +109,21 @@ class FakeCluster:
         self.deleted.append(name)
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
+    def patch_status(self, name: str, content_type: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A merge patch of a TrainJob's status subresource, as the API server takes it from a pod."""
+        if self.patch_error:
+            return self.patch_error, _status(self.patch_error, "scripted failure")
+        if content_type != "application/merge-patch+json":
+            return 415, _status(415, f"the server does not take {content_type} here")
+        if name not in self.jobs:
+            return 404, _status(404, f'trainjobs.trainer.kubeflow.org "{name}" not found')
+        if set(body) != {"status"}:
+            return 422, _status(422, "a status patch changes only .status")
+        self.status_patches.append(body)
+        job = self.jobs[name]
+        job["status"] = {**job.get("status", {}), **body["status"]}
+        return 200, job
+
     def list_pods(self, selector: str) -> tuple[int, dict[str, Any]]:
         key, sep, value = selector.partition("=")
         if not sep or not key:
@@ -146,7 +164,12 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             with cluster._lock:
                 cluster.requests.append((method, url.path))
                 if m := JOBS.match(url.path):
-                    group, namespace, plural, name = m.groups()
+                    group, namespace, plural, name, status = m.groups()
+                    if method == "PATCH" and name and status and plural == "trainjobs":
+                        content_type = self.headers.get("Content-Type", "")
+                        return self._reply(*cluster.patch_status(name, content_type, json.loads(body)))
+                    if status:
+                        return self._reply(405, _status(405, f"{method} of a status subresource"))
                     if method == "POST" and name is None:
                         return self._reply(*cluster.create_job(group, plural, namespace, json.loads(body)))
                     if method == "GET" and name:
@@ -168,6 +191,9 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:
             self._route("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._route("PATCH")
 
     return Handler
 

@@ -150,14 +150,16 @@ def _run_pod_script(job, tmp_path, rank, world):
 
 def test_pod_command_runs_torchrun_on_voxpipe_train_with_the_exact_train_params(tmp_path):
     launch, train, namespace, owner = ascend_variant()
-    argv = _run_pod_script(rendered(launch, train, namespace, owner), tmp_path, rank=2, world=4)
+    job = rendered(launch, train, namespace, owner)
+    argv = _run_pod_script(job, tmp_path, rank=2, world=4)
+    grace = job["spec"]["tasks"][0]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert argv[:6] == [
         "--nnodes=4",
         "--node_rank=2",
         "--nproc_per_node=8",
         "--master_addr=voxpipe-train-x-master-0.voxpipe-train-x",
         "--master_port=23456",
-        "--shutdown_timeout=600",  # SIGTERM -> SIGKILL of the workers: the pod's grace, not torchrun's 30 s
+        f"--shutdown_timeout={grace}",  # SIGTERM -> SIGKILL of the workers: the pod's grace, not 30 s
     ]
     assert argv[6:10] == ["-m", "voxpipe.cli", "train", "--params"]
     # what `voxpipe train` will read in the pod: the launcher's train section, unchanged

@@ -31,20 +31,22 @@ from voxpipe.launch.watch import run_job
 from voxpipe.params import LaunchParams, Params, load_params, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
-CRDS = Path(__file__).parent / "data" / "trainer-crds"
+# today's CRDs (main, SOURCE.md) and the v2.3.0 release's (its TrainJob has status.trainerStatus)
+RELEASES = {"main": Path(__file__).parent / "data" / "trainer-crds",
+            "v2.3.0": Path(__file__).parent / "data" / "trainer-crds-v2.3.0"}
 K8S_VERSION = kubernetes_validate.latest_version()
 NAME = "voxpipe-train-00000"
 FAST = {"timeout_s": 30, "poll_s": 0.01, "tail_lines": 5}
 
 
 @cache
-def crd_schema(kind: str) -> dict:
+def crd_schema(kind: str, release: str = "main") -> dict:
     plural = {"TrainJob": "trainjobs", "TrainingRuntime": "trainingruntimes"}[kind]
-    return crds.crd_schema(CRDS / f"trainer.kubeflow.org_{plural}.yaml", kind, "v1alpha1")
+    return crds.crd_schema(RELEASES[release] / f"trainer.kubeflow.org_{plural}.yaml", kind, "v1alpha1")
 
 
-def validate(obj: dict) -> None:
-    jsonschema.validate(obj, crd_schema(obj["kind"]))
+def validate(obj: dict, release: str = "main") -> None:
+    jsonschema.validate(obj, crd_schema(obj["kind"], release))
 
 
 def node_pod(runtime: dict, trainjob: dict) -> dict:
@@ -68,8 +70,9 @@ def test_every_recipe_renders_a_trainjob_and_runtime_that_trainer_accepts(name):
     params = load_params(ROOT / "params.yaml", recipe=name, overrides=["launch.backend=trainjob"])
     launch = params.launch
     runtime, trainjob = render_trainjob(params, "ml")
-    validate(runtime)
-    validate(trainjob)
+    for release in RELEASES:
+        validate(runtime, release)
+        validate(trainjob, release)
     kubernetes_validate.validate(node_pod(runtime, trainjob), K8S_VERSION, strict=True)
     trainer = trainjob["spec"]["trainer"]
     # Trainer counts only "gpu" resources: numProcPerNode always explicit, an int, the devices per pod
@@ -250,8 +253,8 @@ def test_the_runtime_name_limit_is_the_crds_own():
 
 
 @cache
-def crd_validator(kind: str) -> typing.Any:
-    return crds.validator(crd_schema(kind))
+def crd_validator(kind: str, release: str = "main") -> typing.Any:
+    return crds.validator(crd_schema(kind, release))
 
 
 # Kubernetes' published patterns, written out here independently of voxpipe/launch/kube_rules.py
@@ -275,7 +278,8 @@ def accepted(objects: list[dict]) -> None:
     import re
 
     for obj in objects:
-        crd_validator(obj["kind"]).validate(obj)
+        for release in RELEASES:
+            crd_validator(obj["kind"], release).validate(obj)
         assert re.fullmatch(DNS_LABEL, obj["metadata"]["namespace"])
     runtime = objects[0]
     (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]

@@ -75,7 +75,7 @@ def test_volcano_queue_has_what_the_crd_requires_and_is_the_default_queue():
 
 
 def test_rbac_allows_exactly_what_the_launcher_calls():
-    (role,) = by_kind("Role")
+    (role,) = [r for r in by_kind("Role") if r["metadata"]["name"] == "voxpipe-launcher"]
     allowed = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -101,9 +101,18 @@ def test_rbac_allows_exactly_what_the_launcher_calls():
     assert needed <= allowed
     assert {x for x in allowed if x[0] == "trainer.kubeflow.org"} == trainer  # exactly those
     assert {r for g, r, _ in allowed} == {"jobs", "trainjobs", "trainingruntimes", "pods", "pods/log"}
-    (binding,) = by_kind("RoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (binding,) = [b for b in by_kind("RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]]
     assert "voxpipe-pipeline" in {s["name"] for s in binding["subjects"]}
+
+
+def test_the_training_pods_account_may_patch_trainjob_status_and_nothing_else():
+    """voxpipe/train/trainer_status.py: rank 0 merge-patches its TrainJob's status subresource."""
+    (role,) = [r for r in by_kind("Role") if r["metadata"]["name"] == "voxpipe-trainer"]
+    assert role["rules"] == [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"],
+                              "verbs": ["patch"]}]
+    (binding,) = [b for b in by_kind("RoleBinding") if b["roleRef"]["name"] == "voxpipe-trainer"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "voxpipe-trainer"}]
+    assert "voxpipe-trainer" in {a["metadata"]["name"] for a in by_kind("ServiceAccount")}
 
 
 def test_workspace_pvc_is_the_one_training_mounts_and_is_shared():
@@ -147,8 +156,8 @@ def test_kustomize_build_namespaces_everything_but_the_queue():
             assert "namespace" not in doc["metadata"]
         else:
             assert doc["metadata"]["namespace"] == "kubeflow"
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
-    assert {s["namespace"] for s in binding["subjects"]} == {"kubeflow"}
+    for binding in [d for d in docs if d["kind"] == "RoleBinding"]:
+        assert {s["namespace"] for s in binding["subjects"]} == {"kubeflow"}
 
 
 # -- authenticated MLflow ---------------------------------------------------------------------------
@@ -199,10 +208,12 @@ def test_network_policy_admits_only_the_pipeline_pods():
 # -- restricted pods ---------------------------------------------------------------------------------
 def restricted_violations(spec: dict, read_only_root: bool = True) -> list[str]:
     """What keeps a pod spec from the "restricted" Pod Security Standard (and our own rules: no service
-    account token, read-only root filesystem)."""
+    account token but voxpipe-trainer's, which may only patch trainjobs/status; read-only root
+    filesystem)."""
     problems = []
     pod_sc = spec.get("securityContext", {})
-    if spec.get("automountServiceAccountToken") is not False:
+    reporter = spec.get("serviceAccountName") == "voxpipe-trainer"
+    if spec.get("automountServiceAccountToken") is not False and not reporter:
         problems.append("automountServiceAccountToken is not false")
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(key):

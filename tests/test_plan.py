@@ -137,7 +137,8 @@ def _plan(peak: float, largest: int | None = 1024) -> P.Plan:
     return P.Plan(world_size=1, device="h100-80gb", device_memory_gib=80.0, peak_gib=peak,
                   by_category_gib=cats, fits=True, largest_max_tokens=largest, host_peak_gib=1.0,
                   host_by_phase_gib={"load": 0.5, "export": 1.0},
-                  max_tokens=4096, micro_batch=[1, 4096], headroom=0.1)
+                  max_tokens=4096, micro_batch=[1, 4096], headroom=0.1, checkpoint_gib_per_rank=1.0,
+                  checkpoint_write_gbps=0.1, checkpoint_save_seconds=10.7)
 
 
 def test_train_refuses_a_plan_that_does_not_fit_the_free_memory():

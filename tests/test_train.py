@@ -22,8 +22,10 @@ from upstream import import_upstream
 
 from voxpipe.errors import StepError
 from voxpipe.integrity import MANIFEST, user_key_path
+from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
 from voxpipe.params import LoraParams, ModelParams, Params, TrainParams, load_params
+from voxpipe.train import plan as P
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model
 from voxpipe.train.loop import train
@@ -94,6 +96,13 @@ def test_two_ranks_train_export_and_converge(two_rank_run, encoded_sample):
     # checkpoints: only the newest `keep_checkpoints` (2) complete ones remain; the signing key is elsewhere
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-20", "step-30"]
     assert user_key_path().stat().st_mode & 0o777 == 0o600
+    # the last save as measured (issue 47): the plan's per-rank bytes and its seconds, for the next plan
+    save = report["checkpoint_save"]
+    config = VoxCPM2Config.from_file(encoded_sample.base_model / "config.json")
+    setup = P.Setup(config, 2, LoraParams(), False, "float32", SETTINGS["max_tokens"])
+    assert abs(save["bytes_per_rank"] - P.checkpoint_bytes_per_rank(setup)) <= 0.01 * save["bytes_per_rank"]
+    gbps = save["bytes_per_rank"] / save["seconds"] / 1e9
+    assert save["seconds"] > 0 and save["write_gbps"] == pytest.approx(gbps, rel=0.05)
 
 
 def test_export_loads_strictly_in_ours_and_upstream(two_rank_run, encoded_sample):

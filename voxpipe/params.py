@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import typing
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -640,7 +640,16 @@ class LaunchParams(Section):
         "still reads the final phase and the failed pod's log (Volcano Job, or the JobSet of voxpipe's own "
         "TrainingRuntime: refused with launch.runtime)"
     )
-    grace_seconds: int = Field(600, ge=0, description="SIGTERM-to-SIGKILL grace: time for a last checkpoint")
+    grace_seconds: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="SIGTERM-to-SIGKILL grace in seconds: time for a last checkpoint. auto = the "
+        "plan's per-rank checkpoint save time (plan.checkpoint_write_gbps, launch's world) x 1.5 + 120 s, "
+        "at least 120; a number wins as it is"
+    )
+    progress_every_s: float = Field(
+        30.0, ge=5, description="trainjob only: rank 0 writes the progress percentage, estimated remaining "
+        "seconds and headline metrics into the TrainJob's status.trainerStatus at most this often, and "
+        "once at the end (seconds; Trainer's floor is 5; docs/cluster.md)"
+    )
     timeout_seconds: int = Field(7 * 86400, gt=0, description="then the watcher deletes the job and fails")
     poll_seconds: float = Field(15.0, gt=0, description="job status poll interval")
     log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
@@ -711,6 +720,10 @@ class CompareParams(Section):
     sweep: str | None = Field(
         None, description="compare only this sweep's runs: the MLflow run id of its parent (the children's "
         "`mlflow.parentRunId`); the table and compare.html are also logged to the parent")
+    kfp_run: str | None = Field(
+        None, description="compare only the runs of this KFP pipeline run (its id), as KFP's MLflow plugin "
+        "nests them: the run tagged kfp.pipeline_run_id and every run below it (tasks, loop iterations), "
+        "in any experiment (docs/cluster.md)")
 
 
 class SweepParams(Section):
@@ -851,6 +864,13 @@ class PlanParams(Section):
         "error", description="when model.base does not exist: error (a mistyped folder is not planned as "
         "another model), or preset = plan model.preset's shape (a recipe planned before its checkpoint is "
         "downloaded)"
+    )
+    checkpoint_write_gbps: float = Field(
+        0.1, gt=0, description="checkpoint bandwidth of one rank, in GB/s (1e9 bytes): writing its share to "
+        "the checkpoint volume and hashing it for the signed manifest. The plan's checkpoint save time is "
+        "each rank's bytes over it, and launch.grace_seconds: auto renders that time plus a margin. The "
+        "default is a conservative network volume's; set it from the write_gbps that train logs and "
+        "writes in report.json (checkpoint_save) after a save"
     )
     launcher: Literal["local", "launch"] = Field(
         "local", description="whose world size the plan uses: local = local.nproc (torchrun on one box, "

@@ -105,17 +105,17 @@ class StepJob:
                    launch.encode_devices // per_pod, per_pod)
 
 
-def torchrun_script(launch: LaunchParams, job: StepJob, rendezvous: str) -> str:
+def torchrun_script(launch: LaunchParams, job: StepJob, rendezvous: str, grace: int) -> str:
     """The pod's shell command: write the params the job carries, then exec torchrun on `voxpipe <step>`.
 
     `rendezvous` holds the launcher's torchrun arguments (nodes, rank, processes per node, master), from
     the env its controller sets. torchrun passes SIGTERM on to its workers but SIGKILLs them after its
     shutdown timeout (30 s by default); raised to the pod's grace period so the trainer can finish its
-    SIGTERM checkpoint.
+    SIGTERM checkpoint (`grace`: voxpipe.launch.grace).
     """
     return (
         f'printf \'%s\' "${PARAMS_ENV}" > {PARAMS_FILE} && exec torchrun {rendezvous}'
-        f" --shutdown_timeout={launch.grace_seconds}"
+        f" --shutdown_timeout={grace}"
         f" -m voxpipe.cli {job.step} --params {PARAMS_FILE}"
     )
 
@@ -242,7 +242,7 @@ def resources(launch: LaunchParams, job: StepJob) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def pod_template(launch: LaunchParams, params: Params, job: StepJob, script: str,
+def pod_template(launch: LaunchParams, params: Params, job: StepJob, script: str, grace: int,
                  container_name: str = "") -> dict[str, Any]:
     """The restricted pod running `script` (torchrun_script's) with the workspace, /dev/shm and /tmp."""
     container: dict[str, Any] = {
@@ -266,7 +266,7 @@ def pod_template(launch: LaunchParams, params: Params, job: StepJob, script: str
     spec: dict[str, Any] = {
         # a failed container must fail the pod, so the launcher restarts the whole gang
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": launch.grace_seconds,
+        "terminationGracePeriodSeconds": grace,
         "automountServiceAccountToken": False,  # training never calls the Kubernetes API
         "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container],

@@ -23,6 +23,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.launch.base import Resource, State
 from voxpipe.launch.followed import Followed
+from voxpipe.launch.grace import grace_seconds
 from voxpipe.launch.kube_rules import check_launch, check_objects
 from voxpipe.launch.pod import (
     Owner,
@@ -36,6 +37,7 @@ from voxpipe.launch.pod import (
     torchrun_script,
 )
 from voxpipe.params import LaunchParams, Params
+from voxpipe.train.trainer_status import EVERY_ENV, NAME_ENV, NAMESPACE_ENV
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 INSTALL_HINT = f"is Kubeflow Trainer v2 installed (the {GROUP}/{VERSION} CRDs), does the namespace exist?"
@@ -55,6 +57,7 @@ QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 PATCH_MANAGER = "voxpipe.io/launch"
 RENDEZVOUS = ("--nnodes=$PET_NNODES --node_rank=$PET_NODE_RANK --nproc_per_node=$PET_NPROC_PER_NODE "
               "--master_addr=$PET_MASTER_ADDR --master_port=$PET_MASTER_PORT")
+REPORTER = "voxpipe-trainer"  # the service account that may patch trainjobs/status (manifests/namespaced)
 # launch keys that shape voxpipe's own TrainingRuntime, which a named ClusterTrainingRuntime replaces
 RUNTIME_KEYS = ("max_retry", "ttl_seconds")
 
@@ -70,6 +73,19 @@ def _refuse_runtime_keys(launch: LaunchParams) -> None:
             f"ClusterTrainingRuntime applies instead. Leave launch.{key} at its default "
             f"({getattr(default, key)}), or set launch.runtime= (empty) to train on voxpipe's runtime."
         )
+
+
+def progress_env(launch: LaunchParams) -> list[dict[str, Any]]:
+    """What the pod needs to report its progress: its TrainJob (the JobSet's name, from the pod's label),
+    its namespace, and launch.progress_every_s."""
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [
+        {"name": NAME_ENV, "valueFrom": field(f"metadata.labels['{TRAINJOB.pod_label}']")},
+        {"name": NAMESPACE_ENV, "valueFrom": field("metadata.namespace")},
+        {"name": EVERY_ENV, "value": f"{launch.progress_every_s:g}"},
+    ]
 
 
 def _runtime(launch: LaunchParams, pod: dict[str, Any], job: StepJob, namespace: str) -> dict[str, Any]:
@@ -108,10 +124,17 @@ def render_trainjob(
     check_launch(launch, namespace)
     check_paths(params, job)
     meta = metadata(job, namespace, owner)
-    pod = pod_template(launch, params, job, torchrun_script(launch, job, RENDEZVOUS), container_name=NODE)
+    grace = grace_seconds(params, job.step, job.pods * job.devices_per_pod)
+    pod = pod_template(launch, params, job, torchrun_script(launch, job, RENDEZVOUS, grace), grace,
+                       container_name=NODE)
     check_signing_key(params, job)
     container = pod["spec"]["containers"][0]
     env = container.pop("env")
+    if job.step == "train":
+        env += progress_env(launch)
+        # rank 0 patches its TrainJob's status.trainerStatus (voxpipe/train/trainer_status.py) as this
+        # account, which may do nothing else; a named ClusterTrainingRuntime's pods need it too
+        pod["spec"].update(serviceAccountName=REPORTER, automountServiceAccountToken=True)
     trainer: dict[str, Any] = {
         "image": launch.image,
         "args": container.pop("args"),

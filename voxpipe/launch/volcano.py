@@ -14,6 +14,7 @@ from typing import Any
 from voxpipe.errors import StepError
 from voxpipe.launch.base import Resource, State
 from voxpipe.launch.followed import Followed
+from voxpipe.launch.grace import grace_seconds
 from voxpipe.launch.kube_rules import check_launch, check_objects
 from voxpipe.launch.pod import (
     Owner,
@@ -48,8 +49,9 @@ def render_job(
     check_launch(launch, namespace)
     check_paths(params, job)
     meta = metadata(job, namespace, owner)
-    script = torchrun_script(launch, job, RENDEZVOUS.format(n=job.devices_per_pod))
-    template = pod_template(launch, params, job, script)
+    grace = grace_seconds(params, job.step, job.pods * job.devices_per_pod)
+    script = torchrun_script(launch, job, RENDEZVOUS.format(n=job.devices_per_pod), grace)
+    template = pod_template(launch, params, job, script, grace)
     check_signing_key(params, job)
     tasks: list[dict[str, Any]] = [
         {

@@ -35,9 +35,10 @@ from voxpipe.errors import StepError
 from voxpipe.params import Params
 from voxpipe.track.compare_page import BadArtifact, RunMedia, compare_page, run_media
 from voxpipe.track.headline import NAMES, VAL_SET_TAG, VERDICT_TAG, promoted, setting_keys
+from voxpipe.track.kfp_runs import REGISTERED_IN_TAG, pipeline_tree
 from voxpipe.track.plots import val_curves
 from voxpipe.track.reglock import LOCK_TAG
-from voxpipe.track.sweep import PARENT_TAG, SWEEP_TAG
+from voxpipe.track.sweep import SWEEP_TAG, children
 from voxpipe.track.tracking import resolve_tracking_uri, session
 from voxpipe.track.untrusted import printable, spreadsheet_cell
 
@@ -200,17 +201,28 @@ def _compared(run: Run) -> bool:
 def _runs(client: MlflowClient, experiment_id: str, max_runs: int, sweep: str | None) -> list[Run]:
     """The runs compared, oldest first: a sweep's children, or the newest `max_runs` runs of the experiment
     that have figures (pages are read until that many are found: lock runs and sweep parents count not)."""
-    where = f"tags.`{PARENT_TAG}` = '{sweep}'" if sweep else ""
+    if sweep:  # nested under the parent, or (KFP) naming it: sweep.children
+        picked = [r for r in children(client, experiment_id, sweep) if _compared(r)]
+        return sorted(picked, key=lambda r: r.info.start_time)[-max_runs:]
     found: list[Run] = []
     token = None
     while len(found) < max_runs:
-        page = client.search_runs([experiment_id], filter_string=where, max_results=PAGE,
+        page = client.search_runs([experiment_id], max_results=PAGE,
                                   order_by=["attributes.start_time DESC"], page_token=token)
         found += [r for r in page if _compared(r)]
         token = page.token
         if not token:
             break
     return list(reversed(found[:max_runs]))
+
+
+def _kfp_runs(client: MlflowClient, kfp_run: str, max_runs: int) -> list[Run]:
+    """The runs with figures of one KFP pipeline run, as KFP's MLflow plugin nests them, oldest first; a
+    train run whose history register carried into its own run is that run's row, not one of its own."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found = [r for r in pipeline_tree(client, experiments, kfp_run)
+             if _compared(r) and REGISTERED_IN_TAG not in r.data.tags]
+    return sorted(found, key=lambda r: r.info.start_time)[-max_runs:]
 
 
 def _curve_label(row: dict[str, Any]) -> str:
@@ -238,6 +250,10 @@ def compare(params: Params) -> CompareResult:
     if p.sweep is not None and not _RUN_ID.fullmatch(p.sweep):
         raise StepError(f"compare.sweep {p.sweep[:80]!r} is no MLflow run id (letters, digits, '-' and '_'); "
                         "give the sweep's parent run id, as `voxpipe sweep-open` wrote it to sweep.json")
+    if p.kfp_run is not None and not _RUN_ID.fullmatch(p.kfp_run):
+        raise StepError(f"compare.kfp_run {p.kfp_run[:80]!r} is no KFP run id (letters, digits, '-' and "
+                        "'_'); give the pipeline run's id as the KFP UI shows it (MLflow's "
+                        "kfp.pipeline_run_id tag)")
     out = Path(p.out)
     out.mkdir(parents=True, exist_ok=True)
     with session(resolve_tracking_uri(tracking.uri, Path(tracking.work))) as client, \
@@ -247,9 +263,15 @@ def compare(params: Params) -> CompareResult:
             raise StepError(
                 f"no MLflow experiment {tracking.experiment!r} there (`voxpipe register` creates it)"
             )
-        found = _runs(client, experiment.experiment_id, p.max_runs, p.sweep)
+        if p.kfp_run:
+            found = _kfp_runs(client, p.kfp_run, p.max_runs)
+        else:
+            found = _runs(client, experiment.experiment_id, p.max_runs, p.sweep)
         if not found:
             which = f"sweep {p.sweep!r} (its parent run's id) has no child runs" if p.sweep else "has no runs"
+            if p.kfp_run:
+                which = (f"KFP run {p.kfp_run!r} has no runs (none tagged kfp.pipeline_run_id with it, or "
+                         "none below that one)")
             raise StepError(f"MLflow experiment {tracking.experiment!r}: {which} with figures (logged by "
                             "`voxpipe register`)")
         by_id, skipped = _media(client, found, Path(tmp))

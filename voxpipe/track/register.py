@@ -23,6 +23,7 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
+from voxpipe.track.kfp_runs import kfp_task, link_task_runs
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.record import log_pipeline_run, run_params, run_title
@@ -97,6 +98,8 @@ def _register(params: Params) -> RegisterResult:
         ensure_registered_model(client, name)
         check_owned(uri, experiment, tracking.experiment, name, locks)  # before anything is written there
         ref = pipeline_run(client, experiment, work, key, uri, run_name, art.live_run_id)
+        if (task := kfp_task(client)) is not None:  # KFP's plugin: each step its own nested run
+            link_task_runs(client, task, art.live_run_id)
         if orchestrator_run(client) is None:  # the trainer's live run, or ours: named for what it is
             client.set_tag(ref.run_id, RUN_NAME_TAG, run_name)
         logged = log_pipeline_run(client, ref.run_id, art, logged_params, key, out, secrets)

@@ -4,7 +4,9 @@ A person tries a few settings and keeps one voice. Registering every point would
 versions nobody chose and let the first lucky point take `@champion` before the others ran. So:
 `voxpipe sweep-open` makes the parent run (the grid recorded on it) and writes its id to
 `<sweep.out>/sweep.json`; each point runs the pipeline with `tracking.parent_run` set, and its
-`register` logs the run as the parent's child (`mlflow.parentRunId`, the swept keys tagged `sweep.<key>`)
+`register` logs the run as the parent's child (`mlflow.parentRunId`, the swept keys tagged `sweep.<key>`;
+under KFP's MLflow plugin the sweep-open task's own nested run is the parent and a child stays nested
+under its loop iteration's run, `voxpipe.sweep_parent` naming the parent: kfp_runs.py)
 and logs the export as a pyfunc model in it, but makes no model version (`child_record`);
 `voxpipe sweep-close` ranks the children as `voxpipe compare` does (the promotion rule's verdict, then
 the fixed-seed val loss), tags the winner on the parent (`voxpipe.sweep_best`) and registers only it,
@@ -29,6 +31,7 @@ from voxpipe.params import Params, load_params
 from voxpipe.paramspec import keys
 from voxpipe.report import write_json
 from voxpipe.track.headline import VERDICT_TAG, promoted
+from voxpipe.track.kfp_runs import kfp_task
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import (
     CHAMPION,
@@ -56,6 +59,7 @@ ENDED_TAG = "voxpipe.sweep.ended"  # on a parent that did not close: why (a sign
 LEFT_TAG = "voxpipe.sweep.left"  # on a child whose point did not finish: the parent it was taken out of
 BEST_TAG = "voxpipe.sweep_best"  # on the parent: the winning child's run id
 MODEL_TAG = "voxpipe.sweep.model"  # on a child: its logged model as JSON (uri, model_id, export_md5)
+SWEEP_PARENT_TAG = "voxpipe.sweep_parent"  # on a child: the sweep's parent (KFP nests it elsewhere)
 SWEPT_PREFIX = "sweep."  # on a child: `sweep.<key>` = its value of a swept key
 SWEEP_FILE = "sweep.json"
 
@@ -140,8 +144,14 @@ def sweep_open(params: Params) -> SweepResult:
         experiment, locks = pipeline_experiments(client, tracking.experiment, uri, Path(tracking.work))
         check_owned(uri, experiment, tracking.experiment, params.registered_model_name(), locks)
         name = "sweep " + " ".join(f"{k}={','.join(map(set_value, v))}" for k, v in grid.items())
-        run = client.create_run(experiment, run_name=name[:250],
-                                tags={SWEEP_TAG: "open", GRID_TAG: json.dumps(grid)})
+        tags = {SWEEP_TAG: "open", GRID_TAG: json.dumps(grid)}
+        task = kfp_task(client)
+        if task is not None:  # KFP made this task's run under the pipeline's: it is the parent
+            run = client.get_run(task.run_id)
+            for tag, value in tags.items():
+                client.set_tag(task.run_id, tag, value)
+        else:
+            run = client.create_run(experiment, run_name=name[:250], tags=tags)
         for key, values in grid.items():
             client.log_param(run.info.run_id, key, json.dumps(values))
     record = {"parent_run": run.info.run_id, "experiment_id": experiment, "tracking_uri": redact_uri(uri),
@@ -164,7 +174,9 @@ def child_record(client: MlflowClient, run_id: str, parent: str, art: PipelineAr
                         "open the sweep "
                         "with `voxpipe sweep-open` and pass the id it prints (sweep.json), or set "
                         "tracking.parent_run to null to register this run on its own") from None
-    client.set_tag(run_id, PARENT_TAG, parent)
+    if kfp_task(client) is None:  # under KFP the run stays nested under its loop iteration's run
+        client.set_tag(run_id, PARENT_TAG, parent)
+    client.set_tag(run_id, SWEEP_PARENT_TAG, parent)
     for key in grid:
         client.set_tag(run_id, SWEPT_PREFIX + key, logged.get(key, ""))
     model = json.loads(client.get_run(run_id).data.tags.get(MODEL_TAG, "{}"))
@@ -177,8 +189,17 @@ def child_record(client: MlflowClient, run_id: str, parent: str, art: PipelineAr
 
 # -- close ---------------------------------------------------------------------------------------
 def children(client: MlflowClient, experiment: str, parent: str) -> list[Run]:
-    return client.search_runs([experiment], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
-                              max_results=1000)
+    """The parent's children: nested under it, or (KFP) naming it, in this experiment or the parent's."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiments = list(dict.fromkeys([experiment, client.get_run(parent).info.experiment_id]))
+    except MlflowException:  # no such parent: it has no children here either
+        experiments = [experiment]
+    found = {r.info.run_id: r for tag in (PARENT_TAG, SWEEP_PARENT_TAG)
+             for r in client.search_runs(experiments, filter_string=f"tags.`{tag}` = '{parent}'",
+                                         max_results=1000)}
+    return list(found.values())
 
 
 def rank(run: Run) -> tuple[int, float]:

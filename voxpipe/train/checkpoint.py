@@ -244,6 +244,18 @@ def save_checkpoint(
     return final
 
 
+def rank_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of this rank's share of a checkpoint: its local shards of the parameters and of the
+    optimizer state (what `voxpipe plan` estimates as checkpoint_gib_per_rank)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    tensors = [local(p) for p in model.parameters()]
+    tensors += [local(v) for state in optimizer.state.values() for v in state.values()
+                if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _save_failed(e: Exception, root: Path, step: int, tmp: Path) -> Exception:
     """A disk error while saving as one paragraph (the partial folder removed); anything else as it was."""
     error = _os_error(e, tmp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import sys
 import time
@@ -40,6 +41,7 @@ from voxpipe.train.checkpoint import (
     complete_checkpoints,
     load_checkpoint,
     pick_checkpoint,
+    rank_checkpoint_bytes,
     save_checkpoint,
     set_aside_all,
 )
@@ -56,6 +58,7 @@ from voxpipe.train.resume import Refusal, result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
 from voxpipe.train.signals import TerminationFlag
 from voxpipe.train.throughput import Throughput, peak_memory_per_rank
+from voxpipe.train.trainer_status import reporter_from_env
 from voxpipe.voxcpm2_format import checkpoint_config
 
 logger = logging.getLogger(__name__)
@@ -139,6 +142,17 @@ def _all_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 @torch.no_grad()
+def measured_save(seconds: float, rank_bytes: int, rt: Runtime) -> dict[str, Any]:
+    """One checkpoint save as the grace period sees it: the slowest rank's seconds and the largest share
+    (collective: a max over the ranks), and their ratio as the write bandwidth in GB/s (1e9 bytes)."""
+    worst = torch.tensor([seconds, float(rank_bytes)], device=rt.device)  # fp32: every backend reduces it
+    if rt.world_size > 1:
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    secs, nbytes = worst.tolist()
+    return {"seconds": round(secs, 3), "bytes_per_rank": int(nbytes),
+            "write_gbps": round(nbytes / secs / 1e9, 4) if secs > 0 else None}
+
+
 def validate(model: nn.Module, data: TrainData, rt: Runtime, seed: int) -> dict[str, float]:
     """The fixed-seed val loss (the same function `voxpipe evaluate` uses), summed over all ranks."""
     across_ranks = partial(_all_sum, device=rt.device)
@@ -191,6 +205,7 @@ class Trainer:
         self.last: dict[str, Any] = {}
         self.meter = Throughput(self.config, self.dtype, rt, p)
         self.stop_agreed = False  # some rank had a SIGTERM by the last step's all-reduce
+        self.last_save: dict[str, Any] | None = None  # measured_save of the last checkpoint; None: none saved
 
     # -- resume ---------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -239,10 +254,19 @@ class Trainer:
         trainer = {"counters": self.counters.to_dict(), "val_curve": self.val_curve,
                    "params": self.result_params, "schedule_steps": self.schedule.total_steps,
                    "identity": self.identity}
+        started = time.perf_counter()
         save_checkpoint(
             self.ckpt_root, self.step, self.model, self.optimizer, trainer, self.data.state_dict(),
             self.rt, self.p.keep_checkpoints,
         )
+        self.last_save = measured_save(time.perf_counter() - started,
+                                       rank_checkpoint_bytes(self.model, self.optimizer), self.rt)
+        if self.rt.is_main:
+            logger.info(
+                "checkpoint step-%d saved: %.3f GiB per rank in %.1f s (slowest rank) = %.3f GB/s; the next "
+                "plan can use it: plan.checkpoint_write_gbps=%.3f", self.step,
+                self.last_save["bytes_per_rank"] / 2**30, self.last_save["seconds"],
+                self.last_save["write_gbps"], self.last_save["write_gbps"])
 
     # -- one optimizer step ---------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -348,6 +372,7 @@ class Trainer:
         if not self.val_curve and self.data.has_val:
             self._validate()  # the untrained base: the first point of the convergence curve
         bar = StepProgress(p.max_steps, self.step, rt.is_main, p.log_every, logger)
+        status = reporter_from_env(os.environ, first_step) if rt.is_main else None
         stopped = False
         try:
             while self.step < p.max_steps:
@@ -356,6 +381,8 @@ class Trainer:
                 if self.data.has_val and ((p.val_every and self.step % p.val_every == 0) or last):
                     record.update(self._validate())
                 log.log(record)
+                if status is not None:
+                    status.update(self.step, p.max_steps, record, final=last)
                 self.last = record
                 self._check_bad_steps(record)
                 bar.update(record)
@@ -409,6 +436,8 @@ class Trainer:
             "compile": self.p.compile,
             **peak_memory_per_rank(self.rt),
             "resumed_from": self.resumed_from,
+            # the last checkpoint's measured save: plan.checkpoint_write_gbps for the next plan
+            "checkpoint_save": self.last_save,
             "mlflow_run_id": run_id,  # train.track: the live MLflow run that `register` completes
             "params": self.p.model_dump(),
             "identity": self.identity,

@@ -104,6 +104,9 @@ class Plan:
     max_tokens: int
     micro_batch: list[int]  # [rows, positions]
     headroom: float
+    checkpoint_gib_per_rank: float  # what one rank writes in a DCP checkpoint (checkpoint_bytes_per_rank)
+    checkpoint_write_gbps: float  # plan.checkpoint_write_gbps: the write bandwidth of one rank, GB/s
+    checkpoint_save_seconds: float  # the first over the second: launch.grace_seconds: auto's core
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -121,7 +124,9 @@ class Plan:
             f"{self.device_memory_gib:.1f} GiB, {usable:.1f} GiB usable with {self.headroom:.0%} headroom: "
             f"{verdict}. Largest train.max_tokens that fits: {largest}. Host peak on rank 0: "
             f"{self.host_peak_gib:.2f} GiB (loading {self.host_by_phase_gib['load']:.2f}, exporting "
-            f"{self.host_by_phase_gib['export']:.2f})"
+            f"{self.host_by_phase_gib['export']:.2f}). Checkpoint per rank: "
+            f"{self.checkpoint_gib_per_rank:.2f} GiB, {self.checkpoint_save_seconds:.0f} s at "
+            f"{self.checkpoint_write_gbps:g} GB/s (plan.checkpoint_write_gbps)"
         )
 
 
@@ -348,6 +353,22 @@ def host_export_bytes(setup: Setup, export_dtype: str) -> int:
     return checkpoint + vae_bytes + in_flight
 
 
+def checkpoint_bytes_per_rank(setup: Setup) -> int:
+    """Bytes one rank writes in a DCP checkpoint: its shard of every parameter (full fine-tune: the fp32
+    master weights; LoRA: the frozen base in the compute dtype too) and of AdamW's two moments of the
+    trainable ones. Counted on the meta model train builds (prepare_model), so no fake step is needed:
+    the launcher sizes the grace period with it in a second. FSDP2 shards each parameter evenly."""
+    model = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return -(-(weights + moments) // setup.world_size)
+
+
+def checkpoint_save_seconds(setup: Setup, write_gbps: float) -> float:
+    """Planned seconds for one rank to write its checkpoint at `write_gbps` GB/s (1e9 bytes)."""
+    return checkpoint_bytes_per_rank(setup) / (write_gbps * 1e9)
+
+
 def largest_max_tokens(setup: Setup, usable: int) -> int | None:
     """The largest train.max_tokens (a multiple of 64) whose planned peak fits `usable` bytes.
 
@@ -382,6 +403,13 @@ def model_config(params: Params) -> VoxCPM2Config:
     return VoxCPM2Config.from_file(base / CONFIG) if is_checkpoint(base) else preset(params.model.preset)
 
 
+def model_config_or_preset(params: Params) -> VoxCPM2Config:
+    """model.base's config.json when this machine has it, else model.preset's shape: the launcher's view,
+    where model.base is a path on the cluster's volume."""
+    base = Path(params.model.base)
+    return VoxCPM2Config.from_file(base / CONFIG) if is_checkpoint(base) else preset(params.model.preset)
+
+
 def world_size(params: Params) -> int:
     if params.plan.launcher == "launch":
         return params.launch.pods * params.launch.devices_per_pod
@@ -411,7 +439,8 @@ def setup_of(params: Params) -> Setup:
                  compute_dtype_name(params), t.max_tokens)
 
 
-def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dtype: str) -> Plan:
+def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dtype: str,
+              write_gbps: float) -> Plan:
     usable = int(memory * (1 - headroom))
     peak = fake_peak(setup)
     total = sum(peak.values())
@@ -435,6 +464,9 @@ def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dt
         max_tokens=setup.max_tokens,
         micro_batch=list(setup.micro_batch()),
         headroom=headroom,
+        checkpoint_gib_per_rank=round(checkpoint_bytes_per_rank(setup) / GIB, 3),
+        checkpoint_write_gbps=write_gbps,
+        checkpoint_save_seconds=round(checkpoint_save_seconds(setup, write_gbps), 1),
     )
 
 
@@ -453,7 +485,8 @@ def plan(params: Params) -> PlanResult:
     setup = setup_of(params)
     memory = device_memory_bytes(params)
     return PlanResult(make_plan(setup, params.plan.device, memory, params.plan.headroom,
-                                params.train.export_dtype), params.plan.json_)
+                                params.train.export_dtype, params.plan.checkpoint_write_gbps),
+                      params.plan.json_)
 
 
 def fits_free_memory(plan_: Plan, free: int, headroom: float) -> str | None:
