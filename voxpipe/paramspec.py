@@ -107,6 +107,8 @@ def base_type(annotation: Any) -> tuple[Any, bool]:
 def type_name(annotation: Any) -> str:
     """A short readable type: `int`, `list[str]`, `auto | cpu | cuda | npu`, `float | null`."""
     inner, optional = base_type(annotation)
+    if typing.get_origin(inner) is typing.Annotated:  # a constrained type (launch.grace_seconds' int >= 0)
+        inner = typing.get_args(inner)[0]
     if typing.get_origin(inner) is Literal:
         text = " | ".join(str(a) for a in typing.get_args(inner))
     elif typing.get_origin(inner) in (typing.Union, types.UnionType):  # ingest.locale: one, or a mapping
