@@ -451,9 +451,10 @@ def no_process_left(repo: Path, timeout: float = 120) -> None:
 
 def test_a_sweep_needs_its_data_in_git_or_dvc_before_it_queues(repo, first_repro, at_commit):
     """README's own-folder path: the folder untracked. The sweep stops before queueing anything or
-    opening a parent run, naming `dvc add` and why; what it says to do then makes the sweep work: its
-    point runs every stage on that folder (issue 41). (their-voice: test_a_new_voice's my-voice model
-    must stay at version 1.)"""
+    opening a parent run, naming `dvc add` and why (issue 41). That what it says to do then makes the
+    sweep work is the README path's own run (test_readme_paths: `dvc add data/my-voice`, then `make
+    sweep` runs every stage on that folder). (their-voice: test_a_new_voice's my-voice model must stay at
+    version 1.)"""
     write_small_sample(repo / "data" / "their-voice", per_speaker=4)
     write_params(repo, ingest={**TEST_SETTINGS["ingest"], "input": ["data/their-voice"]})
     shutil.rmtree(repo / "work" / "sweep", ignore_errors=True)
@@ -467,13 +468,6 @@ def test_a_sweep_needs_its_data_in_git_or_dvc_before_it_queues(repo, first_repro
         assert way in proc.stderr and "Nothing was queued" in proc.stderr
         assert not (repo / "work" / "sweep" / "sweep.json").exists()
         assert "sweep-" not in dvc(repo, "queue", "status")
-
-        dvc(repo, "add", "-q", "data/their-voice")
-        run(repo, "git", "add", "data/their-voice.dvc", "data/.gitignore")
-        out = run(repo, *SWEEP, "--grid", "train.lr=2e-5")
-        every = "ingest, manifest, validate, encode, train, evaluate, mfu, register"
-        assert f"(Success): ran {every} [1/1 done" in out, out
-        assert "registered as voxpipe-their-voice v1" in out, out
     finally:
         run(repo, "git", "reset", "-q")
         for path in ("data/their-voice", "data/their-voice.dvc", "data/.gitignore"):
