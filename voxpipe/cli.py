@@ -56,6 +56,9 @@ class Step:
 
 
 SHARD_KEYS = tuple(k.key for k in keys("ingest") if k.shard)  # the schema's per-shard keys
+# what `launch.grace_seconds: auto` plans a rank's checkpoint save from (voxpipe/launch/grace.py)
+GRACE_PLAN = ("model.base", "model.preset", "plan.checkpoint_write_gbps", "plan.device", "train.dtype",
+              "train.lora")
 
 # in pipeline order: `voxpipe --help` lists them so
 STEPS: tuple[Step, ...] = (
@@ -94,10 +97,10 @@ STEPS: tuple[Step, ...] = (
          out_folder=False),
     Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
          "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
-         "voxpipe.launch.step:launch_train", None, ("launch", "train.out"), ("train.out",)),
+         "voxpipe.launch.step:launch_train", None, ("launch", "train.out", *GRACE_PLAN), ("train.out",)),
     Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
          "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
-         ("launch", "encode.out"), ("encode.out",)),
+         ("launch", "encode.out", *GRACE_PLAN), ("encode.out",)),
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", "voxpipe.evaluate.step:evaluate", None,
          ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",

@@ -41,11 +41,10 @@ def unheard(by_voice: dict[str, dict[str, Any]], bound: float) -> dict[tuple[str
         for language, real in languages.items():
             if real["rate"] is not None and real["rate"] > bound:
                 metric = real["metric"].upper()
+                # short: a summary line joins one per voice (the module docstring says why it follows)
                 out[(speaker, language)] = (
-                    f"the recogniser cannot hear voice {speaker!r} in {language}: its {metric} on the "
-                    f"voice's {real['clips']} real clip(s) is {real['rate']:.3f}, above "
-                    f"evaluate.asr_max_real_rate {bound:g}, so its {metric} on generated clips would measure "
-                    "the recogniser, not the model")
+                    f"the recogniser cannot hear voice {speaker!r} in {language}: its {metric} "
+                    f"{real['rate']:.2f} on {real['clips']} real clip(s) > asr_max_real_rate {bound:g}")
     return out
 
 
