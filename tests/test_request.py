@@ -16,6 +16,8 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -263,31 +265,39 @@ def test_the_summary_names_the_voice_actually_used(tmp_path, capsys):
     assert f"in the voice of {clip}" in out and "own voice" not in out
 
 
+@contextmanager
+def mlflow_served(root: Path, model: Path, name: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`model` registered as `name` in a fresh sqlite store under `root` and served by `mlflow models serve
+    --env-manager local` on 127.0.0.1 (with `env` added to the server's environment); yields its URL."""
+    files = {"model": str(model), "ingest": None, "out": str(root / "register"),
+             "train": str(write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])),
+             "eval": str(write_eval(root / "eval", 1.9, 2.0)), "mfu": str(write_mfu(root / "mfu", 0.01))}
+    (root / "work").mkdir()
+    uri = f"sqlite:///{root / 'work' / 'mlflow.db'}"
+    # the venv's mlflow and its uvicorn; no MLFLOW_ setting of this process leaks into the server
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    server_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{server_env.get('PATH', '')}"
+    with pytest.MonkeyPatch.context() as mp:
+        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
+            mp.delenv(k)
+        reg = register(Params.model_validate({
+            "register": {**files, "model_name": name},
+            "tracking": {"uri": uri, "work": str(root / "work")}, "launch": {"secret_env": {}}})).registered
+    port = free_port()
+    args = [str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", reg["model_uri"],
+            "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    server_env.update({"MLFLOW_TRACKING_URI": uri, **(env or {})})
+    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", server_env, cwd=root):
+        yield f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A registered tiny model served by `mlflow models serve --env-manager local` on 127.0.0.1."""
     root = tmp_path_factory.mktemp("served")
     init_model(ModelParams(preset="tiny", out=str(root / "export")))
-    files = {"model": str(root / "export"), "ingest": None, "out": str(root / "register"),
-             "train": str(write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])),
-             "eval": str(write_eval(root / "eval", 1.9, 2.0)), "mfu": str(write_mfu(root / "mfu", 0.01))}
-    (root / "work").mkdir()
-    uri = f"sqlite:///{root / 'work' / 'mlflow.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its uvicorn
-    with pytest.MonkeyPatch.context() as mp:
-        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
-            mp.delenv(k)
-        reg = register(Params.model_validate({
-            "register": {**files, "model_name": "voxpipe-served"},
-            "tracking": {"uri": uri, "work": str(root / "work")}, "launch": {"secret_env": {}}})).registered
-    port = free_port()
-    mlflow = str(Path(sys.executable).with_name("mlflow"))
-    args = [mlflow, "models", "serve", "-m", reg["model_uri"], "--env-manager", "local", "-h", "127.0.0.1",
-            "-p", str(port), "-w", "1"]
-    env["MLFLOW_TRACKING_URI"] = uri
-    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", env, cwd=root):
-        yield f"http://127.0.0.1:{port}"
+    with mlflow_served(root, root / "export", "voxpipe-served") as url:
+        yield url
 
 
 def invoke(url: str, rows: list[dict], params: dict) -> tuple[int, dict]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -438,35 +438,6 @@ def test_the_pyfunc_deadline_ends_before_mlflows_scoring_timeout(monkeypatch):
         deadline.check()
 
 
-@contextmanager
-def mlflow_served(root: Path, model: Path, timeout_s: int) -> Iterator[str]:
-    from test_track import write_eval, write_mfu, write_training
-
-    from voxpipe.params import Params
-    from voxpipe.track.register import register
-
-    files = {"model": str(model), "ingest": None, "out": str(root / "register"),
-             "train": str(write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])),
-             "eval": str(write_eval(root / "eval", 1.9, 2.0)), "mfu": str(write_mfu(root / "mfu", 0.01))}
-    (root / "work").mkdir()
-    uri = f"sqlite:///{root / 'work' / 'mlflow.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    with pytest.MonkeyPatch.context() as mp:
-        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
-            mp.delenv(k)
-        reg = register(Params.model_validate({
-            "register": {**files, "model_name": "voxpipe-runaway"},
-            "tracking": {"uri": uri, "work": str(root / "work")}, "launch": {"secret_env": {}}})).registered
-    port = free_port()
-    args = [str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", reg["model_uri"],
-            "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "-w", "1"]
-    env.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": str(timeout_s),
-                "OMP_NUM_THREADS": "1"})
-    with serving(args, f"http://127.0.0.1:{port}/ping", root / "serve.log", env, cwd=root):
-        yield f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.slow  # registers a model and starts `mlflow models serve`
 def test_mlflow_serving_gets_voxpipes_503_not_mlflows_504(tmp_path):
     """The issue's case: a 1,950-character request without params (sized to 3,925 patches) to a model that
@@ -474,10 +445,11 @@ def test_mlflow_serving_gets_voxpipes_503_not_mlflows_504(tmp_path):
     import urllib.error
     import urllib.request
 
-    from test_request import invoke
+    from test_request import invoke, mlflow_served
 
     model = runaway_checkpoint(tmp_path / "runaway")
-    with mlflow_served(tmp_path, model, 20) as url:
+    timeout = {"MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": "20", "OMP_NUM_THREADS": "1"}
+    with mlflow_served(tmp_path, model, "voxpipe-runaway", timeout) as url:
         text = ("A sentence of some length to say. " * 60)[:1950]
         body = json.dumps({"dataframe_records": [{"text": text}]}).encode()
         request = urllib.request.Request(f"{url}/invocations", data=body,
