@@ -24,7 +24,6 @@ from voxpipe.serve.admission import Admission
 from voxpipe.serve.deadline import Deadline
 from voxpipe.serve.formats import FORMATS, STREAMED, sentences
 from voxpipe.serve.request import (
-    DEFAULT_LOCALE,
     GENERATION_KEYS,
     TEXT_KEYS,
     Limits,
@@ -35,7 +34,7 @@ from voxpipe.serve.request import (
 )
 from voxpipe.serve.speech import generate
 from voxpipe.serve.voices import VoiceStore
-from voxpipe.track.voices import DEFAULT_VOICE
+from voxpipe.track.voices import ASSUMED_LOCALE, DEFAULT_VOICE
 
 if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import VoxCPM2
@@ -111,7 +110,7 @@ class Speech:
         return FORMATS[self.response_format][2]
 
 
-def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = DEFAULT_LOCALE) -> Speech:
+def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = ASSUMED_LOCALE) -> Speech:
     """`locale`: the served model's, for a voice that recorded none."""
     for key in raw if isinstance(raw, dict) else ():
         if shown(key) != key[:80]:

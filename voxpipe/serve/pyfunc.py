@@ -51,7 +51,8 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UN
 from mlflow.pyfunc import PythonModel
 
 from voxpipe.serve.deadline import DEADLINE_S, Deadline, RequestStopped
-from voxpipe.serve.request import DEFAULT_LOCALE, REQUEST_KEYS, Limits, RequestError, model_locale
+from voxpipe.serve.request import REQUEST_KEYS, Limits, RequestError, model_locale
+from voxpipe.track.voices import ASSUMED_LOCALE
 
 REFERENCE_DIR_ENV = "VOXPIPE_REFERENCE_DIR"
 MAX_REFERENCE_ENV = "VOXPIPE_MAX_REFERENCE_SECONDS"  # a deployment's override of model_config's
@@ -110,7 +111,7 @@ class RefusedRequest(MlflowException):
 class VoxpipeTTS(PythonModel):
     deadline_s: float = DEADLINE_S  # load_context: model_config's or $VOXPIPE_DEADLINE_S
     voices: str | None = None
-    locale: str = DEFAULT_LOCALE  # load_context: model_config's (model_locale)
+    locale: str = ASSUMED_LOCALE  # load_context: model_config's (model_locale)
     locale_how: str = ""  # "recorded at register", or that none was and what is assumed
 
     def load_context(self, context) -> None:

@@ -61,7 +61,6 @@ Generation = create_model("Generation", __base__=Section,
                           **{k: (_FIELDS[k].annotation, _FIELDS[k]) for k in GENERATION_KEYS})
 GENERATION_DEFAULTS = {k: SynthesizeParams.model_fields[k].default for k in GENERATION_KEYS}
 NORMALIZE_DEFAULT: bool = _FIELDS["normalize"].default
-DEFAULT_LOCALE = ASSUMED_LOCALE  # what a model that recorded no locale was trained in (ingest's default)
 
 
 class RequestError(StepError):
@@ -82,7 +81,7 @@ class Request:
     generation: dict[str, Any]  # max_len resolved for these texts
     max_len: int | None = None  # as the request gave it (None: sized per text, `sized_max_len`)
     reference_text: str | None = None  # the references' transcript, as spoken
-    locale: str = DEFAULT_LOCALE  # the texts were read in it
+    locale: str = ASSUMED_LOCALE  # the texts were read in it
 
 
 SIZED_BASE_PATCHES, SIZED_PATCHES_PER_CHAR = 25, 2  # 4 s, then 320 ms a character: slow speech, with room
@@ -139,10 +138,10 @@ def request_locale(params: dict[str, Any] | None, default: str) -> str:
 
 def model_locale(recorded: Any) -> tuple[str, str]:
     """(the locale a model's text is read in, how that was decided): the one recorded at register, or
-    DEFAULT_LOCALE, said so, for a model registered before locales were recorded (or a checkpoint folder)."""
+    ASSUMED_LOCALE, said so, for a model registered before locales were recorded (or a checkpoint folder)."""
     if isinstance(recorded, str) and recorded in LOCALES:
         return recorded, "recorded at register"
-    return DEFAULT_LOCALE, f"none recorded with the model: {DEFAULT_LOCALE} assumed"
+    return ASSUMED_LOCALE, f"none recorded with the model: {ASSUMED_LOCALE} assumed"
 
 
 def check_text(text: Any, where: str) -> str:
@@ -223,7 +222,7 @@ def _check_length(source: bytes | Path, where: str, limits: Limits) -> None:
 
 
 def parse_request(texts: list[Any], references: list[Any], params: dict[str, Any] | None,
-                  limits: Limits, reference_text: Any = None, locale: str = DEFAULT_LOCALE) -> Request:
+                  limits: Limits, reference_text: Any = None, locale: str = ASSUMED_LOCALE) -> Request:
     """reference_text: the reference clips' transcript (serving's extension); it needs a clip. `locale`:
     the voice's, read in unless the params name another."""
     if not texts:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from voxpipe.serve.request import DEFAULT_LOCALE
+from voxpipe.track.voices import ASSUMED_LOCALE
 
 if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import VoxCPM2
@@ -26,7 +26,7 @@ class ServedModel:
     sample_rate: int  # the model's own (VoxCPM2: 48 kHz)
     created: int  # unix seconds, for /v1/models
     adapter: str | None = None  # sha256 of the served LoRA adapter's weights (merged or not), if any
-    locale: str = DEFAULT_LOCALE  # the model's text is read in it (request.model_locale)
+    locale: str = ASSUMED_LOCALE  # the model's text is read in it (request.model_locale)
 
     @property
     def adapter_label(self) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from voxpipe.serve.deadline import Deadline, RequestStopped, release_memory
-from voxpipe.serve.request import DEFAULT_LOCALE, Limits, Request, parse_request, sized_max_len
+from voxpipe.serve.request import Limits, Request, parse_request, sized_max_len
+from voxpipe.track.voices import ASSUMED_LOCALE
 
 if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import GeneratedSpeech, VoxCPM2
@@ -31,7 +32,7 @@ def generate(model: VoxCPM2, request: Request, deadline: Deadline,
 
 
 def speak(model: VoxCPM2, texts: list[Any], references: list[Any], params: dict[str, Any] | None,
-          limits: Limits, deadline: Deadline | None = None, locale: str = DEFAULT_LOCALE
+          limits: Limits, deadline: Deadline | None = None, locale: str = ASSUMED_LOCALE
           ) -> tuple[list[str], GeneratedSpeech]:
     """(the texts as spoken, one batch of generation); row i in the voice of references[i] (None: the
     learned voice); the texts read in `locale` (the model's) unless the params name another."""

@@ -17,14 +17,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from voxpipe.data.text_rules import LOCALES
 from voxpipe.errors import StepError
-from voxpipe.params import SynthesizeParams
+from voxpipe.params import IngestParams, SynthesizeParams
 
 VOICES_FILE = "voices.json"
 CLIPS = "clips"
 DEFAULT_VOICE = "default"  # no reference: the voice the model learned
-ASSUMED_LOCALE = LOCALES[0]  # ingest's default: what a model or voice that recorded no locale was trained in
+ASSUMED_LOCALE: str = IngestParams.model_fields["locale"].default  # what a model or voice that recorded no
+# locale was trained in: ingest's default
 LOCALE_TAG = "voxpipe.locale"  # a run's and its version's: the locale most training rows were read in
 PREFERRED_SECONDS = 6.0  # a few seconds of speech clone a voice; longer costs time, not quality
 MAX_SECONDS: float = SynthesizeParams.model_fields["max_reference_seconds"].default
