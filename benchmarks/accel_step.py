@@ -51,7 +51,7 @@ from voxpipe.model.config import preset
 from voxpipe.model.npu import resolve_kernels, use_npu_kernels
 from voxpipe.model.rows import host_rows
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams, TrainParams
+from voxpipe.steps.train import LoraParams, TrainParams
 from voxpipe.train import lora
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.fsdp import shard_model

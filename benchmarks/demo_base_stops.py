@@ -41,7 +41,10 @@ from voxpipe.data.ingest_step import ingest  # noqa: E402
 from voxpipe.data.manifest import build_manifest  # noqa: E402
 from voxpipe.evaluate.generation import plan_speakers, synthesize  # noqa: E402
 from voxpipe.model.io import from_pretrained  # noqa: E402
-from voxpipe.params import EncodeParams, IngestParams, ManifestParams, Params  # noqa: E402
+from voxpipe.params import Params  # noqa: E402
+from voxpipe.steps.encode import EncodeParams  # noqa: E402
+from voxpipe.steps.ingest import IngestParams  # noqa: E402
+from voxpipe.steps.manifest import ManifestParams  # noqa: E402
 
 
 def encode_sample(work: Path, rows_per_speaker: int, model: Path) -> Path:

@@ -42,7 +42,7 @@ from voxpipe.data.encode.plan import plan_batches
 from voxpipe.model.audiovae import AudioVAE
 from voxpipe.model.config import preset
 from voxpipe.model.encoder import encode_batch
-from voxpipe.params import ModelParams
+from voxpipe.steps.model import ModelParams
 from voxpipe.train.init_model import init_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"

@@ -27,7 +27,7 @@ from accel_step import reset_memory, synchronize
 
 from voxpipe.model.config import preset
 from voxpipe.model.rows import host_rows
-from voxpipe.params import LoraParams, TrainParams
+from voxpipe.steps.train import LoraParams, TrainParams
 from voxpipe.train import plan as P
 from voxpipe.train.device import Runtime, distributed_runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model

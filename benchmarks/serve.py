@@ -105,7 +105,7 @@ def main() -> None:
         work = Path(tmp)
         model = args.model
         if args.tiny:
-            from voxpipe.params import ModelParams
+            from voxpipe.steps.model import ModelParams
             from voxpipe.train.init_model import init_model
 
             init_model(ModelParams(preset="tiny", out=str(work / "tiny")))

@@ -50,7 +50,12 @@ from voxpipe.data.dataset import BATCH_KEYS, EncodedDataset, collate  # noqa: E4
 from voxpipe.data.encode.step import encode  # noqa: E402
 from voxpipe.data.ingest_step import ingest  # noqa: E402
 from voxpipe.data.manifest import build_manifest  # noqa: E402
-from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params, TrainParams  # noqa: E402
+from voxpipe.params import Params  # noqa: E402
+from voxpipe.steps.encode import EncodeParams  # noqa: E402
+from voxpipe.steps.ingest import IngestParams  # noqa: E402
+from voxpipe.steps.manifest import ManifestParams  # noqa: E402
+from voxpipe.steps.model import ModelParams  # noqa: E402
+from voxpipe.steps.train import TrainParams  # noqa: E402
 from voxpipe.train.device import distributed_runtime  # noqa: E402
 from voxpipe.train.init_model import init_model  # noqa: E402
 from voxpipe.train.loop import Trainer  # noqa: E402

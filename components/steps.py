@@ -37,7 +37,7 @@ def ingest_plan(workspace: str, data_version: str, params: dict, plan: Output[Da
 
     from voxpipe.launch.workspace import inside_workspace
     from voxpipe.lineage import dvc_md5
-    from voxpipe.params import IngestParams
+    from voxpipe.steps.ingest import IngestParams
 
     folder = step_folder(workspace, "ingest-plan", plan.uri)
     section = wire("ingest", params, out=folder)
@@ -226,7 +226,7 @@ def register(workspace: str, params: dict, ingest: dict, tracking: dict, trackin
     registered model when register.model_name is unset."""
     import os
 
-    from voxpipe.params import IngestParams
+    from voxpipe.steps.ingest import IngestParams
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
     folder = step_folder(workspace, "register", registered.uri, part)
@@ -253,7 +253,7 @@ def sweep_open(workspace: str, grid: list, ingest: dict, register: dict, trackin
     swept keys are train's and evaluate's: the steps before train run once for every point."""
     import json
 
-    from voxpipe.params import IngestParams
+    from voxpipe.steps.ingest import IngestParams
 
     for entry in grid:
         if entry.split("=")[0].split(".")[0] not in ("train", "evaluate"):
@@ -296,7 +296,7 @@ def sweep_close(workspace: str, ingest: dict, register: dict, tracking: dict, tr
                 sweep: Input[Artifact], children: Input[list[Artifact]], best: Output[Artifact]):
     """`voxpipe sweep-close` once every point is registered (`children`): the best by the promotion rule
     and the loss is tagged on the parent and registered, @champion only by beating the current one."""
-    from voxpipe.params import IngestParams
+    from voxpipe.steps.ingest import IngestParams
 
     folder = step_folder(workspace, "sweep-close", best.uri)
     cluster_tracking = wire("tracking", tracking, uri=tracking_uri, work=folder,

@@ -25,8 +25,9 @@ from components.shared import CPU_IMAGE
 from voxpipe import paramspec
 from voxpipe.integrity import KEY_ENV
 from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL
-from voxpipe.params import LaunchParams, Params, file_values, load_params
+from voxpipe.params import Params, file_values, load_params
 from voxpipe.secrets import SECRET_ENV_NAMES
+from voxpipe.steps.launch import LaunchParams
 
 LAUNCH = LaunchParams()
 WORKSPACE = LAUNCH.mount_path  # where every task mounts the workspace PVC

@@ -98,7 +98,11 @@ def encoded_sample(tmp_path_factory) -> EncodedSample:
     from voxpipe.data.encode.step import encode
     from voxpipe.data.ingest_step import ingest
     from voxpipe.data.manifest import build_manifest
-    from voxpipe.params import EncodeParams, IngestParams, ManifestParams, ModelParams, Params
+    from voxpipe.params import Params
+    from voxpipe.steps.encode import EncodeParams
+    from voxpipe.steps.ingest import IngestParams
+    from voxpipe.steps.manifest import ManifestParams
+    from voxpipe.steps.model import ModelParams
     from voxpipe.train.init_model import init_model
 
     work = tmp_path_factory.mktemp("encoded_sample")

@@ -17,7 +17,9 @@ from voxpipe.evaluate.step import EvaluateResult, evaluate
 from voxpipe.files import step_folders
 from voxpipe.integrity import signing_key
 from voxpipe.lineage import dvc_md5
-from voxpipe.params import EvaluateParams, Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.evaluate import EvaluateParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.track.register import register
 from voxpipe.train.identity import IDENTITY_FILE, write_identity
 from voxpipe.train.loop import train
@@ -135,7 +137,7 @@ def test_compare_page_plays_the_chosen_exports_clips_of_every_run_register_logge
     import soundfile as sf
     from mlflow import MlflowClient
 
-    from voxpipe.params import CompareParams
+    from voxpipe.steps.compare import CompareParams
     from voxpipe.track.compare import compare
     from voxpipe.track.sweep import sweep_open
 

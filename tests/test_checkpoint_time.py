@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from voxpipe.model.config import preset
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train import plan as P
 from voxpipe.train.checkpoint import rank_checkpoint_bytes, save_checkpoint
 from voxpipe.train.device import Runtime

@@ -17,7 +17,9 @@ from mlflow import MlflowClient
 from test_track import VAL_ROW, run_register, write_eval, write_mfu, write_training
 
 from voxpipe.errors import StepError
-from voxpipe.params import CompareParams, ModelParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.compare import CompareParams
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.compare import compare
 from voxpipe.track.compare_page import MAX_CLIP_BYTES, MAX_EVAL_BYTES
 from voxpipe.track.untrusted import printable

@@ -12,7 +12,7 @@ from test_ui import CHECK, chromium, needs_chromium, page_check
 
 from voxpipe.data.data_report import EXAMPLES, FIGURE, PAGE
 from voxpipe.data.ingest_step import ingest
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from voxpipe.data.encode.step import encode
 from voxpipe.errors import StepError
 from voxpipe.model.encoder import encode_batch, load_encoder
 from voxpipe.model.tokenizer import VoxTokenizer
-from voxpipe.params import EncodeParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.encode import EncodeParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -362,7 +363,7 @@ def test_deleted_truncated_or_altered_shards_are_encoded_again(encoded_sample, t
 def _encode_job(**launch) -> dict:
     from voxpipe.launch.pod import StepJob
     from voxpipe.launch.volcano import render_job
-    from voxpipe.params import LaunchParams
+    from voxpipe.steps.launch import LaunchParams
 
     params = Params(launch=LaunchParams(accelerator="nvidia.com/gpu", devices_per_pod=8, **launch),
                     encode=EncodeParams(manifest=["runs/m/train.jsonl", "runs/m/val.jsonl"], out="runs/enc"),

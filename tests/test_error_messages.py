@@ -18,7 +18,8 @@ import pytest
 from small_sample import write_small_sample
 
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams, ManifestParams
+from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.manifest import ManifestParams
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

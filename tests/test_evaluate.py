@@ -358,7 +358,7 @@ def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_cli
     from voxpipe.evaluate.generation import Generated, Utterance
     from voxpipe.evaluate.metrics import Scorers, Voice, clip_16k, clip_intelligibility, clip_quality, measure
     from voxpipe.evaluate.scoring_threads import ScoringThreads
-    from voxpipe.params import EvaluateParams
+    from voxpipe.steps.evaluate import EvaluateParams
 
     config = EvaluateParams().model_dump()
     scorers = Scorers(SpeakerEncoder(), Recognisers(["pocketsphinx"], config),

@@ -12,7 +12,7 @@ from voxpipe.evaluate.pages import headline_rows, report_lines, summary_markdown
 from voxpipe.evaluate.promotion import Scores, decide
 from voxpipe.evaluate.scoring import utterance_rate
 from voxpipe.evaluate.step import _rates, intelligibility_by_language
-from voxpipe.params import EvaluateParams
+from voxpipe.steps.evaluate import EvaluateParams
 
 BOUND = EvaluateParams().asr_max_real_rate
 EN = "the farmer checked the fences before the cattle were let out"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from voxpipe.errors import StepError
-from voxpipe.params import EncodeParams, Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.encode import EncodeParams
+from voxpipe.steps.train import TrainParams
 
 FULL = "No space left on device"
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from voxpipe import cli
 from voxpipe.data.ingest_row import REASONS, normalize_text
 from voxpipe.data.ingest_step import ingest
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"

@@ -19,7 +19,7 @@ from test_ingest import encode, read_outputs, struct, write_parquet
 
 from voxpipe.data.conditioning import find_trim
 from voxpipe.data.ingest_step import ingest
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 SR = 16_000
 

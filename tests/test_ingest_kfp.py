@@ -12,7 +12,7 @@ from kfp import dsl, local
 from tests.test_ingest import SAMPLE
 from voxpipe.data.ingest_step import ingest
 from voxpipe.lineage import dvc_md5
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 pytestmark = [
     pytest.mark.slow,  # the pipeline under kfp.local

@@ -18,7 +18,7 @@ from voxpipe import cli
 from voxpipe.data.ingest_shards import ingest_shard, merge, plan
 from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 OUTPUTS = ("raw.jsonl", "quarantine.jsonl", "report.json")
 

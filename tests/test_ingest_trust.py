@@ -19,7 +19,7 @@ from voxpipe.cores import usable_cores
 from voxpipe.data.ingest_shards import OUTPUT_HASHES, ingest_shard, merge, plan
 from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 
 def _params(data: Path, **kw) -> IngestParams:

@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from test_track import LIVE_SETTINGS, SECRETS, pipeline_runs, run_register, write_eval, write_mfu
 
 from voxpipe.cli import main
-from voxpipe.params import Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.train import TrainParams
 from voxpipe.track.kfp_runs import (
     KFP_RUN_TAG,
     PARENT_TAG,

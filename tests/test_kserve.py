@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL
-from voxpipe.params import LaunchParams, LoraParams, ModelParams
 from voxpipe.secrets import is_secret_name
+from voxpipe.steps.launch import LaunchParams
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.train import LoraParams
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = ROOT / "manifests" / "serving"

@@ -19,7 +19,9 @@ from voxpipe.cli import main
 from voxpipe.errors import StepError
 from voxpipe.launch.pod import PARAMS_ENV, Owner, StepJob, job_yaml
 from voxpipe.launch.volcano import render_job
-from voxpipe.params import LaunchParams, Params, TrainParams, load_params
+from voxpipe.params import Params, load_params
+from voxpipe.steps.launch import LaunchParams
+from voxpipe.steps.train import TrainParams
 
 GOLDEN = Path(os.environ.get("VOXPIPE_GOLDEN_DIR") or Path(__file__).parent / "golden")
 K8S_VERSION = kubernetes_validate.latest_version()

@@ -28,7 +28,8 @@ from voxpipe.launch.pod import PARAMS_ENV, StepJob
 from voxpipe.launch.registry import LAUNCHERS
 from voxpipe.launch.trainjob import QUEUE_ANNOTATION, TrainJobLauncher, render_trainjob
 from voxpipe.launch.watch import run_job
-from voxpipe.params import LaunchParams, Params, load_params, recipe_names
+from voxpipe.params import Params, load_params, recipe_names
+from voxpipe.steps.launch import LaunchParams
 
 ROOT = Path(__file__).resolve().parents[1]
 # today's CRDs (main, SOURCE.md) and the v2.3.0 release's (its TrainJob has status.trainerStatus)

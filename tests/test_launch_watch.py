@@ -13,7 +13,8 @@ from voxpipe.cli import main
 from voxpipe.errors import StepError
 from voxpipe.launch.volcano import VolcanoLauncher, render_job
 from voxpipe.launch.watch import run_job
-from voxpipe.params import LaunchParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.launch import LaunchParams
 
 VOLCANO = VolcanoLauncher()
 NAME = "voxpipe-train-00000"  # the fake names generateName'd jobs with a counter

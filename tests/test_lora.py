@@ -21,7 +21,9 @@ from voxpipe.errors import StepError
 from voxpipe.model.config import AUDIO_END_ID, AUDIO_START_ID, preset
 from voxpipe.model.io import from_pretrained, save_pretrained
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams, ModelParams, load_params
+from voxpipe.params import load_params
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train.init_model import init_model
 from voxpipe.train.lora import (
     LORA_CONFIG,

@@ -12,7 +12,7 @@ import soundfile as sf
 
 from voxpipe.data.manifest import build_manifest
 from voxpipe.errors import StepError
-from voxpipe.params import ManifestParams
+from voxpipe.steps.manifest import ManifestParams
 
 SR = 16000
 

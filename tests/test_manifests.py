@@ -12,8 +12,9 @@ import yaml
 from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL, StepJob
 from voxpipe.launch.trainjob import render_trainjob
 from voxpipe.launch.volcano import render_job
-from voxpipe.params import DEFAULT_SECRET_ENV, LaunchParams, Params
+from voxpipe.params import Params
 from voxpipe.secrets import is_secret_name
+from voxpipe.steps.launch import DEFAULT_SECRET_ENV, LaunchParams
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"

@@ -25,7 +25,8 @@ from voxpipe.model.minicpm import MiniCPMMLP, RMSNorm, rope_cos_sin, rotate
 from voxpipe.model.npu import OFF, NpuKernels, resolve_kernels
 from voxpipe.model.rows import host_rows, plan_rows
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.device import distributed_runtime
 from voxpipe.train.loop import Trainer
 from voxpipe.train.signals import TerminationFlag

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from voxpipe.cli import main
 from voxpipe.model.config import preset
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train import plan as P
 from voxpipe.train.device import Runtime
 

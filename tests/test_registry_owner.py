@@ -18,7 +18,10 @@ from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.cli import main
 from voxpipe.errors import StepError
-from voxpipe.params import ModelParams, Params, TrackingParams, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.tracking import TrackingParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.track.live import LiveRun
 from voxpipe.track.register import register
 from voxpipe.track.registry_init import registry_init

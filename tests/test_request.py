@@ -28,7 +28,7 @@ from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.cli import main
 from voxpipe.data.ingest_row import RowChecks, _spoken_text
-from voxpipe.params import ModelParams, Params
+from voxpipe.params import Params
 from voxpipe.serve.request import (
     MAX_TEXT_CHARS,
     Limits,
@@ -37,6 +37,7 @@ from voxpipe.serve.request import (
     model_locale,
     parse_request,
 )
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.register import register
 from voxpipe.train.init_model import init_model
 

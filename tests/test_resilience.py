@@ -24,7 +24,8 @@ import torch
 from voxpipe.errors import StepError
 from voxpipe.integrity import KEY_ENV, KEY_FILE, MANIFEST, file_entry, user_key_path
 from voxpipe.outlock import hold_output, lock_path
-from voxpipe.params import Params, TrainParams, load_params
+from voxpipe.params import Params, load_params
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.loop import train
 
 STEPS = 4
@@ -360,7 +361,7 @@ def test_train_verifies_every_shard_and_encode_reencodes_only_the_bad_ones(encod
     from voxpipe.data.encode.step import encode
     from voxpipe.data.shards import check_referenced, referenced_shards
     from voxpipe.data.world import World
-    from voxpipe.params import EncodeParams
+    from voxpipe.steps.encode import EncodeParams
 
     data = tmp_path / "encoded"
     shutil.copytree(encoded_sample.encoded, data)
@@ -435,7 +436,7 @@ def test_disk_full_during_encode_names_the_folder(encoded_sample, tmp_path, monk
 
     from voxpipe.data import shards
     from voxpipe.data.encode.step import encode
-    from voxpipe.params import EncodeParams
+    from voxpipe.steps.encode import EncodeParams
 
     def full(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"partial")

@@ -14,7 +14,8 @@ import pytest
 from voxpipe.errors import StepError
 from voxpipe.evaluate.exports import own_exports
 from voxpipe.lineage import dvc_md5
-from voxpipe.params import Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.identity import IDENTITY_FILE, read_identity
 from voxpipe.train.loop import train
 

@@ -214,7 +214,7 @@ def test_each_registered_backend_names_a_factory_and_params_fields_that_exist():
     import typing
 
     from voxpipe.backends import ASR, QUALITY, QUALITY_BACKEND, SPEAKER
-    from voxpipe.params import EvaluateParams
+    from voxpipe.steps.evaluate import EvaluateParams
 
     for registry in (ASR, SPEAKER, QUALITY):
         for name, backend in registry.items():
@@ -231,7 +231,7 @@ def test_each_registered_backend_names_a_factory_and_params_fields_that_exist():
 def test_a_backend_not_registered_is_a_one_line_error_naming_the_registered_ones():
     from pydantic import ValidationError
 
-    from voxpipe.params import EvaluateParams
+    from voxpipe.steps.evaluate import EvaluateParams
 
     for key, value in (("asr", ["nemo"]), ("speaker", "ecapa")):
         with pytest.raises(ValidationError) as e:

@@ -26,9 +26,10 @@ from voxpipe.errors import StepError
 from voxpipe.launch.pod import job_yaml
 from voxpipe.launch.volcano import render_job
 from voxpipe.lineage import git_commit
-from voxpipe.params import ModelParams, Params
+from voxpipe.params import Params
 from voxpipe.report import write_report
 from voxpipe.secrets import REDACTED, scrub
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.register import register
 from voxpipe.train.init_model import init_model
 

@@ -30,7 +30,9 @@ from test_request import clip_b64
 from test_track import write_eval, write_mfu, write_training
 
 from voxpipe.data.ingest_step import ingest
-from voxpipe.params import IngestParams, ModelParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.register import register
 from voxpipe.train.init_model import init_model
 

@@ -15,8 +15,9 @@ from mlflow import MlflowClient
 
 from voxpipe.errors import StepError
 from voxpipe.model.io import from_pretrained, save_pretrained
-from voxpipe.params import LoraParams, ModelParams
 from voxpipe.serve.adapter import adapter_params, load_served, registered_checkpoint
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.track.registry import log_model
 from voxpipe.track.tracking import session
 from voxpipe.train.export import LORA_SUBDIR

@@ -30,9 +30,9 @@ from test_request import clip_b64
 from test_serve import KEY, client, get
 
 from voxpipe.errors import StepError
-from voxpipe.params import ModelParams
 from voxpipe.serve.request import Limits
 from voxpipe.serve.voices import VoiceStore
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.voices import write_training_voices
 from voxpipe.train.init_model import init_model
 

@@ -26,7 +26,9 @@ from test_track import NAME, ROOT, write_eval, write_mfu, write_training
 from voxpipe.cli import main
 from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams, ModelParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.model import ModelParams
 from voxpipe.track.register import register
 from voxpipe.track.sweep import BEST_TAG, GRID_TAG, PARENT_TAG, SWEEP_FILE, grid_points, parse_grid
 from voxpipe.train.init_model import init_model

@@ -33,7 +33,11 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.lineage import dvc_md5
 from voxpipe.model.io import from_pretrained
-from voxpipe.params import CompareParams, IngestParams, ModelParams, Params, TrainParams
+from voxpipe.params import Params
+from voxpipe.steps.compare import CompareParams
+from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.track.champion import champion_export
 from voxpipe.track.compare import compare
 from voxpipe.track.live import LiveRun

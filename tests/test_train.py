@@ -24,7 +24,9 @@ from voxpipe.errors import StepError
 from voxpipe.integrity import MANIFEST, user_key_path
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
-from voxpipe.params import LoraParams, ModelParams, Params, TrainParams, load_params
+from voxpipe.params import Params, load_params
+from voxpipe.steps.model import ModelParams
+from voxpipe.steps.train import LoraParams, TrainParams
 from voxpipe.train import plan as P
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model

@@ -16,7 +16,8 @@ from kube_fake import FakeCluster
 from kubernetes import client
 
 from voxpipe.launch.trainjob import REPORTER, render_trainjob
-from voxpipe.params import LaunchParams, Params, load_params
+from voxpipe.params import Params, load_params
+from voxpipe.steps.launch import LaunchParams
 from voxpipe.train.trainer_status import (
     EVERY_ENV,
     NAME_ENV,

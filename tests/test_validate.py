@@ -10,7 +10,8 @@ import soundfile as sf
 from voxpipe.data.manifest import build_manifest
 from voxpipe.data.validate import validate_manifest
 from voxpipe.errors import StepError
-from voxpipe.params import ManifestParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.manifest import ManifestParams
 
 
 def flac(path: Path, seconds: float, sr: int = 16000, channels: int = 1) -> Path:

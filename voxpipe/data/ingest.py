@@ -43,9 +43,9 @@ from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import unsure_readings
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams, Locales
 from voxpipe.progress import bar
 from voxpipe.report import write_report
+from voxpipe.steps.ingest import IngestParams, Locales
 
 BATCH_ROWS = 8  # rows per unit of work: in-flight audio stays a few MB per worker
 LOG_SECONDS = 30.0  # off a terminal: one progress line this often

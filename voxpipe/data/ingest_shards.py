@@ -52,8 +52,8 @@ from voxpipe.data.parquet_source import row_groups
 from voxpipe.data.sources import UNSAFE, SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text, read_json_object
-from voxpipe.params import IngestParams
 from voxpipe.report import read_run
+from voxpipe.steps.ingest import IngestParams
 
 log = logging.getLogger(__name__)
 PLAN = "plan.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from voxpipe.data.ingest import IngestResult, decode_workers, ingest_one_pass
 from voxpipe.data.ingest_shards import ingest_sharded
-from voxpipe.params import IngestParams
+from voxpipe.steps.ingest import IngestParams
 
 
 def ingest(p: IngestParams) -> IngestResult:

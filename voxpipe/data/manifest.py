@@ -31,8 +31,8 @@ from typing import Any
 from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write_text
-from voxpipe.params import ManifestParams
 from voxpipe.report import write_report
+from voxpipe.steps.manifest import ManifestParams
 
 REQUIRED_FIELDS = ("id", "audio", "text", "speaker", "duration")
 # raw.jsonl fields the rows carry on to encode and evaluate: the transcript as written, and the row's

@@ -18,9 +18,10 @@ import soundfile as sf
 from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.jsonl import jsonl_records
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams, Params
+from voxpipe.params import Params
 from voxpipe.progress import bar
 from voxpipe.report import write_json
+from voxpipe.steps.ingest import IngestParams
 
 # ingest measures durations from the decoded 16 kHz samples; anything beyond rounding is a stale field
 DURATION_TOLERANCE_S = 0.05

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from voxpipe.params import EvaluateParams
+from voxpipe.steps.evaluate import EvaluateParams
 
 CONFIDENCE = 0.95
 DEFAULT_MOS_TOLERANCE = EvaluateParams.model_fields["mos_tolerance"].default

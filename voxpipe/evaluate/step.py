@@ -83,9 +83,10 @@ from voxpipe.lineage import dvc_md5
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
 from voxpipe.model.npu import KernelsChoice
-from voxpipe.params import EvaluateParams, Params
+from voxpipe.params import Params
 from voxpipe.progress import Progress
 from voxpipe.report import write_json, write_report
+from voxpipe.steps.evaluate import EvaluateParams
 from voxpipe.train.fixed_seed_loss import (
     FixedSeedLoss,
     LossBatch,

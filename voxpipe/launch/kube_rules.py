@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from voxpipe.errors import StepError
-from voxpipe.params import QUANTITY, LaunchParams
+from voxpipe.steps.launch import QUANTITY, LaunchParams
 
 DNS1123_LABEL_MAX, DNS1123_SUBDOMAIN_MAX, QUALIFIED_NAME_MAX, LABEL_VALUE_MAX = 63, 253, 63, 63
 # the CRDs' own limit on a referenced runtime's name (TrainJob spec.runtimeRef.name maxLength)

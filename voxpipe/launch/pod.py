@@ -28,8 +28,9 @@ from voxpipe.errors import StepError
 from voxpipe.integrity import KEY_ENV
 from voxpipe.launch.kube_rules import dns1123_subdomain
 from voxpipe.launch.workspace import inside_workspace
-from voxpipe.params import LaunchParams, Params
+from voxpipe.params import Params
 from voxpipe.secrets import SECRET_ENV_NAMES, is_secret_name, secret_values, uri_passwords, value_shape
+from voxpipe.steps.launch import LaunchParams
 
 # KFP v2 sets these on every task pod from the downward API (metadata.name, metadata.uid)
 POD_NAME_ENV, POD_UID_ENV = "KFP_POD_NAME", "KFP_POD_UID"

@@ -36,7 +36,8 @@ from voxpipe.launch.pod import (
     refuse_secret_values,
     torchrun_script,
 )
-from voxpipe.params import LaunchParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.launch import LaunchParams
 from voxpipe.train.trainer_status import EVERY_ENV, NAME_ENV, NAMESPACE_ENV
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"

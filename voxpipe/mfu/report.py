@@ -21,8 +21,9 @@ from voxpipe.mfu.flops import TOWERS, dit_inner_length, forward_flops, tower_sha
 from voxpipe.mfu.peak import CPU_NO_PEAK, UnknownPeakError, lookup_peak
 from voxpipe.mfu.published import published_check
 from voxpipe.model.config import VoxCPM2Config
-from voxpipe.params import MfuParams, Params
+from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
+from voxpipe.steps.mfu import MfuParams
 
 
 @dataclass(frozen=True)

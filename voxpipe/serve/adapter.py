@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import ValidationError
 
 from voxpipe.errors import StepError
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train.export import LORA_SUBDIR
 from voxpipe.train.lora import LORA_CONFIG, LORA_WEIGHTS, apply_lora
 from voxpipe.voxcpm2_format import checkpoint_config

@@ -26,7 +26,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from voxpipe.errors import quoted
-from voxpipe.params import ServeParams
 from voxpipe.serve.admission import Admission, Busy
 from voxpipe.serve.deadline import ClientGone, Deadline, RequestStopped
 from voxpipe.serve.formats import encode, pcm16, streamed_wav_header
@@ -34,6 +33,7 @@ from voxpipe.serve.metrics import Metrics
 from voxpipe.serve.openai_speech import ApiError, Said, Speech, bad_request, parse_body, say
 from voxpipe.serve.request import MAX_REFERENCE_BYTES_PER_SECOND, MAX_TEXT_CHARS, Limits, RequestError
 from voxpipe.serve.voices import VoiceStore
+from voxpipe.steps.serve import ServeParams
 from voxpipe.track.voices import DEFAULT_VOICE
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from voxpipe.errors import StepError
-from voxpipe.params import SynthesizeParams
+from voxpipe.steps.synthesize import SynthesizeParams
 
 DEADLINE_S: float = SynthesizeParams.model_fields["deadline_s"].default
 

@@ -40,7 +40,8 @@ from voxpipe.data.audio import AudioDecodeError, decode
 from voxpipe.data.text_norm import spoken_form
 from voxpipe.data.text_rules import LOCALES
 from voxpipe.errors import StepError, quoted
-from voxpipe.params import Section, SynthesizeParams
+from voxpipe.params import Section
+from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.voices import ASSUMED_LOCALE
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 

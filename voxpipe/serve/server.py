@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxpipe.errors import StepError
-from voxpipe.params import Params, ServeParams
+from voxpipe.params import Params
 from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
@@ -32,6 +32,7 @@ from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits, model_locale
 from voxpipe.serve.served import ServedModel
 from voxpipe.serve.voices import VoiceStore
+from voxpipe.steps.serve import ServeParams
 from voxpipe.track.tracking import resolve_tracking_uri, session
 from voxpipe.voxcpm2_format import is_checkpoint
 

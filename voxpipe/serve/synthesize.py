@@ -24,7 +24,7 @@ import soundfile as sf
 
 from voxpipe.errors import StepError, quoted
 from voxpipe.files import atomic_write
-from voxpipe.params import Params, SynthesizeParams
+from voxpipe.params import Params
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import (
     GENERATION_KEYS,
@@ -35,6 +35,7 @@ from voxpipe.serve.request import (
     parse_request,
 )
 from voxpipe.serve.request import reference as check_reference
+from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.tracking import resolve_tracking_uri, session
 from voxpipe.voxcpm2_format import is_checkpoint
 

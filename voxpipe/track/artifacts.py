@@ -14,7 +14,7 @@ from voxpipe.data.jsonl import read_jsonl
 from voxpipe.errors import StepError
 from voxpipe.files import read_json_object
 from voxpipe.lineage import dvc_md5, md5_file
-from voxpipe.params import RegisterParams
+from voxpipe.steps.register import RegisterParams
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
 
-from voxpipe.params import TrackingParams, TrainParams
 from voxpipe.report import write_json
+from voxpipe.steps.tracking import TrackingParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.track.ownership import check_experiment_owned
 from voxpipe.track.record import flatten, log_metrics, log_params, numbers
 from voxpipe.track.tracking import (

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import voxpipe
 from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
-from voxpipe.params import SynthesizeParams
+from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run

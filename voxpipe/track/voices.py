@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.errors import StepError
-from voxpipe.params import IngestParams, SynthesizeParams
+from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.synthesize import SynthesizeParams
 
 VOICES_FILE = "voices.json"
 CLIPS = "clips"

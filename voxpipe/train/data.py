@@ -22,7 +22,7 @@ from voxpipe.errors import StepError
 from voxpipe.files import read_json_object
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.encoder import load_encoder
-from voxpipe.params import TrainParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.device import Runtime
 
 Batch = dict[str, torch.Tensor]

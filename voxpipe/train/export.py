@@ -26,7 +26,7 @@ from voxpipe.model.io import load_weights_strict, read_model_state, save_pretrai
 from voxpipe.model.memory import on_meta
 from voxpipe.model.tokenizer import VoxTokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train import lora
 from voxpipe.train.device import Runtime
 

@@ -38,7 +38,7 @@ from voxpipe.model.memory import ensure_fits, on_meta
 from voxpipe.model.npu import OFF, NpuKernels, use_npu_kernels
 from voxpipe.model.strict_load import mismatches
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 from voxpipe.train import lora
 from voxpipe.train.device import Runtime
 

@@ -14,8 +14,8 @@ from voxpipe.model.config import preset
 from voxpipe.model.io import save_pretrained
 from voxpipe.model.tokenizer import train_tokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import ModelParams
 from voxpipe.report import write_report
+from voxpipe.steps.model import ModelParams
 
 
 @dataclass

@@ -34,9 +34,10 @@ from voxpipe.mfu.peak import device_name
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.npu import resolve_kernels
 from voxpipe.model.rows import host_rows
-from voxpipe.params import Params, TrainParams
+from voxpipe.params import Params
 from voxpipe.progress import StepProgress
 from voxpipe.report import write_report
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.checkpoint import (
     complete_checkpoints,
     load_checkpoint,

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write, atomic_write_text
-from voxpipe.params import LoraParams
+from voxpipe.steps.train import LoraParams
 
 LORA_WEIGHTS = "lora_weights.safetensors"
 LORA_CONFIG = "lora_config.json"

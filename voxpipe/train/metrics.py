@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from voxpipe.data.jsonl import read_jsonl
 from voxpipe.files import atomic_write_text
-from voxpipe.params import TrackingParams, TrainParams
+from voxpipe.steps.tracking import TrackingParams
+from voxpipe.steps.train import TrainParams
 
 
 class LiveLog(Protocol):

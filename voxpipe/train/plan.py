@@ -46,7 +46,8 @@ from voxpipe.model.config import VoxCPM2Config, preset
 from voxpipe.model.memory import available_bytes, on_meta
 from voxpipe.model.rows import host_rows
 from voxpipe.model.voxcpm2 import VoxCPM2
-from voxpipe.params import LoraParams, Params
+from voxpipe.params import Params
+from voxpipe.steps.train import LoraParams
 from voxpipe.train.device import Runtime
 from voxpipe.train.fsdp import DTYPES, prepare_model, shard_model
 from voxpipe.voxcpm2_format import CONFIG, is_checkpoint

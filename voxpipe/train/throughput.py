@@ -26,7 +26,7 @@ from voxpipe.errors import StepError
 from voxpipe.mfu.flops import row_counts, training_flops
 from voxpipe.mfu.peak import peak_flops
 from voxpipe.model.config import VoxCPM2Config
-from voxpipe.params import TrainParams
+from voxpipe.steps.train import TrainParams
 from voxpipe.train.device import Runtime
 
 GIB = 2**30

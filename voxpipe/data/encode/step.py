@@ -35,9 +35,10 @@ from voxpipe.device import cpu_threads
 from voxpipe.errors import StepError
 from voxpipe.files import DISK_ERRORS, atomic_write_text
 from voxpipe.model.encoder import Encoder, encode_batch, load_encoder
-from voxpipe.params import EncodeParams, Params
+from voxpipe.params import Params
 from voxpipe.progress import bar as progress_bar
 from voxpipe.report import write_report
+from voxpipe.steps.encode import EncodeParams
 
 log = logging.getLogger(__name__)
 LATENTS, TOKENS = "latents", "tokens"

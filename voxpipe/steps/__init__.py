@@ -1,0 +1,1 @@
+"""Each step in one place: its settings (a params section) and its descriptor."""

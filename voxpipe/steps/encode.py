@@ -1,0 +1,36 @@
+"""`encode`: its settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from voxpipe.section import Section
+
+
+class EncodeParams(Section):
+    """`encode`: AudioVAE latents + token ids of every manifest row, computed once, offline."""
+
+    manifest: list[str] = Field(
+        default_factory=lambda: ["work/manifest/train.jsonl", "work/manifest/val.jsonl"],
+        description="manifest .jsonl files to encode (train, val); the outputs are named after them",
+        json_schema_extra={"result": False, "wired": True},
+    )
+    out: str = Field(
+        "work/encoded", description="output folder: safetensors shards, train.jsonl / val.jsonl pointing "
+        "at them, report.json",
+        json_schema_extra={"result": False, "wired": True},
+    )
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="AudioVAE device: auto = npu, else cuda, else cpu"
+    )
+    batch_seconds: float = Field(
+        0.0, ge=0, description="padded audio seconds per AudioVAE batch; 0 = auto: 60 on accelerators, "
+        "8 on CPU (memory-bound there: bigger batches fall out of cache, see benchmarks/encode.py)"
+    )
+    shard_mb: float = Field(256.0, gt=0, description="latent megabytes per safetensors shard")
+    cpu_threads: int = Field(
+        1, ge=1, description="torch threads per encode process on CPU. Latents depend on it (by ~1e-7), "
+        "so it is fixed, not the core count: use more processes (torchrun, local.nproc) for more cores"
+    )

@@ -1,0 +1,142 @@
+"""`ingest`: its settings."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from voxpipe.section import Section
+from voxpipe.voxcpm2_format import SAMPLE_RATE
+
+Locale = Literal["en-US", "en-GB", "zh-CN"]  # text_rules.LOCALES: how a speaker says what is written
+Locales = Locale | dict[str, Locale]  # ingest.locale: one for every row, or per speaker / input
+
+
+class IngestParams(Section):
+    """`ingest`: your audio and transcripts, checked and decoded once to 16 kHz mono FLAC + raw.jsonl."""
+
+    input: list[str] = Field(
+        default_factory=lambda: ["data/sample"], description="parquet files, .csv/.tsv/.jsonl manifests "
+        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them",
+        json_schema_extra={"result": False},
+    )
+    out: str = Field(
+        "work/ingest", description="output folder: raw.jsonl, the decoded 16 kHz FLAC audio, the "
+        "quarantined rows, report.json",
+        json_schema_extra={"result": False, "wired": True},
+    )
+    text_column: str = Field(
+        "text", description="column with the transcript (`transcription` / `sentence` style sets: name it "
+        "here)"
+    )
+    audio_column: str = Field(
+        "audio", description="column with the audio: a HF struct {bytes, path}, plain bytes, or a path "
+        "string"
+    )
+    speaker_column: str = Field(
+        "speaker", description='speaker id column; a file without it (or "") is one speaker named after the '
+        "folder that holds it (data/my-voice -> my-voice), with a notice"
+    )
+    sample_rate: int = Field(
+        SAMPLE_RATE, gt=0,
+        description="Hz every clip is resampled to (the AudioVAE's 16 kHz); validate checks against it",
+    )
+    min_seconds: float = Field(
+        0.3, ge=0, description="shortest clip kept (shorter: quarantined, too_short); validate checks "
+        "against it"
+    )
+    max_seconds: float = Field(
+        30.0, gt=0, description="longest clip kept (longer: quarantined, too_long); validate checks "
+        "against it"
+    )
+    silence_threshold: float = Field(
+        1e-3, ge=0, description="a clip whose peak amplitude is at most this is silent and quarantined"
+    )
+    max_bad_fraction: float = Field(
+        0.5, ge=0, le=1, description="fail, after writing the good rows, when a larger share of rows is "
+        "quarantined",
+        json_schema_extra={"result": False},
+    )
+    trim_silence: bool = Field(
+        True, description="cut leading and trailing silence to at most max_edge_silence (the original "
+        "duration and the cut are kept in raw.jsonl)"
+    )
+    max_edge_silence: float = Field(
+        0.5, ge=0, description="seconds of silence kept at each end of a clip when trimming (upstream "
+        "advises under 0.5 s: longer trailing silence teaches the model not to stop)"
+    )
+    max_internal_pause: float = Field(
+        1.0, gt=0, description="a silence inside a clip longer than this many seconds flags the row "
+        "(long_pause); it is not cut"
+    )
+    normalize_loudness: bool = Field(
+        True, description="bring every clip to target_lufs (ITU-R BS.1770), held under a -0.26 dBFS peak"
+    )
+    target_lufs: float = Field(-23.0, ge=-70, le=-5, description="integrated loudness every clip is "
+                               "brought to, in LUFS (EBU R128's -23 by default)")
+    max_clipped_fraction: float = Field(
+        0.001, ge=0, le=1, description="a clip with a larger share of samples at full scale is quarantined "
+        "(clipped); 1 = never"
+    )
+    score_quality: bool = Field(
+        True, description="score every kept clip with DNSMOS P.835 (sig, bak, ovrl in raw.jsonl; about "
+        "0.3 s of CPU per clip of up to 9 s)"
+    )
+    min_quality: float = Field(
+        2.0, ge=0, le=5, description="a clip whose DNSMOS quality_score (1-5) is below this is quarantined "
+        "(low_quality); 0 = keep all. Needs score_quality"
+    )
+    quality_score: Literal["bak", "sig", "ovrl"] = Field(
+        "bak", description="the DNSMOS score min_quality bounds: bak (background noise; it separates "
+        "noisy from clean recordings even for synthetic voices, whose sig and ovrl are low however "
+        "clean), sig (the voice), ovrl (overall; natural-speech corpora filter on ovrl >= 3)"
+    )
+    normalize_text: bool = Field(
+        True, description="spell out numbers, dates, money and units in the row's language (zh, en: "
+        "wetext); raw.jsonl keeps the original as text_raw"
+    )
+    language: str = Field(
+        "", pattern=r"^([a-z]{2})?$", description='ISO 639-1 code of every row ("zh", "en"); "" = detected '
+        "per row from the script of its text. Travels with the row to evaluate"
+    )
+    locale: Locales = Field(
+        "en-US", description="how the speaker says what is written (text normalization): en-GB reads "
+        "12/05/2026 as 12 May, spells metres, says 0 in a digit string as oh (en-US: zero) and £5.25 as five "
+        "pounds twenty five; a row of another language is read in that language's default (zh-CN). Per "
+        "voice: a mapping {speaker or input file/folder: locale} (a speaker outranks its source; one named "
+        "by neither is en-US). Each row records its locale; register records the voices' with the model"
+    )
+    max_text_chars: int = Field(
+        2000, ge=1, le=1_000_000, description="longest transcript kept, in characters: a longer row is "
+        "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "
+        "of at most max_seconds says a few hundred)"
+    )
+    workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
+                         "is refused", json_schema_extra={"result": False})
+    shards: int = Field(
+        1, ge=1, description="shards of about equal audio volume: `voxpipe ingest` plans, ingests them one "
+        "by one and merges (same raw.jsonl as 1); the KFP pipeline runs one task per shard in parallel",
+        json_schema_extra={"result": False},
+    )
+    plan: str = Field("", description="ingest-shard / ingest-merge: the plan.json of ingest-plan",
+                      json_schema_extra={"wired": True, "shard": True})
+    shard: int = Field(0, ge=0, description="ingest-shard: which shard of the plan to ingest",
+                       json_schema_extra={"wired": True, "shard": True})
+    shard_dirs: list[str] = Field(
+        default_factory=list, description="ingest-merge: the ingest-shard output folders, any order",
+        json_schema_extra={"wired": True, "shard": True},
+    )
+
+    @field_validator("locale", mode="before")
+    @classmethod
+    def _one_locale_or_a_mapping(cls, value: Any) -> Any:
+        """One line naming the wrong value, not one per member of the union."""
+        known = typing.get_args(Locale)
+        given = list(value.values()) if isinstance(value, dict) else [value]
+        bad = [v for v in given if not isinstance(v, str) or v not in known]
+        if bad:
+            raise ValueError(f"{str(bad[0])[:40]!r} is not a locale: give one of {', '.join(known)}, or a "
+                             "mapping {speaker or input: locale}")
+        return value

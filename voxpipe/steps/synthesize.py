@@ -1,0 +1,58 @@
+"""`synthesize`: its settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from voxpipe.section import Section
+
+
+class SynthesizeParams(Section):
+    """`synthesize`: text to a WAV file with a registered model or a checkpoint folder, optionally in the
+    voice of a reference clip (the pyfunc model's `reference_audio`). Same seed, same audio."""
+
+    model: str = Field(
+        "@champion", description="a registered model (models:/NAME@ALIAS, models:/NAME/VERSION, or @ALIAS / "
+        "a version number of register.model_name: the voice's own model by default, from tracking.uri) or a "
+        "checkpoint folder (upstream layout)"
+    )
+    text: str = Field("", max_length=2000, description="what to say (at most 2000 characters; the served "
+                      "model takes the same)")
+    normalize: bool = Field(
+        True, description="spell out numbers, dates and money before speaking, as ingest did for training "
+        "(the same function and language detection; the summary shows what was said); --no-normalize: "
+        "the text as written. The served model takes the same as its `normalize` param"
+    )
+    locale: str = Field(  # checked by the request schema (serve/request.py), as the served model does
+        "", description="how the text is read: en-US, en-GB or zh-CN (as ingest.locale); \"\": the "
+        "locale the model's training text was read in, recorded at register (en-US, said so, for a model "
+        "that recorded none). The served model takes the same as its `locale` param"
+    )
+    reference: str | None = Field(
+        None, description="an audio file of the voice to speak in (a few seconds is enough; at most "
+        "max_reference_seconds); None: the voice the model learned"
+    )
+    max_reference_seconds: float = Field(
+        30.0, gt=0, le=600, description="longest reference clip accepted, here and by the served model (a "
+        "longer one costs memory and time, not quality)"
+    )
+    out: str = Field("work/synthesize/out.wav", description="the WAV file written (48 kHz, 16 bit)",
+                     json_schema_extra={"result": False})
+    device: Literal["auto", "cpu", "cuda", "npu"] = Field(
+        "auto", description="auto = npu, else cuda, else cpu"
+    )
+    seed: int = Field(0, ge=0, le=2**53, description="generation seed (0 to 2^53): the same seed and "
+                      "inputs give the same audio")
+    cfg_value: float = Field(2.0, gt=0, le=20, description="classifier-free guidance scale (finite, (0, 20])")
+    inference_timesteps: int = Field(10, ge=1, le=100, description="Euler steps per patch (1-100)")
+    max_len: int | None = Field(None, ge=1, le=4096, description="generation limit in patches (160 ms each; "
+                                "1-4096); None: sized for the text, 25 + 2 per character (a request that "
+                                "leaves it out never runs to the 4096 maximum)")
+    deadline_s: float = Field(
+        50.0, gt=0, le=3600, description="the most seconds one request may take (`synthesize`, the served "
+        "pyfunc, `voxpipe serve`): generation stops at it, its memory is freed and the answer is a 503 "
+        "naming it; below MLflow's 60 s scoring timeout, so the work ends before that server gives up on "
+        "the client"
+    )

@@ -1,0 +1,19 @@
+"""`validate`: its settings."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from voxpipe.section import Section
+
+
+class ValidateParams(Section):
+    """`validate`: a manifest checked against ingest's sample rate and duration bounds."""
+
+    manifest: str = Field("work/manifest/train.jsonl", description="manifest .jsonl to check",
+                          json_schema_extra={"result": False})
+    out: str = Field(
+        "work/validate", description="output folder: validate.json (rows, hours, every problem); under DVC "
+        "and KFP encode starts only after a usable manifest",
+        json_schema_extra={"result": False},
+    )
