@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 def default_lr(lora: bool) -> float:
@@ -154,3 +155,12 @@ class TrainParams(Section):
         if self.lr is None:
             self.lr = default_lr(self.lora.enabled)
         return self
+
+
+STEPS = (
+    Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
+         "metrics.jsonl", "voxpipe.train.loop:train", None,
+         ("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
+         # plan.headroom: the memory check before allocating refuses or goes on, it changes no weights
+         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking", "plan.headroom")),
+)
