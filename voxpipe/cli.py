@@ -1,6 +1,6 @@
 """`voxpipe <step>`: one subcommand per pipeline step.
 
-Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/params.py:
+Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/steps/:
 the flag's help is the field's description). Precedence: params file < `--recipe` < `--set` < flag.
 Step modules are imported only when their step runs, so `voxpipe --help` stays fast. A flag means one
 thing: no prefix matching (`allow_abbrev=False`), and a model flag names the same model in every step:
@@ -29,45 +29,12 @@ from voxpipe.outlock import guard_step
 from voxpipe.params import Params, load_params, params_yaml
 from voxpipe.paramspec import Key, base_type, keys
 from voxpipe.secrets import scrub
-from voxpipe.steps import Step
-from voxpipe.steps.compare import STEPS as COMPARE_STEPS
-from voxpipe.steps.encode import STEPS as ENCODE_STEPS
-from voxpipe.steps.evaluate import STEPS as EVALUATE_STEPS
-from voxpipe.steps.ingest import STEPS as INGEST_STEPS
-from voxpipe.steps.launch import STEPS as LAUNCH_STEPS
-from voxpipe.steps.manifest import STEPS as MANIFEST_STEPS
-from voxpipe.steps.mfu import STEPS as MFU_STEPS
-from voxpipe.steps.model import STEPS as MODEL_STEPS
-from voxpipe.steps.plan import STEPS as PLAN_STEPS
-from voxpipe.steps.promote import STEPS as PROMOTE_STEPS
-from voxpipe.steps.register import STEPS as REGISTER_STEPS
-from voxpipe.steps.serve import STEPS as SERVE_STEPS
-from voxpipe.steps.sweep import STEPS as SWEEP_STEPS
-from voxpipe.steps.synthesize import STEPS as SYNTHESIZE_STEPS
-from voxpipe.steps.train import STEPS as TRAIN_STEPS
-from voxpipe.steps.validate import STEPS as VALIDATE_STEPS
+from voxpipe.steps import Step, all_steps
 
 log = logging.getLogger("voxpipe")
 
-# in pipeline order: `voxpipe --help` lists them so
-STEPS: tuple[Step, ...] = (
-    *INGEST_STEPS,
-    *MANIFEST_STEPS,
-    *VALIDATE_STEPS,
-    *MODEL_STEPS,
-    *ENCODE_STEPS,
-    *TRAIN_STEPS,
-    *PLAN_STEPS,
-    *LAUNCH_STEPS,
-    *EVALUATE_STEPS,
-    *MFU_STEPS,
-    *REGISTER_STEPS,
-    *PROMOTE_STEPS,
-    *COMPARE_STEPS,
-    *SWEEP_STEPS,
-    *SYNTHESIZE_STEPS,
-    *SERVE_STEPS,
-)
+# in pipeline order (voxpipe/steps/: each module its section and steps): `voxpipe --help` lists them so
+STEPS: tuple[Step, ...] = all_steps()
 
 
 

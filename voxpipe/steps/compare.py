@@ -30,6 +30,9 @@ class CompareParams(Section):
         "in any experiment (docs/cluster.md)")
 
 
+ORDER = 130
+SECTIONS = {"compare": CompareParams}
+
 STEPS = (
     Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
          "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),

@@ -37,6 +37,9 @@ class EncodeParams(Section):
     )
 
 
+ORDER = 50
+SECTIONS = {"encode": EncodeParams}
+
 STEPS = (
     Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
          "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),

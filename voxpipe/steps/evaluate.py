@@ -114,6 +114,9 @@ class EvaluateParams(Section):
     )
 
 
+ORDER = 90
+SECTIONS = {"evaluate": EvaluateParams}
+
 STEPS = (
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", "voxpipe.evaluate.step:evaluate", None,

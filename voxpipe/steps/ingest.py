@@ -148,6 +148,9 @@ SHARD_KEYS = tuple(f"ingest.{name}" for name, info in IngestParams.model_fields.
                    if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("shard"))
 
 
+ORDER = 10
+SECTIONS = {"ingest": IngestParams}
+
 STEPS = (
     Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
          "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),

@@ -132,6 +132,9 @@ GRACE_PLAN = ("model.base", "model.preset", "plan.checkpoint_write_gbps", "plan.
               "train.lora")
 
 
+ORDER = 80
+SECTIONS = {"launch": LaunchParams}
+
 STEPS = (
     Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
          "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",

@@ -35,6 +35,9 @@ class ManifestParams(Section):
     seed: int = Field(0, description="seed of the reference choice")
 
 
+ORDER = 20
+SECTIONS = {"manifest": ManifestParams}
+
 STEPS = (
     Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
          "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",)),

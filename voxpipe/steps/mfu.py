@@ -28,6 +28,9 @@ class MfuParams(Section):
     warmup_steps: int = Field(1, ge=0, description="first optimizer steps left out (allocation, warm-up)")
 
 
+ORDER = 100
+SECTIONS = {"mfu": MfuParams}
+
 STEPS = (
     Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
          "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),

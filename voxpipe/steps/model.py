@@ -36,6 +36,9 @@ class ModelParams(Section):
     )
 
 
+ORDER = 40
+SECTIONS = {"model": ModelParams}
+
 STEPS = (
     Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
          "tokenizer", "voxpipe.train.init_model:init_model", "model",

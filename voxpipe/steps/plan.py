@@ -50,6 +50,9 @@ class PlanParams(Section):
     )
 
 
+ORDER = 70
+SECTIONS = {"plan": PlanParams}
+
 STEPS = (
     Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
          "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,

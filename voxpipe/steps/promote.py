@@ -16,6 +16,9 @@ class PromoteParams(Section):
     reason: str = Field("", description="why, recorded on the version (required)")
 
 
+ORDER = 120
+SECTIONS = {"promote": PromoteParams}
+
 STEPS = (
     Step("promote", "move @champion to a version by hand (the rule decides only on the same data); who, when "
          "and why become tags of the version", "voxpipe.track.promote:promote", None,

@@ -40,6 +40,9 @@ class RegisterParams(Section):
     )
 
 
+ORDER = 110
+SECTIONS = {"register": RegisterParams}
+
 STEPS = (
     Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
          "others READ only (once per deployment, before the first register)",

@@ -45,6 +45,9 @@ class ServeParams(Section):
                                 "open between requests (uvicorn's timeout_keep_alive)")
 
 
+ORDER = 160
+SECTIONS = {"serve": ServeParams}
+
 STEPS = (
     Step("serve", "serve a registered model (@champion) or a checkpoint folder on OpenAI's speech API: "
          "/v1/audio/speech (streamed PCM), /v1/audio/voices, /v1/models, /health, /ready, /metrics",

@@ -22,6 +22,9 @@ class SweepParams(Section):
                          "-j`); 0: one per two cores, at least one")
 
 
+ORDER = 140
+SECTIONS = {"sweep": SweepParams}
+
 STEPS = (
     Step("sweep-open", "open a sweep: its MLflow parent run, the grid recorded on it; the id in "
          "sweep.out/sweep.json (each point then runs with --set tracking.parent_run=ID)",

@@ -59,6 +59,9 @@ class SynthesizeParams(Section):
     )
 
 
+ORDER = 150
+SECTIONS = {"synthesize": SynthesizeParams}
+
 STEPS = (
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
          "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",

@@ -20,6 +20,9 @@ class ValidateParams(Section):
     )
 
 
+ORDER = 30
+SECTIONS = {"validate": ValidateParams}
+
 STEPS = (
     Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
          "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
