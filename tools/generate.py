@@ -39,7 +39,6 @@ def params_yaml(out: Path) -> None:
 
 
 def dvc_yaml(out: Path) -> None:
-    shutil.copyfile(ROOT / "dvc.yaml", out)  # it rewrites the code deps and params of the file it is given
     run(VOXPIPE, "dvc-yaml", "--file", str(out))
 
 

@@ -126,7 +126,7 @@ def _overview() -> str:
     lines = [f"  {s.name:<{width}}{s.help}" for s in STEPS]
     lines += ["", "other commands:",
               f"  {'params':<{width}}print the effective params (file < recipe < --set)",
-              f"  {'dvc-yaml':<{width}}regenerate dvc.yaml's code deps and params (--check: only compare)"]
+              f"  {'dvc-yaml':<{width}}write dvc.yaml from the steps' descriptors (--check: only compare)"]
     return "steps, in pipeline order:\n" + "\n".join(lines) + "\n\n`voxpipe <step> --help`: its flags."
 
 
@@ -147,9 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "--write params.yaml` makes `dvc repro` run the recipe")
     _common(tool)
     tool.add_argument("--write", metavar="FILE", default=None, help="write to FILE instead of stdout")
-    dvc = sub.add_parser("dvc-yaml", allow_abbrev=False, description="rewrite dvc.yaml's per-stage code deps "
-                         "(each step's import closure) and params (the keys it reads that change its "
-                         "result), comments kept")
+    dvc = sub.add_parser("dvc-yaml", allow_abbrev=False, description="write dvc.yaml whole from the steps' "
+                         "descriptors (voxpipe/steps/): each stage's cmd, data deps and outs as declared, "
+                         "its "
+                         "code deps (the step's import closure) and params (the keys it reads that change "
+                         "its result) as computed")
     dvc.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each difference")
     dvc.add_argument("--file", default="dvc.yaml", help="the dvc.yaml (default: ./dvc.yaml)")
     return parser
@@ -213,7 +215,7 @@ def _dvc_yaml_command(args: argparse.Namespace) -> int:
         print(f"voxpipe dvc-yaml: {args.file} is stale (`voxpipe dvc-yaml` rewrites it):\n  "
               + "\n  ".join(problems), file=sys.stderr)
         return 1
-    log.info("%s: %s", args.file, f"rewritten ({len(problems)} lists changed)" if problems else "up to date")
+    log.info("%s: %s", args.file, f"rewritten ({len(problems)} differences)" if problems else "up to date")
     return 0
 
 

@@ -1,31 +1,28 @@
-"""`voxpipe dvc-yaml`: dvc.yaml's code `deps:` and `params:` from the code and the schema, not pasted.
+"""`voxpipe dvc-yaml`: dvc.yaml from the steps' descriptors, the code and the schema, not pasted.
 
 DVC reruns a stage when a file in its `deps:` changes or a key in its `params:` does. So a stage's code
 deps are its step's import closure (voxpipe/cli.py + the step's module + what they import, lazily inside a
 function too, and package data a module names), found by reading the source with `ast`; the import
 layer contracts (pyproject.toml, `lint-imports`) check the same edges. Its params are the keys the step
-reads (the cli's `Step.reads`) that change its result: the schema marks the others (voxpipe/section.py,
+reads (its descriptor's `reads`) that change its result: the schema marks the others (voxpipe/section.py,
 `result`).
 
-The file is edited through ruamel.yaml's round trip, so only the code-dep items (`- voxpipe/...`) and the
-`params:` lists change: the comments and every other line stay as written (it reads any indentation and
-writes dvc.yaml's own). It is written whole or not at all (a temp file renamed over it). `--check` writes
-nothing and names each difference.
+The file is written whole from the steps' descriptors (`Step.stage`, voxpipe/steps/): the cmd, the data
+deps, outs, metrics and plots as declared, the code deps and params as computed. It is written whole or
+not at all (a temp file renamed over it); `--check` writes nothing and names each difference.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import io
 import re
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import yaml
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedSeq
 
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text
@@ -143,12 +140,7 @@ class StepLike(Protocol):  # voxpipe.steps.Step (the cli passes its STEPS: this 
     reads: tuple[str, ...]
     hide: tuple[str, ...]
     untracked: tuple[str, ...]
-
-
-def step_of(cmd: str) -> str | None:
-    """The `voxpipe <step>` a stage's cmd runs (plain or `torchrun ... -m voxpipe.cli <step>`)."""
-    m = re.search(r"(?:^voxpipe|-m voxpipe\.cli) ([\w-]+)", cmd)
-    return m.group(1) if m else None
+    stage: Any  # voxpipe.steps.Stage, or None
 
 
 def step_closure(step: StepLike) -> set[str]:
@@ -175,75 +167,130 @@ def tracked_params(step: StepLike, cmd: str) -> list[str]:
     return out + [k for k in dict.fromkeys(re.findall(r"\$\{([\w.]+)\}", cmd)) if k not in out]
 
 
-# -- dvc.yaml, rewritten in place ------------------------------------------------------------------------
-def _round_trip() -> YAML:
-    """dvc.yaml's own layout (lists indented under their key), so an unchanged file dumps byte for byte."""
-    rt = YAML()  # round trip: comments, key order and quoting stay as written
-    rt.indent(mapping=2, sequence=4, offset=2)
-    rt.preserve_quotes = True
-    rt.width = 4096  # no long line is folded
-    return rt
+# -- dvc.yaml, written whole ---------------------------------------------------------------------------
+HEADER = """\
+# `dvc repro`: the pipeline on this machine. Generated whole by `voxpipe dvc-yaml` (`make generate`) from
+# the steps' descriptors (voxpipe/steps/): edit those, not this file. Every stage is one `voxpipe <step>`
+# reading params.yaml; the paths are interpolated from params.yaml, so a path changed there is followed here.
+#
+# What DVC reruns, and why (docs/resilience.md "Under DVC", tests/test_dvc.py checks each point):
+# - code deps are the step's import closure (voxpipe/cli.py + the step's module + everything they import,
+#   + the voxpipe/steps modules of the sections it reads), not whole folders. A folder stands for all of
+#   its files. A setting added to another step's section reruns nothing here.
+# - params are tracked per key, only keys that change the result: not the checkpoint, logging,
+#   tracking-of-train or worker-count keys (`ingest.workers`, `train.checkpoint_every`, `train.track`).
+# - every cached output is byte-identical for the same inputs, params and code: timings and host facts
+#   go to each folder's run.json, which .dvcignore hides from DVC. A rerun that changes nothing stops there.
+# - outputs a rerun must keep are `persist: true`: train's checkpoints (not cached: a killed `dvc repro`
+#   resumes from the newest good one), the ingested audio and the encoded shards (reused, as from the CLI).
+"""
+TORCHRUN = "python -m voxpipe.launch.torchrun --standalone --nproc_per_node=${local.nproc} -m voxpipe.cli"
+WIDTH = 110
 
 
-def _set_items(seq: CommentedSeq, items: list[str]) -> None:
-    """Make `seq` hold `items`, each kept item with its comment (a comment sits on its item's index)."""
-    comments = {seq[i]: c for i, c in seq.ca.items.items() if isinstance(seq[i], str)}
-    seq.ca.items.clear()
-    list.__delitem__(seq, slice(None))
-    list.extend(seq, items)
-    for i, item in enumerate(items):
-        if item in comments:
-            seq.ca.items[i] = comments[item]
+def stage_cmd(step: StepLike) -> str:
+    stage = step.stage
+    cmd = f"{TORCHRUN} {step.name}" if stage.torchrun else f"voxpipe {step.name}"
+    return f"{cmd} {stage.args}".strip()
 
 
-def render(text: str, steps: Iterable[StepLike], root: Path = ROOT) -> str:
-    """dvc.yaml's text with each stage's code deps (`voxpipe/...`, where the first of them was) and params
-    as the code and schema say; every comment and every other line as written, a param's comment with its
-    key."""
-    by_name = {s.name: s for s in steps}
-    rt = _round_trip()
-    doc = rt.load(text)
-    for stage in doc["stages"].values():
-        step = by_name.get(step_of(stage["cmd"]) or "")
-        if step is None:
-            continue
-        deps = stage.get("deps") or []
-        code = [i for i, d in enumerate(deps) if isinstance(d, str) and d.startswith("voxpipe/")]
-        if code:
-            others = [d for i, d in enumerate(deps) if i not in code]
-            _set_items(deps, others[:code[0]] + compact(step_closure(step), root) + others[code[0]:])
-        if stage.get("params"):
-            _set_items(stage["params"], tracked_params(step, stage["cmd"]))
-    out = io.StringIO()
-    rt.dump(doc, out)
-    return out.getvalue()
+def _commented(line: str, note: str | None) -> list[str]:
+    """`line  # note`, or the note as comment lines above the line when that is too wide."""
+    if not note:
+        return [line]
+    if len(line) + len(note) + 4 <= WIDTH:
+        return [f"{line}  # {note}"]
+    indent = " " * (len(line) - len(line.lstrip()))
+    return [f"{indent}# {ln}" for ln in textwrap.wrap(note, WIDTH - len(indent) - 2)] + [line]
+
+
+def _out(out: Any, notes: dict[str, str]) -> list[str]:
+    note = out.note or notes.get(out.path)
+    options = [o for o, on in (("persist: true", out.persist), ("cache: false", not out.cache)) if on]
+    if not options:
+        return _commented(f"      - {out.path}", note)
+    return [*_commented(f"      - {out.path}:", note), *(f"          {o}" for o in options)]
+
+
+def _stage(step: StepLike, root: Path) -> list[str]:
+    stage, notes = step.stage, dict(step.stage.notes)
+    head = f"  {step.name}:"
+    if len(head) + len(stage.note) + 4 <= WIDTH:
+        lines = _commented(head, stage.note)
+    else:  # a long note: comment lines under the name
+        lines = [head, *(f"    # {ln}" for ln in textwrap.wrap(stage.note, WIDTH - 6))]
+    cmd = stage_cmd(step)
+    lines += [f"    cmd: {cmd}", "    deps:"]
+    lines += [f"      - {d}" for d in compact(step_closure(step), root)]
+    lines += [line for d in stage.deps for line in _commented(f"      - {d}", notes.get(d))]
+    params = tracked_params(step, cmd)
+    params += [p for p in stage.params if p not in params]
+    if params:
+        lines += ["    params:", *(line for p in params for line in _commented(f"      - {p}", notes.get(p)))]
+    for name, outs in (("outs", stage.outs), ("metrics", stage.metrics)):
+        if outs:
+            lines += [f"    {name}:", *(line for out in outs for line in _out(out, notes))]
+    return lines
+
+
+def _plot(name: str, spec: dict[str, Any], note: str | None) -> list[str]:
+    if not spec:
+        return _commented(f"  - {name}", note)
+    lines = [*_commented(f"  - {name}:", note), f"      x: {spec['x']}", "      y:"]
+    for path, columns in spec["y"].items():
+        shown = f"[{', '.join(columns)}]" if isinstance(columns, list) else columns
+        lines.append(f"        {path}: {shown}")
+    return lines
+
+
+def render(steps: Iterable[StepLike], root: Path = ROOT) -> str:
+    """dvc.yaml, whole: a stage per step that declares one (`Step.stage`), in pipeline order, then the
+    plots they make."""
+    staged = [s for s in steps if s.stage is not None]
+    lines = ["stages:"]
+    for step in staged:
+        lines += _stage(step, root) + [""]
+    plots = [line for s in staged for name, spec in s.stage.plots
+             for line in _plot(name, spec, dict(s.stage.notes).get(name))]
+    if plots:
+        lines += ["plots:", *plots]
+    return HEADER + "\n" + "\n".join(lines).rstrip() + "\n"
 
 
 def differences(old: str, new: str) -> list[str]:
-    """Per stage, what its code deps and params lack and hold beyond what they should."""
-    before, after = yaml.safe_load(old)["stages"], yaml.safe_load(new)["stages"]
-    problems = []
-    for name, stage in after.items():
-        for field_ in ("deps", "params"):
-            have = [d for d in before[name].get(field_, []) if isinstance(d, str)]
-            want = [d for d in stage.get(field_, []) if isinstance(d, str)]
-            if field_ == "deps":
-                have, want = ([d for d in x if d.startswith("voxpipe/")] for x in (have, want))
-            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-            if missing or extra:
+    """Per stage and field, what the file holds that the steps do not declare, or lacks."""
+    try:
+        before = (yaml.safe_load(old) or {}).get("stages") or {}
+    except yaml.YAMLError as e:
+        return [f"not valid YAML ({str(e).splitlines()[0]})"]
+    after = yaml.safe_load(new)["stages"]
+    problems = [f"stage {name}: {'not declared by a step' if name in before else 'missing'}"
+                for name in sorted(set(before) ^ set(after))]
+    for name in [n for n in after if n in before]:
+        for field_ in ("cmd", "deps", "params", "outs", "metrics"):
+            have, want = before[name].get(field_), after[name].get(field_)
+            if have == want:
+                continue
+            if isinstance(want, list) and isinstance(have, list | type(None)):
+                have = [repr(d) if isinstance(d, dict) else d for d in have or []]
+                want = [repr(d) if isinstance(d, dict) else d for d in want]
+                missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
                 problems.append(f"stage {name}: {field_} lack {missing}, hold {extra} they should not")
+            else:
+                problems.append(f"stage {name}: {field_} is {have!r}, the step declares {want!r}")
     return problems
 
 
 def dvc_yaml(path: Path, steps: Iterable[StepLike], check: bool) -> list[str]:
-    """Regenerate `path` (check: only compare); the differences found, one line per stage and list."""
-    if not path.is_file():
+    """Write `path` from the steps (check: only compare); the differences found, one line per stage and
+    field."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if check and not old:
         raise StepError(f"{path}: no such file; run `voxpipe dvc-yaml` in the repo (or give --file)")
-    old = path.read_text(encoding="utf-8")
-    new = render(old, steps)
-    problems = differences(old, new)
-    if not problems and new != old:
-        problems = [f"{path}: the same deps and params, in another order: run `voxpipe dvc-yaml`"]
+    new = render(steps)
+    problems = differences(old, new) if old else []
+    if not problems and new != old and old:
+        problems = [f"{path}: the same stages, written otherwise (order, comments): run `voxpipe dvc-yaml`"]
     if not check and new != old:
         atomic_write_text(path, new)
     return problems

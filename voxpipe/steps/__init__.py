@@ -24,6 +24,33 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Out:
+    """An output DVC keeps: `persist` survives a rerun (resumable work), `cache: false` is a record."""
+
+    path: str  # "${section.key}" (interpolated from params.yaml) or a path under one
+    persist: bool = False
+    cache: bool = True
+    note: str = ""  # dvc.yaml's comment on it: why it is kept or not cached
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The step's stage in dvc.yaml, written whole from here (voxpipe/dvcgen.py): its code deps and params
+    are computed, the rest is this. A path is "${section.key}" or a path under one; `notes` are the
+    comments dvc.yaml shows on a dep, a param or an out, by its text."""
+
+    deps: tuple[str, ...] = ()  # what it reads besides code: data, models, other stages' outputs
+    outs: tuple[Out, ...] = ()
+    metrics: tuple[Out, ...] = ()
+    torchrun: bool = False  # one process per local.nproc, under voxpipe.launch.torchrun
+    args: str = ""  # after `voxpipe <step>`
+    params: tuple[str, ...] = ()  # tracked beyond the keys it reads (train.max_steps: grown, not new)
+    plots: tuple[tuple[str, dict], ...] = ()  # dvc.yaml's top-level plots it makes: (name, definition)
+    note: str = ""  # the comment on the stage's name
+    notes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Step:
     name: str
     help: str
@@ -38,6 +65,7 @@ class Step:
     # keys of `reads` that change nothing this step writes, though they change another step's (train logs
     # live to `tracking`, register registers there): no DVC param of its stage (voxpipe/dvcgen.py)
     untracked: tuple[str, ...] = ()
+    stage: Stage | None = None  # a stage of `dvc repro` (dvc.yaml), or a command outside it
     module: str = ""  # the voxpipe.steps module that declares it (set by `all_steps`)
 
     @property

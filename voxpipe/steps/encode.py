@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class EncodeParams(Section):
@@ -42,5 +42,11 @@ SECTIONS = {"encode": EncodeParams}
 
 STEPS = (
     Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
-         "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
+         "voxpipe.data.encode.step:encode", None, ("encode", "model.base"),
+         stage=Stage(
+        deps=("${manifest.out}", "${ingest.out}", "${validate.out}", "${model.base}"), torchrun=True,
+        outs=(Out("${encode.out}", persist=True,
+                  note="a rerun (or a resumed one) reuses every shard already written"),),
+        notes=(("${ingest.out}", "the audio the manifests point at"),
+               ("${validate.out}", "runs after a usable manifest only")))),
 )

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from voxpipe.backends import ASR, SPEAKER, listed
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class EvaluateParams(Section):
@@ -124,5 +124,12 @@ STEPS = (
           "ingest.input", "tracking.uri", "tracking.work"),
          # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
          wires=(("champion", "voxpipe.track.champion:champion_export"),),
-         untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work")),
+         untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
+         stage=Stage(
+        deps=("${evaluate.model}", "${model.base}", "${evaluate.data}", "${ingest.out}"),
+        outs=(Out("${evaluate.out}/samples"), Out("${evaluate.out}/eval.png"),
+              Out("${evaluate.out}/exports.png"), Out("${evaluate.out}/report.json")),
+        metrics=(Out("${evaluate.out}/eval.json", cache=False),),
+        notes=(("${ingest.out}", "the speakers' real clips"),
+               ("train.max_tokens", "the val batches are the trainer's")))),
 )

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 Locale = Literal["en-US", "en-GB", "zh-CN"]  # text_rules.LOCALES: how a speaker says what is written
@@ -153,7 +153,11 @@ SECTIONS = {"ingest": IngestParams}
 
 STEPS = (
     Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
-         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),
+         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS,
+         stage=Stage(
+        deps=("${ingest.input[0]}",),
+        outs=(Out("${ingest.out}", persist=True, note="a rerun reuses the audio already written"),),
+        notes=(("${ingest.input[0]}", "more than one ingest.input: list the others here too"),))),
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
          ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class ManifestParams(Section):
@@ -40,5 +40,6 @@ SECTIONS = {"manifest": ManifestParams}
 
 STEPS = (
     Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
-         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",)),
+         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",),
+         stage=Stage(deps=("${ingest.out}",), outs=(Out("${manifest.out}"),))),
 )

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class ModelParams(Section):
@@ -42,5 +42,9 @@ SECTIONS = {"model": ModelParams}
 STEPS = (
     Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
          "tokenizer", "voxpipe.train.init_model:init_model", "model",
-         ("model.preset", "model.out", "model.seed", "model.dtype")),
+         ("model.preset", "model.out", "model.seed", "model.dtype"),
+         stage=Stage(
+        outs=(Out("${model.out}"),),
+        note="the random-init base model; a real checkpoint: set model.base to its folder "
+             "(docs/pipeline.md)")),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class RegisterParams(Section):
@@ -54,5 +54,16 @@ STEPS = (
          ("register", "ingest.input", "tracking", "launch.env", "launch.secret_env", "launch.env_not_secret"),
          # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
          ("launch.env", "launch.secret_env", "launch.env_not_secret"),
-         untracked=("launch.env", "launch.secret_env", "launch.env_not_secret")),
+         untracked=("launch.env", "launch.secret_env", "launch.env_not_secret"),
+         stage=Stage(
+        deps=("${evaluate.model}", "${register.eval}", "${evaluate.out}/samples", "${register.mfu}",
+              "${register.train}/report.json", "${register.train}/metrics.jsonl", "${register.ingest}"),
+        outs=(Out("${register.out}", cache=False,
+                  note="MLflow's version numbers: a record of this registration"),),
+        plots=(("${register.out}/loss_curve.png", {}),),
+        note="also writes the MLflow store (work/mlflow.db, work/mlruns): kept across runs, not an output",
+        notes=(("${evaluate.model}", "register.model: null = the export evaluate chose"),
+               ("tracking.uri", "where the model is registered: changing it registers again, never retrains"),
+               ("${register.out}/loss_curve.png",
+                "training loss per step, fixed-seed val loss and learning rate")))),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
-from voxpipe.steps import Step
+from voxpipe.steps import Out, Stage, Step
 
 
 class ValidateParams(Section):
@@ -26,5 +26,9 @@ SECTIONS = {"validate": ValidateParams}
 STEPS = (
     Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
          "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
-         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds")),
+         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds"),
+         stage=Stage(
+        deps=("${manifest.out}", "${ingest.out}"), outs=(Out("${validate.out}"),),
+        note="the train manifest against ingest's bounds, before encode spends accelerator time",
+        notes=(("${ingest.out}", "the audio the manifest points at"),))),
 )
