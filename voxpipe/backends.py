@@ -2,17 +2,19 @@
 
 Three kinds, one small registry each: `ASR` (evaluate.asr, a list: each language takes the first
 that covers it), `SPEAKER` (evaluate.speaker, one encoder) and `QUALITY` (DNSMOS, the only one; no
-param picks it). An entry is the backend's name, the evaluate.* fields its factory takes (by name,
-from the evaluate params) and the factory itself, as "module:callable".
+param picks it). An entry is the backend's name, the factory itself, as "module:callable", and its
+settings model: the evaluate.* fields the factory takes (by name, from the evaluate params), each with
+its description. evaluate's schema (voxpipe/steps/evaluate.py) composes every registered backend's
+settings model (`backend_settings`), so it names no backend and none of their fields.
 
 The factory is named, not imported: this module sits in the bottom layer (params.py validates
 evaluate.asr / evaluate.speaker against these names), below the evaluate modules that hold the
 backends, so it imports one only when evaluate loads it (`Backend.load`).
 
 Adding a backend: its class in its kind's module (voxpipe/evaluate/asr.py, speaker.py, quality.py;
-the wavlm-ecapa speaker encoder has a module of its own, ecapa.py),
-one entry here, its config field in params.py's EvaluateParams if it takes one, its test, and the docs
-(`make generate` for params.yaml and docs/params.md).
+the wavlm-ecapa speaker encoder has a module of its own, ecapa.py); its entry here, with its settings
+model (a `Section` of its own evaluate.* fields) if it takes any; its test; and the docs (`make
+generate` for params.yaml and docs/params.md).
 """
 
 from __future__ import annotations
@@ -22,41 +24,88 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
+from voxpipe.section import Section
+
 
 @dataclass(frozen=True)
 class Backend:
     name: str
     factory: str  # "module:callable": a class or function returning the backend
-    fields: tuple[str, ...] = ()  # evaluate.* params passed to the factory, as keyword arguments
+    settings: type[Section] | None = None  # its own params, passed to the factory as keyword arguments
     about: str = ""  # what evaluate.asr / evaluate.speaker's description says of it
     label: str = ""  # what a figure calls its scores (eval.png); the name when empty
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of its settings: the keys of `config` that `load` passes."""
+        return tuple(self.settings.model_fields) if self.settings else ()
+
+    def imported(self) -> Any:
+        """The factory itself, its module imported now."""
+        module, attr = self.factory.split(":")
+        return getattr(importlib.import_module(module), attr)
+
     def load(self, config: Mapping[str, Any], **extra: Any) -> Any:
         """The backend, built from its fields of `config` (the evaluate params; a missing one is None)."""
-        module, attr = self.factory.split(":")
-        make = getattr(importlib.import_module(module), attr)
-        return make(**{f: config.get(f) for f in self.fields}, **extra)
+        return self.imported()(**{f: config.get(f) for f in self.fields}, **extra)
 
 
-def _registry(*backends: Backend) -> dict[str, Backend]:
+def registry(*backends: Backend) -> dict[str, Backend]:
     return {b.name: b for b in backends}
 
 
-ASR = _registry(
+def backend_settings(*registries: Mapping[str, Backend]) -> tuple[type[Section], ...]:
+    """The settings models of the registries' backends, in registry order: the bases a schema composes.
+
+    Reversed, so that as bases (`class Params(*backend_settings(...), Core)`) pydantic, which orders
+    fields from the last base to the first, puts the core's fields first, then these in registry order.
+    """
+    models = [b.settings for r in registries for b in r.values() if b.settings]
+    return tuple(reversed(list(dict.fromkeys(models))))
+
+
+class WhisperSettings(Section):
+    whisper_model: str | None = Field(
+        None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
+        "whisper"
+    )
+
+
+class ParaformerSettings(Section):
+    paraformer_model: str | None = Field(
+        None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for asr "
+        "paraformer-zh"
+    )
+
+
+class WavLMSettings(Section):
+    wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
+
+
+class EcapaSettings(Section):
+    ecapa_model: str | None = Field(
+        None, description="local path of UniSpeech's wavlm_large_finetune.pth (or a .safetensors copy of its "
+        "`model` state dict), for speaker wavlm-ecapa: Seed-TTS-eval's SIM model (docs/evaluation.md)"
+    )
+
+
+ASR = registry(
     Backend("pocketsphinx", "voxpipe.evaluate.asr:PocketSphinx", about="bundled, English"),
-    Backend("whisper", "voxpipe.evaluate.asr:Whisper", ("whisper_model",), about="whisper_model"),
-    Backend("paraformer-zh", "voxpipe.evaluate.asr:ParaformerZh", ("paraformer_model",),
+    Backend("whisper", "voxpipe.evaluate.asr:Whisper", WhisperSettings, about="whisper_model"),
+    Backend("paraformer-zh", "voxpipe.evaluate.asr:ParaformerZh", ParaformerSettings,
             about="paraformer_model, Chinese"),
 )
-SPEAKER = _registry(
+SPEAKER = registry(
     Backend("resemblyzer", "voxpipe.evaluate.speaker:SpeakerEncoder", about="bundled GE2E", label="GE2E"),
-    Backend("wavlm", "voxpipe.evaluate.speaker:WavLMEncoder", ("wavlm_model",),
+    Backend("wavlm", "voxpipe.evaluate.speaker:WavLMEncoder", WavLMSettings,
             about="WavLMForXVector from wavlm_model", label="WavLM x-vector"),
-    Backend("wavlm-ecapa", "voxpipe.evaluate.ecapa:WavLMEcapaEncoder", ("ecapa_model",),
+    Backend("wavlm-ecapa", "voxpipe.evaluate.ecapa:WavLMEcapaEncoder", EcapaSettings,
             about="ecapa_model, Seed-TTS-eval's WavLM-Large + ECAPA-TDNN: published SIM's model",
             label="WavLM-ECAPA (Seed-TTS-eval)"),
 )
-QUALITY = _registry(Backend("dnsmos", "voxpipe.evaluate.quality:DnsmosScorer", label="DNSMOS"))
+QUALITY = registry(Backend("dnsmos", "voxpipe.evaluate.quality:DnsmosScorer", label="DNSMOS"))
 QUALITY_BACKEND = "dnsmos"  # what evaluate scores clips with (one backend: no param picks it)
 
 

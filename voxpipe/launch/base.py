@@ -3,8 +3,9 @@
 A backend (voxpipe/launch/volcano.py, trainjob.py) renders the objects it creates and says how to
 read its kind of job; submitting, following, reading the failing pod's log and cancelling are then
 the same polling code (voxpipe/launch/watch.py) for all of them. Backends are named in one place
-(voxpipe/launch/registry.py), so the step never switches on a name and a new backend is one module
-and one registration; voxpipe/launch/followed.py holds the shared half of an implementation.
+(voxpipe/launchers.py, each with its settings; voxpipe/launch/registry.py loads one), so the step
+never switches on a name and a new backend is one module and one registration (with its settings
+model); voxpipe/launch/followed.py holds the shared half of an implementation.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _launch(params: Params, step: StepJob, out: str) -> LaunchResult:
     own_namespace = pod_namespace()
     namespace = launch.namespace or own_namespace or "default"
     owner = Owner.from_env(os.environ, own_namespace) if own_namespace else None
-    backend = launcher(launch.backend)
+    backend = launcher(launch)
     objects = backend.render(params, namespace, owner, step)
     if launch.dry_run:
         return LaunchResult(manifests_yaml(objects).rstrip("\n"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from voxpipe.errors import StepError
 from voxpipe.launch.base import Resource, State
 from voxpipe.launch.followed import Followed
 from voxpipe.launch.grace import grace_seconds
@@ -94,12 +93,6 @@ class VolcanoLauncher(Followed):
 
     def render(self, params: Params, namespace: str, owner: Owner | None,
                job: StepJob) -> list[dict[str, Any]]:
-        if params.launch.runtime:
-            raise StepError(
-                f"launch.runtime={params.launch.runtime!r} names a Kubeflow Trainer ClusterTrainingRuntime, "
-                "which the Volcano Job does not use: leave launch.runtime empty, or set "
-                "launch.backend=trainjob to train on that runtime."
-            )
         return [render_job(params, namespace, owner, job)]
 
     def state(self, status: dict[str, Any]) -> State:

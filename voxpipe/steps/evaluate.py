@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from voxpipe.backends import ASR, SPEAKER, listed
+from voxpipe.backends import ASR, SPEAKER, backend_settings, listed
 from voxpipe.section import Section
 from voxpipe.steps import Out, Stage, Step
 
 
-class EvaluateParams(Section):
-    """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
+class EvaluateCore(Section):
+    """evaluate's own settings: each backend's are its settings model's (voxpipe/backends.py)."""
 
     @field_validator("asr", mode="before")
     @classmethod
@@ -71,21 +71,8 @@ class EvaluateParams(Section):
         "recordings in a language for it to score that voice's generated clips in it; above it the voice's "
         "WER/CER is null with the reason (the recogniser cannot hear that voice, so its figure means nothing)"
     )
-    whisper_model: str | None = Field(
-        None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
-        "whisper"
-    )
-    paraformer_model: str | None = Field(
-        None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for asr "
-        "paraformer-zh"
-    )
     speaker: Literal[*SPEAKER] = Field(  # type: ignore[valid-type]
         "resemblyzer", description=f"speaker-similarity encoder: {listed(SPEAKER)}"
-    )
-    wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
-    ecapa_model: str | None = Field(
-        None, description="local path of UniSpeech's wavlm_large_finetune.pth (or a .safetensors copy of its "
-        "`model` state dict), for speaker wavlm-ecapa: Seed-TTS-eval's SIM model (docs/evaluation.md)"
     )
     benchmark: str | None = Field(
         None, description="local folder of a standard test set in Seed-TTS-eval's layout (a folder with "
@@ -112,6 +99,12 @@ class EvaluateParams(Section):
         "than the seed spread, voice kept: docs/evaluation.md)",
         json_schema_extra={"result": False},
     )
+
+
+# the core's fields, then every registered ASR and speaker backend's settings (voxpipe/backends.py): a
+# backend with a setting is registered there and named nowhere here
+class EvaluateParams(*backend_settings(ASR, SPEAKER), EvaluateCore):  # type: ignore[misc]
+    """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
 
 
 ORDER = 90

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from voxpipe.launchers import LAUNCHERS, launcher_settings, listed
 from voxpipe.section import Section
 from voxpipe.steps import Step
 
@@ -26,19 +27,11 @@ DEFAULT_SECRET_ENV = {
 }
 
 
-class LaunchParams(Section):
-    """`launch-train` / `launch-encode`: the step run on a cluster as gang-scheduled pods, torchrun in every
-    pod, through launch.backend (a Volcano Job or a Kubeflow Trainer TrainJob)."""
+class LaunchCore(Section):
+    """launch's own settings: each launcher's are its settings model's (voxpipe/launchers.py)."""
 
-    backend: Literal["volcano", "trainjob"] = Field(
-        "volcano", description="what runs the pods: volcano = a Volcano Job (batch.volcano.sh), trainjob = a "
-        "Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org) gang-scheduled by Volcano (docs/cluster.md)",
-        json_schema_extra={"wired": True},
-    )
-    runtime: str = Field(
-        "", description='trainjob only: the ClusterTrainingRuntime to train on ("" = voxpipe renders its '
-        "own TrainingRuntime next to the TrainJob); it must mount the workspace PVC and meet \"restricted\" "
-        "itself (docs/cluster.md)"
+    backend: Literal[*LAUNCHERS] = Field(  # type: ignore[valid-type]
+        "volcano", description=f"what runs the pods: {listed()}", json_schema_extra={"wired": True},
     )
     namespace: str = Field("", description='"" = the launcher pod\'s own namespace ("default" outside a pod)')
     queue: str = Field("voxpipe", description="Volcano queue (manifests/queue.yaml), for both backends: the "
@@ -106,11 +99,6 @@ class LaunchParams(Section):
         "plan's per-rank checkpoint save time (plan.checkpoint_write_gbps, launch's world) x 1.5 + 120 s, "
         "at least 120; a number wins as it is"
     )
-    progress_every_s: float = Field(
-        30.0, ge=5, description="trainjob only: rank 0 writes the progress percentage, estimated remaining "
-        "seconds and headline metrics into the TrainJob's status.trainerStatus at most this often, and "
-        "once at the end (seconds; Trainer's floor is 5; docs/cluster.md)"
-    )
     timeout_seconds: int = Field(7 * 86400, gt=0, description="then the watcher deletes the job and fails")
     poll_seconds: float = Field(15.0, gt=0, description="job status poll interval")
     log_tail_lines: int = Field(50, gt=0, description="lines of the failing pod's log put in the error")
@@ -125,6 +113,13 @@ class LaunchParams(Section):
         if not QUANTITY.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Gi, 64Gi, 500m, 32)")
         return value
+
+
+# the core's fields, then every launcher's settings (voxpipe/launchers.py): a launcher with a setting is
+# registered there and named nowhere here
+class LaunchParams(*launcher_settings(), LaunchCore):  # type: ignore[misc]
+    """`launch-train` / `launch-encode`: the step run on a cluster as gang-scheduled pods, torchrun in every
+    pod, through launch.backend (a Volcano Job or a Kubeflow Trainer TrainJob)."""
 
 
 # what `launch.grace_seconds: auto` plans a rank's checkpoint save from (voxpipe/launch/grace.py)
