@@ -1,8 +1,12 @@
-"""The voxpipe steps as KFP components: one thin typed wrapper per step.
+"""The voxpipe steps that do more than components/generic.py's run_step, as KFP components of their own.
 
 Each takes its params.yaml section as a dict (minus the paths the pipeline wires between steps),
 its inputs as artifacts whose metadata names their folder on the workspace PVC, and runs
-`voxpipe <step>` into a folder of its own there. No `from __future__ import annotations` here:
+`voxpipe <step>` into a folder of its own there, as run_step does; what each adds is in its
+docstring: the ingest fan-out (the data version check, the shard indices it returns, the collected
+shards), init-model (a given checkpoint instead), encode and train (a launched job), evaluate (the
+summary and page it renders for the UI), register and the sweep's (the KFP run id, the registry's
+answer in the metadata, the grid's points). No `from __future__ import annotations` here:
 KFP reads the Input/Output annotations at import time.
 """
 
@@ -88,17 +92,6 @@ def ingest_merge(workspace: str, params: dict, plan: Input[Dataset], shards: Inp
 
 
 @component
-def manifest(workspace: str, params: dict, data: Input[Dataset], manifest: Output[Dataset]):
-    """raw.jsonl → train.jsonl / val.jsonl (upstream VoxCPM format)."""
-    import os
-
-    folder = step_folder(workspace, "manifest", manifest.uri)
-    section = wire("manifest", params, input=[os.path.join(data.metadata["path"], "raw.jsonl")], out=folder)
-    run_voxpipe("manifest", workspace, {"manifest": section})
-    publish(manifest, folder)
-
-
-@component
 def init_model(workspace: str, params: dict, base_model: str, model: Output[Model]):
     """The base model: `base_model` (a checkpoint folder on the workspace, upstream VoxCPM2 layout)
     when given, else a random-init checkpoint of `params["preset"]`."""
@@ -120,19 +113,6 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
     folder = step_folder(workspace, "init-model", model.uri)
     run_voxpipe("init-model", workspace, {"model": wire("model", params, out=folder)})
     publish(model, folder, source=f"init-model:{params.get('preset', 'tiny')}")
-
-
-@component
-def validate(workspace: str, ingest: dict, manifest: Input[Dataset], report: Output[Artifact]):
-    """The train manifest checked against ingest's sample rate and duration bounds, before any
-    accelerator time is spent: the task fails, listing every problem, when it is not usable."""
-    import os
-
-    folder = step_folder(workspace, "validate", report.uri)
-    rows = os.path.join(manifest.metadata["path"], "train.jsonl")
-    run_voxpipe("validate", workspace, {"validate": {"manifest": rows, "out": folder},
-                                        "ingest": wire("ingest", ingest)})
-    publish(report, folder, report="validate.json")
 
 
 @component
@@ -199,22 +179,6 @@ def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], bas
     for artifact, text in ((summary, summary_markdown(figures)), (page, eval_page(Path(folder)))):
         Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
         Path(artifact.path).write_text(text, encoding="utf-8")
-
-
-@component
-def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
-        results: Output[Dataset], metrics: Output[Metrics], report_md: Output[Markdown], part: str = ""):
-    """Model FLOPs utilisation of the training run; `report_md` (mfu.md) is shown in the UI."""
-    import os
-    import shutil
-
-    folder = step_folder(workspace, "mfu", results.uri, part)
-    report = os.path.join(model.metadata["path"], "report.json")
-    section = wire("mfu", params, train_report=report, metrics=None, out=folder)
-    run_voxpipe("mfu", workspace, {"mfu": section, "model": {"base": base_model.metadata["path"]}})
-    log_numbers(metrics, publish(results, folder, report="mfu.json"))
-    os.makedirs(os.path.dirname(report_md.path), exist_ok=True)
-    shutil.copyfile(os.path.join(folder, "mfu.md"), report_md.path)
 
 
 @component
