@@ -99,8 +99,8 @@ def pipeline_function(name: str, body: Callable[[SimpleNamespace], Any],
 
 
 def with_secrets(task: dsl.PipelineTask) -> None:
-    """The default launch.secret_env (voxpipe/params.py) as env from the Secrets (by reference), their names
-    for voxpipe's redaction, and the label the MLflow NetworkPolicy admits."""
+    """The default launch.secret_env (voxpipe/steps/launch.py) as env from the Secrets (by reference), their
+    names for voxpipe's redaction, and the label the MLflow NetworkPolicy admits."""
     by_secret: dict[str, dict[str, str]] = {}
     for env, ref in LAUNCH.secret_env.items():
         secret, _, key = ref.partition("/")

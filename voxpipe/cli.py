@@ -1,6 +1,6 @@
 """`voxpipe <step>`: one subcommand per pipeline step.
 
-Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/params.py:
+Every step flag is a `section.key` of params.yaml, generated from the schema (voxpipe/steps/:
 the flag's help is the field's description). Precedence: params file < `--recipe` < `--set` < flag.
 Step modules are imported only when their step runs, so `voxpipe --help` stays fast. A flag means one
 thing: no prefix matching (`allow_abbrev=False`), and a model flag names the same model in every step:
@@ -29,124 +29,17 @@ from voxpipe.outlock import guard_step
 from voxpipe.params import Params, load_params, params_yaml
 from voxpipe.paramspec import Key, base_type, keys
 from voxpipe.secrets import scrub
+from voxpipe.steps import Step, all_steps
 
 log = logging.getLogger("voxpipe")
 
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    help: str
-    target: str  # "module:function"
-    section: str | None  # the function gets this section; None: the whole Params (it reads several)
-    reads: tuple[str, ...]  # what becomes flags: a section (all its keys), a sub-section or one key
-    hide: tuple[str, ...] = ()  # keys of `reads` left to `--set` (wired by an orchestrator)
-    out_folder: bool = True  # `--out` is a folder to lock for one writer (synthesize: one WAV file)
-    # keyword -> "module:attr" the step function gets, imported on first call: a part from a higher layer
-    # that the step uses without importing it, and that changes no result (so no DVC dep of the stage)
-    wires: tuple[tuple[str, str], ...] = ()
-    # keys of `reads` that change nothing this step writes, though they change another step's (train logs
-    # live to `tracking`, register registers there): no DVC param of its stage (voxpipe/dvcgen.py)
-    untracked: tuple[str, ...] = ()
-
-    @property
-    def own(self) -> str:
-        """The section whose keys get plain flags (`--out`); other sections' flags carry their name."""
-        return self.reads[0].split(".")[0]
+# in pipeline order (voxpipe/steps/: each module its section and steps): `voxpipe --help` lists them so
+STEPS: tuple[Step, ...] = all_steps()
 
 
-SHARD_KEYS = tuple(k.key for k in keys("ingest") if k.shard)  # the schema's per-shard keys
-# what `launch.grace_seconds: auto` plans a rank's checkpoint save from (voxpipe/launch/grace.py)
-GRACE_PLAN = ("model.base", "model.preset", "plan.checkpoint_write_gbps", "plan.device", "train.dtype",
-              "train.lora")
 
-# in pipeline order: `voxpipe --help` lists them so
-STEPS: tuple[Step, ...] = (
-    Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
-         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),
-    Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
-         "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
-         ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
-          "ingest.speaker_column")),
-    Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
-         "voxpipe.data.ingest_shards:ingest_shard", "ingest",
-         ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
-    Step("ingest-merge", "sharded ingest, 3/3: merge the shards into one output, as `voxpipe ingest` "
-         "writes it", "voxpipe.data.ingest_shards:merge", "ingest",
-         ("ingest.plan", "ingest.shard_dirs", "ingest.out")),
-    Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
-         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",)),
-    Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
-         "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
-         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds")),
-    Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
-         "tokenizer", "voxpipe.train.init_model:init_model", "model",
-         ("model.preset", "model.out", "model.seed", "model.dtype")),
-    Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
-         "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
-    Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
-         "metrics.jsonl", "voxpipe.train.loop:train", None,
-         ("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
-         # plan.headroom: the memory check before allocating refuses or goes on, it changes no weights
-         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking", "plan.headroom")),
-    Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
-         "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,
-         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora",
-          "train.export_dtype", "model.base", "model.preset", "local.nproc", "launch.pods",
-          "launch.devices_per_pod"),
-         out_folder=False),
-    Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
-         "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
-         "voxpipe.launch.step:launch_train", None, ("launch", "train.out", *GRACE_PLAN), ("train.out",)),
-    Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
-         "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
-         ("launch", "encode.out", *GRACE_PLAN), ("encode.out",)),
-    Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
-         "eval.png", "voxpipe.evaluate.step:evaluate", None,
-         ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
-          "ingest.input", "tracking.uri", "tracking.work"),
-         # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
-         wires=(("champion", "voxpipe.track.champion:champion_export"),),
-         untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work")),
-    Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
-         "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
-    Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
-         "others READ only (once per deployment, before the first register)",
-         "voxpipe.track.registry_init:registry_init", None,
-         ("register.model_name", "ingest.input", "tracking"),
-         out_folder=False),
-    Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
-         "promotion rule passes)", "voxpipe.track.register:register", None,
-         ("register", "ingest.input", "tracking", "launch.env", "launch.secret_env", "launch.env_not_secret"),
-         # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
-         ("launch.env", "launch.secret_env", "launch.env_not_secret"),
-         untracked=("launch.env", "launch.secret_env", "launch.env_not_secret")),
-    Step("promote", "move @champion to a version by hand (the rule decides only on the same data); who, when "
-         "and why become tags of the version", "voxpipe.track.promote:promote", None,
-         ("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),
-         ("register.model_name", "ingest.input"), out_folder=False),
-    Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
-         "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
-    Step("sweep-open", "open a sweep: its MLflow parent run, the grid recorded on it; the id in "
-         "sweep.out/sweep.json (each point then runs with --set tracking.parent_run=ID)",
-         "voxpipe.track.sweep:sweep_open", None, ("sweep", "tracking", "register.model_name", "ingest.input"),
-         ("ingest.input", "sweep.workers", "tracking.parent_run")),
-    Step("sweep-close", "close a sweep: rank its children by the promotion rule then loss, tag the best on "
-         "the parent and register only it (@champion only by beating the current one)",
-         "voxpipe.track.sweep:sweep_close", None,
-         ("sweep", "tracking", "register.model_name", "register.lock_timeout_s", "ingest.input"),
-         ("ingest.input", "sweep.grid", "sweep.workers")),
-    Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
-         "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
-         None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
-         out_folder=False),
-    Step("serve", "serve a registered model (@champion) or a checkpoint folder on OpenAI's speech API: "
-         "/v1/audio/speech (streamed PCM), /v1/audio/voices, /v1/models, /health, /ready, /metrics",
-         "voxpipe.serve.server:serve", None,
-         ("serve", "synthesize.deadline_s", "synthesize.max_reference_seconds", "register.model_name",
-          "ingest.input", "tracking.uri", "tracking.work"),
-         out_folder=False),
-)
+
+
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ DVC reruns a stage when a file in its `deps:` changes or a key in its `params:` 
 deps are its step's import closure (voxpipe/cli.py + the step's module + what they import, lazily inside a
 function too, and package data a module names), found by reading the source with `ast`; the import
 layer contracts (pyproject.toml, `lint-imports`) check the same edges. Its params are the keys the step
-reads (the cli's `Step.reads`) that change its result: the schema marks the others (voxpipe/params.py,
+reads (the cli's `Step.reads`) that change its result: the schema marks the others (voxpipe/section.py,
 `result`).
 
 The file is edited through ruamel.yaml's round trip, so only the code-dep items (`- voxpipe/...`) and the
@@ -30,6 +30,7 @@ from ruamel.yaml.comments import CommentedSeq
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text
 from voxpipe.paramspec import fields
+from voxpipe.steps import sections
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo (an editable install): dvc.yaml, voxpipe/, components/
 
@@ -135,8 +136,9 @@ def compact(files: set[str], root: Path = ROOT) -> list[str]:
 
 
 # -- what a stage depends on -------------------------------------------------------------------------
-class StepLike(Protocol):  # voxpipe.cli.Step (the cli passes its STEPS: this module sits below it)
+class StepLike(Protocol):  # voxpipe.steps.Step (the cli passes its STEPS: this module sits below it)
     name: str
+    module: str
     target: str
     reads: tuple[str, ...]
     hide: tuple[str, ...]
@@ -150,7 +152,11 @@ def step_of(cmd: str) -> str | None:
 
 
 def step_closure(step: StepLike) -> set[str]:
-    return import_closure({"voxpipe.cli", step.target.split(":")[0]})
+    """The step's code: the cli, its function's module, its descriptor's and those of the sections it reads.
+    The schema and the cli find voxpipe/steps/'s modules without importing them by name, so another step's
+    section (a serve setting) is no dep of this stage; tests/test_step_reads.py keeps `reads` complete."""
+    owners = {sections()[spec.split(".")[0]].__module__ for spec in step.reads}
+    return import_closure({"voxpipe.cli", step.target.split(":")[0], step.module, *owners})
 
 
 def _covered(key: str, specs: Iterable[str]) -> bool:

@@ -1,18 +1,11 @@
-"""One typed schema for every step's parameters.
+"""One typed schema for every step's parameters, composed from each step's own section.
 
 params.yaml, `--set section.key=value` overrides and step flags all land here, so DVC stages,
 KFP components and make targets see the same validated values. Unknown keys and wrong types are
 rejected with a message that names the key.
 
-A field's `json_schema_extra` says what kind of setting it is; every list of keys that depends on it is
-derived from these marks (voxpipe/paramspec.py), never written down again:
-- unmarked: the value changes the step's result (DVC tracks it as a param: voxpipe/dvcgen.py);
-- `{"result": False}`: it does not: logging, progress, worker counts, guards that only fail a run, and
-  paths (what a path holds is a DVC dep or out; the path itself is not). A checkpoint resumes across it;
-- `{"weights": False}`: it changes the outputs but not the weights at a step (`train.max_steps`,
-  `train.export_dtype`), so a checkpoint still resumes across it (voxpipe/train/resume.py);
-- `{"wired": True}`: an orchestrator sets it from earlier steps' outputs (KFP: no pipeline parameter);
-- `{"shard": True}`: one shard's setting (`ingest-shard`, `ingest-merge`; no flag of `voxpipe ingest`).
+The sections are the models of voxpipe/steps/ (each beside the steps that own it), composed here in
+pipeline order; a field's marks are voxpipe/section.py's.
 """
 
 from __future__ import annotations
@@ -23,28 +16,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from voxpipe import steps
 from voxpipe.errors import StepError, quoted
 from voxpipe.section import Section
-from voxpipe.steps.compare import CompareParams
-from voxpipe.steps.encode import EncodeParams
-from voxpipe.steps.evaluate import EvaluateParams
-from voxpipe.steps.ingest import IngestParams
-from voxpipe.steps.launch import LaunchParams
-from voxpipe.steps.local import LocalParams
-from voxpipe.steps.manifest import ManifestParams
-from voxpipe.steps.mfu import MfuParams
-from voxpipe.steps.model import ModelParams
-from voxpipe.steps.plan import PlanParams
-from voxpipe.steps.promote import PromoteParams
-from voxpipe.steps.register import RegisterParams
-from voxpipe.steps.serve import ServeParams
-from voxpipe.steps.sweep import SweepParams
-from voxpipe.steps.synthesize import SynthesizeParams
-from voxpipe.steps.tracking import TrackingParams
-from voxpipe.steps.train import TrainParams, default_lr
-from voxpipe.steps.validate import ValidateParams
 
 DEFAULT_PARAMS = Path("params.yaml")
 MODEL_NAME_CHARS = 100  # a registered model name derived from the data is cut here
@@ -66,25 +42,8 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-class Params(Section):
-    ingest: IngestParams = Field(default_factory=IngestParams)
-    manifest: ManifestParams = Field(default_factory=ManifestParams)
-    validate_: ValidateParams = Field(default_factory=ValidateParams, alias="validate")
-    model: ModelParams = Field(default_factory=ModelParams)
-    encode: EncodeParams = Field(default_factory=EncodeParams)
-    train: TrainParams = Field(default_factory=TrainParams)
-    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
-    mfu: MfuParams = Field(default_factory=MfuParams)
-    launch: LaunchParams = Field(default_factory=LaunchParams)
-    register_: RegisterParams = Field(default_factory=RegisterParams, alias="register")
-    promote: PromoteParams = Field(default_factory=PromoteParams)
-    compare: CompareParams = Field(default_factory=CompareParams)
-    sweep: SweepParams = Field(default_factory=SweepParams)
-    synthesize: SynthesizeParams = Field(default_factory=SynthesizeParams)
-    serve: ServeParams = Field(default_factory=ServeParams)
-    tracking: TrackingParams = Field(default_factory=TrackingParams)
-    plan: PlanParams = Field(default_factory=PlanParams)
-    local: LocalParams = Field(default_factory=LocalParams)
+class _Root(Section):
+    """What every composed schema can do; its fields are the sections of voxpipe/steps/."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -110,6 +69,17 @@ class Params(Section):
         return out
 
 
+
+def _attr(section: str) -> str:
+    """The field a section is (`validate` and `register` are BaseModel names: `validate_`, `register_`)."""
+    return f"{section}_" if hasattr(BaseModel, section) else section
+
+
+# the schema: every section of voxpipe/steps/, in pipeline order, composed rather than listed
+Params = create_model("Params", __base__=_Root, **{
+    _attr(name): (model, Field(default_factory=model, alias=name if _attr(name) != name else None))
+    for name, model in steps.sections().items()})
+
 def voice_model_name(inputs: list[str]) -> str:
     """`voxpipe-<voice>`: each input's folder or file name (`data/my-voice` -> my-voice, `s3://b/anna.parquet`
     -> anna; a glob names its folder), joined by `-`, in the characters every MLflow store takes."""
@@ -122,10 +92,6 @@ def voice_model_name(inputs: list[str]) -> str:
         if name and name not in names:
             names.append(name)
     return "-".join(["voxpipe", *names])[:MODEL_NAME_CHARS].rstrip("-")
-
-
-def _attr(section: str) -> str:
-    return f"{section}_" if section in ("validate", "register") else section  # BaseModel names
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -240,17 +206,8 @@ _FileDumper.add_representer(
 
 
 def file_values(params: Params) -> dict[str, Any]:
-    """Every key as a params file should hold it. train.lora.alpha is left out when it equals r (what
-    leaving it out gives), so it keeps following r; train.lr is null when it is the default for the
-    run's kind, so it keeps following lora.enabled (it stays in the file: DVC tracks it and fails on a
-    tracked key the file lacks)."""
-    data = params.model_dump(by_alias=True)
-    train = data["train"]
-    if train["lora"]["alpha"] == train["lora"]["r"]:
-        del train["lora"]["alpha"]
-    if train["lr"] == default_lr(train["lora"]["enabled"]):
-        train["lr"] = None  # null: follows lora.enabled (DVC still finds the key it tracks)
-    return data
+    """Every key as a params file should hold it (each section's `file_values`)."""
+    return {name: params.section(name).file_values() for name in steps.sections()}
 
 
 def params_yaml(params: Params) -> str:

@@ -1,9 +1,9 @@
 """The params schema as a list of keys: what the CLI's flags and docs/params.md are generated from.
 
-Each key is described once, in its schema field (voxpipe/params.py); this module only walks the
+Each key is described once, in its schema field (voxpipe/steps/); this module only walks the
 schema, so a new field shows up as a flag and in the reference without being written down again. The
-same goes for a field's marks (`json_schema_extra`, params.py's docstring): the keys a resumed run may
-change, the per-shard keys, the keys KFP wires and those DVC tracks are read from them here.
+same goes for a field's marks (`json_schema_extra`, voxpipe/section.py's docstring): the keys a resumed
+run may change, the per-shard keys, the keys KFP wires and those DVC tracks are read from them here.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def reference_markdown() -> str:
     lines = [
         "# Params reference",
         "",
-        "Generated from the schema (voxpipe/params.py) by `python -m voxpipe.paramspec docs/params.md`;",
+        "Generated from the schema (voxpipe/steps/) by `python -m voxpipe.paramspec docs/params.md`;",
         "tests/test_params_doc.py fails when it is stale. Set a key in params.yaml, with a recipe",
         "(`--recipe NAME`, recipes/), with `--set section.key=value`, or with the step's flag",
         "(`voxpipe <step> --help`); later ones win.",

@@ -85,7 +85,7 @@ class RowChecks:
     quality_score: str = "bak"
     normalize_text: bool = True
     language: str = ""  # "" = detected per row
-    locale: str = "en-US"  # text normalization's locale for this source (params.py: ingest.locale)
+    locale: str = "en-US"  # text normalization's locale for this source (ingest.locale)
     speaker_locales: tuple[tuple[str, str], ...] = ()  # (speaker, locale): ingest.locale's speaker keys
     max_text_chars: int = 2000
 

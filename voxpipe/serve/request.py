@@ -8,7 +8,7 @@ script), so "$12.50" is said as the model heard such prices in training. False: 
 `locale` (en-US, en-GB, zh-CN) is how the text is read (12/05 as 12 May in en-GB); left out or "": the
 voice's own, recorded at register (`model_locale`), en-US for a model that recorded none.
 
-The bounds are the `synthesize` section's fields (voxpipe/params.py: one place, one description):
+The bounds are the `synthesize` section's fields (voxpipe/steps/synthesize.py: one place, one description):
 finite `cfg_value` in (0, 20], `inference_timesteps` 1-100, `max_len` 1-4096 patches (left out: sized
 for the text, `sized_max_len`), text at most 2000 characters, at most MAX_ROWS texts per request, and one
 deadline per request (`deadline_s`, deadline.py). A reference clip is decoded to 16 kHz mono,

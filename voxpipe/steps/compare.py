@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class CompareParams(Section):
@@ -27,3 +28,12 @@ class CompareParams(Section):
         None, description="compare only the runs of this KFP pipeline run (its id), as KFP's MLflow plugin "
         "nests them: the run tagged kfp.pipeline_run_id and every run below it (tasks, loop iterations), "
         "in any experiment (docs/cluster.md)")
+
+
+ORDER = 130
+SECTIONS = {"compare": CompareParams}
+
+STEPS = (
+    Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
+         "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
+)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class EncodeParams(Section):
@@ -34,3 +35,12 @@ class EncodeParams(Section):
         1, ge=1, description="torch threads per encode process on CPU. Latents depend on it (by ~1e-7), "
         "so it is fixed, not the core count: use more processes (torchrun, local.nproc) for more cores"
     )
+
+
+ORDER = 50
+SECTIONS = {"encode": EncodeParams}
+
+STEPS = (
+    Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
+         "voxpipe.data.encode.step:encode", None, ("encode", "model.base")),
+)

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from voxpipe.backends import ASR, SPEAKER, listed
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class EvaluateParams(Section):
@@ -111,3 +112,17 @@ class EvaluateParams(Section):
         "than the seed spread, voice kept: docs/evaluation.md)",
         json_schema_extra={"result": False},
     )
+
+
+ORDER = 90
+SECTIONS = {"evaluate": EvaluateParams}
+
+STEPS = (
+    Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
+         "eval.png", "voxpipe.evaluate.step:evaluate", None,
+         ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
+          "ingest.input", "tracking.uri", "tracking.work"),
+         # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
+         wires=(("champion", "voxpipe.track.champion:champion_export"),),
+         untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work")),
+)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 Locale = Literal["en-US", "en-GB", "zh-CN"]  # text_rules.LOCALES: how a speaker says what is written
@@ -140,3 +141,27 @@ class IngestParams(Section):
             raise ValueError(f"{str(bad[0])[:40]!r} is not a locale: give one of {', '.join(known)}, or a "
                              "mapping {speaker or input: locale}")
         return value
+
+
+# the per-shard keys (marked `shard`): set by ingest-shard / ingest-merge, no flag of `voxpipe ingest`
+SHARD_KEYS = tuple(f"ingest.{name}" for name, info in IngestParams.model_fields.items()
+                   if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("shard"))
+
+
+ORDER = 10
+SECTIONS = {"ingest": IngestParams}
+
+STEPS = (
+    Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
+         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS),
+    Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
+         "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
+         ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
+          "ingest.speaker_column")),
+    Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
+         "voxpipe.data.ingest_shards:ingest_shard", "ingest",
+         ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
+    Step("ingest-merge", "sharded ingest, 3/3: merge the shards into one output, as `voxpipe ingest` "
+         "writes it", "voxpipe.data.ingest_shards:merge", "ingest",
+         ("ingest.plan", "ingest.shard_dirs", "ingest.out")),
+)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 # MLflow's credentials (manifests/namespaced/mlflow-deployment.yaml) and the checkpoint signing key
 # (voxpipe/integrity.py): the Secrets docs/cluster.md has you create
@@ -124,3 +125,21 @@ class LaunchParams(Section):
         if not QUANTITY.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Gi, 64Gi, 500m, 32)")
         return value
+
+
+# what `launch.grace_seconds: auto` plans a rank's checkpoint save from (voxpipe/launch/grace.py)
+GRACE_PLAN = ("model.base", "model.preset", "plan.checkpoint_write_gbps", "plan.device", "train.dtype",
+              "train.lora")
+
+
+ORDER = 80
+SECTIONS = {"launch": LaunchParams}
+
+STEPS = (
+    Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
+         "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
+         "voxpipe.launch.step:launch_train", None, ("launch", "train.out", *GRACE_PLAN), ("train.out",)),
+    Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
+         "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
+         ("launch", "encode.out", *GRACE_PLAN), ("encode.out",)),
+)

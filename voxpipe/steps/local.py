@@ -17,3 +17,7 @@ class LocalParams(Section):
         "here, one per GPU/NPU on an accelerator box; at most "
         f"{MAX_LOCAL_NPROC}. The world size changes the data order, so DVC tracks it"
     )
+
+
+ORDER = 180
+SECTIONS = {"local": LocalParams}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class ManifestParams(Section):
@@ -32,3 +33,12 @@ class ManifestParams(Section):
         "30-50 %)"
     )
     seed: int = Field(0, description="seed of the reference choice")
+
+
+ORDER = 20
+SECTIONS = {"manifest": ManifestParams}
+
+STEPS = (
+    Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
+         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",)),
+)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class MfuParams(Section):
@@ -25,3 +26,12 @@ class MfuParams(Section):
         None, description="training compute dtype (None: the train report's)"
     )
     warmup_steps: int = Field(1, ge=0, description="first optimizer steps left out (allocation, warm-up)")
+
+
+ORDER = 100
+SECTIONS = {"mfu": MfuParams}
+
+STEPS = (
+    Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
+         "voxpipe.mfu.report:mfu", None, ("mfu", "model.base")),
+)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class ModelParams(Section):
@@ -33,3 +34,13 @@ class ModelParams(Section):
         "RMSNorm + SwiGLU and bf16 RoPE on an Ascend NPU, eager PyTorch elsewhere; fused = force them "
         "(needs torch_npu); eager = never (docs/accelerators.md)"
     )
+
+
+ORDER = 40
+SECTIONS = {"model": ModelParams}
+
+STEPS = (
+    Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
+         "tokenizer", "voxpipe.train.init_model:init_model", "model",
+         ("model.preset", "model.out", "model.seed", "model.dtype")),
+)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from voxpipe.accelerators import DEVICE_MEMORY_GIB
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 MAX_DEVICE_MEMORY_GIB = 4096.0  # one device's (or one CPU rank's) memory: 4 TiB
 
@@ -47,3 +48,16 @@ class PlanParams(Section):
         False, alias="json", description="print one JSON object instead of the table",
         json_schema_extra={"result": False},
     )
+
+
+ORDER = 70
+SECTIONS = {"plan": PlanParams}
+
+STEPS = (
+    Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
+         "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,
+         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora",
+          "train.export_dtype", "model.base", "model.preset", "local.nproc", "launch.pods",
+          "launch.devices_per_pod"),
+         out_folder=False),
+)

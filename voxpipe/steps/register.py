@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class RegisterParams(Section):
@@ -37,3 +38,21 @@ class RegisterParams(Section):
         600.0, gt=0, le=86400, description="longest wait for the registry-wide register lock (another "
         "register holding it) before register stops", json_schema_extra={"result": False}
     )
+
+
+ORDER = 110
+SECTIONS = {"register": RegisterParams}
+
+STEPS = (
+    Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
+         "others READ only (once per deployment, before the first register)",
+         "voxpipe.track.registry_init:registry_init", None,
+         ("register.model_name", "ingest.input", "tracking"),
+         out_folder=False),
+    Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
+         "promotion rule passes)", "voxpipe.track.register:register", None,
+         ("register", "ingest.input", "tracking", "launch.env", "launch.secret_env", "launch.env_not_secret"),
+         # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
+         ("launch.env", "launch.secret_env", "launch.env_not_secret"),
+         untracked=("launch.env", "launch.secret_env", "launch.env_not_secret")),
+)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class ServeParams(Section):
@@ -42,3 +43,16 @@ class ServeParams(Section):
                                    "unread (the send buffer full); then it is cut off, its request stopped")
     keep_alive_s: float = Field(5.0, gt=0, le=300, description="seconds an idle kept-alive connection stays "
                                 "open between requests (uvicorn's timeout_keep_alive)")
+
+
+ORDER = 160
+SECTIONS = {"serve": ServeParams}
+
+STEPS = (
+    Step("serve", "serve a registered model (@champion) or a checkpoint folder on OpenAI's speech API: "
+         "/v1/audio/speech (streamed PCM), /v1/audio/voices, /v1/models, /health, /ready, /metrics",
+         "voxpipe.serve.server:serve", None,
+         ("serve", "synthesize.deadline_s", "synthesize.max_reference_seconds", "register.model_name",
+          "ingest.input", "tracking.uri", "tracking.work"),
+         out_folder=False),
+)

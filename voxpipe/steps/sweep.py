@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class SweepParams(Section):
@@ -19,3 +20,19 @@ class SweepParams(Section):
                      "the best child)", json_schema_extra={"result": False})
     workers: int = Field(0, ge=0, description="experiments run at once by the local sweep (`dvc queue start "
                          "-j`); 0: one per two cores, at least one")
+
+
+ORDER = 140
+SECTIONS = {"sweep": SweepParams}
+
+STEPS = (
+    Step("sweep-open", "open a sweep: its MLflow parent run, the grid recorded on it; the id in "
+         "sweep.out/sweep.json (each point then runs with --set tracking.parent_run=ID)",
+         "voxpipe.track.sweep:sweep_open", None, ("sweep", "tracking", "register.model_name", "ingest.input"),
+         ("ingest.input", "sweep.workers", "tracking.parent_run")),
+    Step("sweep-close", "close a sweep: rank its children by the promotion rule then loss, tag the best on "
+         "the parent and register only it (@champion only by beating the current one)",
+         "voxpipe.track.sweep:sweep_close", None,
+         ("sweep", "tracking", "register.model_name", "register.lock_timeout_s", "ingest.input"),
+         ("ingest.input", "sweep.grid", "sweep.workers")),
+)

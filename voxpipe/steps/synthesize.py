@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class SynthesizeParams(Section):
@@ -56,3 +57,14 @@ class SynthesizeParams(Section):
         "naming it; below MLflow's 60 s scoring timeout, so the work ends before that server gives up on "
         "the client"
     )
+
+
+ORDER = 150
+SECTIONS = {"synthesize": SynthesizeParams}
+
+STEPS = (
+    Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
+         "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
+         None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
+         out_folder=False),
+)

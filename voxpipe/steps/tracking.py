@@ -26,3 +26,7 @@ class TrackingParams(Section):
         "mlflow.db and mlruns/",
         json_schema_extra={"wired": True},
     )
+
+
+ORDER = 170
+SECTIONS = {"tracking": TrackingParams}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 def default_lr(lora: bool) -> float:
@@ -59,6 +60,17 @@ MAX_TOKENS = 1 << 20  # LM positions per micro-batch: 250x the default, far past
 
 class TrainParams(Section):
     """`train`: FSDP2 fine-tuning on encoded data, one process or under torchrun."""
+
+    def file_values(self) -> dict[str, Any]:
+        """lora.alpha is left out when it equals r (what leaving it out gives), so it keeps following r; lr
+        is null when it is the default for the run's kind, so it keeps following lora.enabled (it stays in
+        the file: DVC tracks it and fails on a tracked key the file lacks)."""
+        data = super().file_values()
+        if data["lora"]["alpha"] == data["lora"]["r"]:
+            del data["lora"]["alpha"]
+        if data["lr"] == default_lr(data["lora"]["enabled"]):
+            data["lr"] = None
+        return data
 
     data: str = Field("work/encoded", description="`encode` output folder (train.jsonl, val.jsonl, shards)",
                       json_schema_extra={"result": False, "wired": True})
@@ -154,3 +166,15 @@ class TrainParams(Section):
         if self.lr is None:
             self.lr = default_lr(self.lora.enabled)
         return self
+
+
+ORDER = 60
+SECTIONS = {"train": TrainParams}
+
+STEPS = (
+    Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
+         "metrics.jsonl", "voxpipe.train.loop:train", None,
+         ("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
+         # plan.headroom: the memory check before allocating refuses or goes on, it changes no weights
+         wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking", "plan.headroom")),
+)

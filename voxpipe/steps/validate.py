@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from voxpipe.section import Section
+from voxpipe.steps import Step
 
 
 class ValidateParams(Section):
@@ -17,3 +18,13 @@ class ValidateParams(Section):
         "and KFP encode starts only after a usable manifest",
         json_schema_extra={"result": False},
     )
+
+
+ORDER = 30
+SECTIONS = {"validate": ValidateParams}
+
+STEPS = (
+    Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
+         "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
+         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds")),
+)

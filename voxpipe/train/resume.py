@@ -21,7 +21,7 @@ from voxpipe.paramspec import fields
 from voxpipe.train.identity import LOCATIONS
 
 # train keys that may differ between the run that wrote a checkpoint and the one resuming it: those the
-# schema marks as not changing the weights (voxpipe/params.py): max_steps (train longer or stop earlier),
+# schema marks as not changing the weights (voxpipe/section.py): max_steps (train longer or stop earlier),
 # checkpointing, logging (the fixed-seed val has its own RNG), exports (written from the weights), how the
 # same math runs (activation checkpointing, compile: fix an OOM and resume), guards, the folders
 RESUME_FREE = frozenset(name.split(".")[1] for name, leaves in fields("train").items()
