@@ -39,7 +39,7 @@ def step_component(step: str, sections: tuple[str, ...], inputs: tuple[tuple[str
     the outputs, `part`."""
     names = section_names(step, sections)
     artifacts = [name for name, _ in inputs] + [output[0]] + [name for name, _, _ in views]
-    reserved = {*names, "workspace", "part", *["metrics"] * metrics}
+    reserved = {*names, "workspace", "part", "run", *["metrics"] * metrics}
     clash = sorted(reserved & set(artifacts))
     if clash:
         raise ValueError(f"step {step}: artifact names {clash} are taken by its parameters")

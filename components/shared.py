@@ -107,17 +107,19 @@ def publish(artifact: Any, folder: str, report: str = "report.json", **metadata:
         return json.load(f)
 
 
-def run_step(spec: dict[str, Any], workspace: str, sections: dict[str, Any], part: str = "",
+def run_step(spec: dict[str, Any], workspace: str, sections: dict[str, Any], part: str = "", run: Any = None,
              **artifacts: Any) -> dict[str, Any]:
-    """Any `voxpipe <step>` as a task: what every generic component (components/generic.py) runs.
+    """Any `voxpipe <step>` as a task: what every generic component (components/generic.py) runs, and
+    the step-specific ones that fit it (encode, evaluate).
 
     `spec` (the component's, compiled in): `step`; `wiring`, each wired `section.key` (the schema's
     `wired` mark) as a template, `{name}` standing for the folder of the input artifact `name` (its
     metadata["path"]) or, `{out}`, this task's own folder, a list of templates for a list key;
     `output`, the artifact the step's `report` is published into; `views`, further output artifacts
     copied from files of the folder (mfu.md shown in the UI); `metrics`, whether the report's flat
-    numbers become KFP metrics. `sections`: the user's values of each params section the step reads.
-    Returns the report.
+    numbers become KFP metrics (`report`, `views`, `metrics` optional). `sections`: the user's values
+    of each params section the step reads. `run(step, workspace, sections)` runs it (run_voxpipe, in
+    this process, unless given: encode's launches a job). Returns the report.
     """
     import os
     import shutil
@@ -138,12 +140,12 @@ def run_step(spec: dict[str, Any], workspace: str, sections: dict[str, Any], par
         wired.setdefault(section, {})[name] = fill(template)
     params = {name: wire(name, sections.get(name, {}), **wired.get(name, {}))
               for name in {**sections, **wired}}
-    run_voxpipe(spec["step"], workspace, params)
-    report = publish(output, folder, report=spec["report"])
-    for name, file in spec["views"].items():
+    (run or run_voxpipe)(spec["step"], workspace, params)
+    report = publish(output, folder, report=spec.get("report", "report.json"))
+    for name, file in spec.get("views", {}).items():
         os.makedirs(os.path.dirname(artifacts[name].path), exist_ok=True)
         shutil.copyfile(os.path.join(folder, file), artifacts[name].path)
-    if spec["metrics"]:
+    if spec.get("metrics"):
         log_numbers(artifacts["metrics"], report)
     return report
 

@@ -22,6 +22,7 @@ from components.shared import (
     log_numbers,
     publish,
     run_here_or_launch,
+    run_step,
     run_voxpipe,
     step_folder,
     wire,
@@ -122,15 +123,16 @@ def encode(workspace: str, params: dict, launch: dict, backend: str, image: str,
     """Manifests → AudioVAE latents + token ids (safetensors shards). `backend` volcano / trainjob: as a
     job on launch.encode_devices accelerators (`voxpipe launch-encode`), torchrun in every pod; in-task:
     in this process (kfp.local, a one-node CPU cluster)."""
-    import os
+    spec = {"step": "encode", "inputs": ["manifest", "base_model"], "output": "encoded",
+            "wiring": {"encode.manifest": ["{manifest}/train.jsonl", "{manifest}/val.jsonl"],
+                       "encode.out": "{out}", "model.base": "{base_model}"}}
 
-    folder = step_folder(workspace, "encode", encoded.uri)
-    rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
-    sections = {"encode": wire("encode", params, manifest=rows, out=folder),
-                "model": {"base": base_model.metadata["path"]}}
-    run_here_or_launch("encode", workspace, sections, backend, launch, image, accelerator, node_selector,
-                       tolerations, pvc_name)
-    publish(encoded, folder)
+    def launched(step, workspace, sections):
+        run_here_or_launch(step, workspace, sections, backend, launch, image, accelerator, node_selector,
+                           tolerations, pvc_name)
+
+    run_step(spec, workspace, {"encode": params}, run=launched, manifest=manifest, base_model=base_model,
+             encoded=encoded)
 
 
 @component
@@ -169,13 +171,13 @@ def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], bas
 
     from voxpipe.evaluate.pages import eval_page, summary_markdown
 
-    folder = step_folder(workspace, "evaluate", results.uri, part)
-    section = wire("evaluate", params, model=model.metadata["export"], data=encoded.metadata["path"],
-                   out=folder)
-    run_voxpipe("evaluate", workspace, {"evaluate": section, "model": {"base": base_model.metadata["path"]},
-                                        "train": wire("train", train)})
-    figures = publish(results, folder, report="eval.json")
-    log_numbers(metrics, figures)
+    spec = {"step": "evaluate", "inputs": ["model", "base_model", "encoded"], "output": "results",
+            "report": "eval.json", "metrics": True,
+            "wiring": {"evaluate.model": "{model}/export", "evaluate.data": "{encoded}",
+                       "evaluate.out": "{out}", "model.base": "{base_model}"}}
+    figures = run_step(spec, workspace, {"evaluate": params, "train": train}, part, model=model,
+                       base_model=base_model, encoded=encoded, results=results, metrics=metrics)
+    folder = results.metadata["path"]
     for artifact, text in ((summary, summary_markdown(figures)), (page, eval_page(Path(folder)))):
         Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
         Path(artifact.path).write_text(text, encoding="utf-8")
