@@ -173,7 +173,7 @@ def kfp_local(data: Path, work: Path, shards: int, rows: int) -> dict:
     from kfp import dsl, local
 
     sys.path.insert(0, str(REPO))  # components/ and pipelines/ are not installed
-    from pipelines import finetune as pipeline
+    from pipelines import common as pipeline
     from voxpipe.lineage import dvc_md5
 
     @dsl.pipeline
@@ -184,7 +184,7 @@ def kfp_local(data: Path, work: Path, shards: int, rows: int) -> dict:
     (work / "workspace").mkdir(parents=True)
     os.symlink(data, work / "workspace" / "data")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(work / "kfp"))
-    params = {**pipeline.INGEST, "input": ["data"], "shards": shards}
+    params = {**pipeline.DICT_DEFAULTS["ingest"], "input": ["data"], "shards": shards}
     cwd = os.getcwd()
     start = time.perf_counter()
     try:

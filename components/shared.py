@@ -107,6 +107,49 @@ def publish(artifact: Any, folder: str, report: str = "report.json", **metadata:
         return json.load(f)
 
 
+def run_step(spec: dict[str, Any], workspace: str, sections: dict[str, Any], part: str = "", run: Any = None,
+             **artifacts: Any) -> dict[str, Any]:
+    """Any `voxpipe <step>` as a task: what every generic component (components/generic.py) runs, and
+    the step-specific ones that fit it (encode, evaluate).
+
+    `spec` (the component's, compiled in): `step`; `wiring`, each wired `section.key` (the schema's
+    `wired` mark) as a template, `{name}` standing for the folder of the input artifact `name` (its
+    metadata["path"]) or, `{out}`, this task's own folder, a list of templates for a list key;
+    `output`, the artifact the step's `report` is published into; `views`, further output artifacts
+    copied from files of the folder (mfu.md shown in the UI); `metrics`, whether the report's flat
+    numbers become KFP metrics (`report`, `views`, `metrics` optional). `sections`: the user's values
+    of each params section the step reads. `run(step, workspace, sections)` runs it (run_voxpipe, in
+    this process, unless given: encode's launches a job). Returns the report.
+    """
+    import os
+    import shutil
+
+    output = artifacts[spec["output"]]
+    folder = step_folder(workspace, spec["step"], output.uri, part)
+    folders = {name: a.metadata["path"] for name, a in artifacts.items() if name in spec["inputs"]}
+    folders["out"] = folder
+
+    def fill(template: Any) -> Any:
+        if isinstance(template, list):
+            return [fill(t) for t in template]
+        return template.format_map(folders) if isinstance(template, str) else template
+
+    wired: dict[str, dict[str, Any]] = {}
+    for key, template in spec["wiring"].items():
+        section, name = key.split(".", 1)
+        wired.setdefault(section, {})[name] = fill(template)
+    params = {name: wire(name, sections.get(name, {}), **wired.get(name, {}))
+              for name in {**sections, **wired}}
+    (run or run_voxpipe)(spec["step"], workspace, params)
+    report = publish(output, folder, report=spec.get("report", "report.json"))
+    for name, file in spec.get("views", {}).items():
+        os.makedirs(os.path.dirname(artifacts[name].path), exist_ok=True)
+        shutil.copyfile(os.path.join(folder, file), artifacts[name].path)
+    if spec.get("metrics"):
+        log_numbers(artifacts["metrics"], report)
+    return report
+
+
 def log_numbers(metrics: Any, figures: dict[str, Any]) -> None:
     """The flat numeric figures of a report as KFP metrics (shown in the run's UI)."""
     import math
@@ -116,4 +159,4 @@ def log_numbers(metrics: Any, figures: dict[str, Any]) -> None:
             metrics.log_metric(key, value)
 
 
-HELPERS = [step_folder, wire, run_voxpipe, run_here_or_launch, publish, log_numbers]
+HELPERS = [step_folder, wire, run_voxpipe, run_here_or_launch, publish, log_numbers, run_step]

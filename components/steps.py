@@ -1,8 +1,12 @@
-"""The voxpipe steps as KFP components: one thin typed wrapper per step.
+"""The voxpipe steps that do more than components/generic.py's run_step, as KFP components of their own.
 
 Each takes its params.yaml section as a dict (minus the paths the pipeline wires between steps),
 its inputs as artifacts whose metadata names their folder on the workspace PVC, and runs
-`voxpipe <step>` into a folder of its own there. No `from __future__ import annotations` here:
+`voxpipe <step>` into a folder of its own there, as run_step does; what each adds is in its
+docstring: the ingest fan-out (the data version check, the shard indices it returns, the collected
+shards), init-model (a given checkpoint instead), encode and train (a launched job), evaluate (the
+summary and page it renders for the UI), register and the sweep's (the KFP run id, the registry's
+answer in the metadata, the grid's points). No `from __future__ import annotations` here:
 KFP reads the Input/Output annotations at import time.
 """
 
@@ -18,6 +22,7 @@ from components.shared import (
     log_numbers,
     publish,
     run_here_or_launch,
+    run_step,
     run_voxpipe,
     step_folder,
     wire,
@@ -88,17 +93,6 @@ def ingest_merge(workspace: str, params: dict, plan: Input[Dataset], shards: Inp
 
 
 @component
-def manifest(workspace: str, params: dict, data: Input[Dataset], manifest: Output[Dataset]):
-    """raw.jsonl → train.jsonl / val.jsonl (upstream VoxCPM format)."""
-    import os
-
-    folder = step_folder(workspace, "manifest", manifest.uri)
-    section = wire("manifest", params, input=[os.path.join(data.metadata["path"], "raw.jsonl")], out=folder)
-    run_voxpipe("manifest", workspace, {"manifest": section})
-    publish(manifest, folder)
-
-
-@component
 def init_model(workspace: str, params: dict, base_model: str, model: Output[Model]):
     """The base model: `base_model` (a checkpoint folder on the workspace, upstream VoxCPM2 layout)
     when given, else a random-init checkpoint of `params["preset"]`."""
@@ -123,34 +117,22 @@ def init_model(workspace: str, params: dict, base_model: str, model: Output[Mode
 
 
 @component
-def validate(workspace: str, ingest: dict, manifest: Input[Dataset], report: Output[Artifact]):
-    """The train manifest checked against ingest's sample rate and duration bounds, before any
-    accelerator time is spent: the task fails, listing every problem, when it is not usable."""
-    import os
-
-    folder = step_folder(workspace, "validate", report.uri)
-    rows = os.path.join(manifest.metadata["path"], "train.jsonl")
-    run_voxpipe("validate", workspace, {"validate": {"manifest": rows, "out": folder},
-                                        "ingest": wire("ingest", ingest)})
-    publish(report, folder, report="validate.json")
-
-
-@component
 def encode(workspace: str, params: dict, launch: dict, backend: str, image: str, accelerator: str,
            node_selector: dict, tolerations: list, pvc_name: str, manifest: Input[Dataset],
            base_model: Input[Model], encoded: Output[Dataset]):
     """Manifests → AudioVAE latents + token ids (safetensors shards). `backend` volcano / trainjob: as a
     job on launch.encode_devices accelerators (`voxpipe launch-encode`), torchrun in every pod; in-task:
     in this process (kfp.local, a one-node CPU cluster)."""
-    import os
+    spec = {"step": "encode", "inputs": ["manifest", "base_model"], "output": "encoded",
+            "wiring": {"encode.manifest": ["{manifest}/train.jsonl", "{manifest}/val.jsonl"],
+                       "encode.out": "{out}", "model.base": "{base_model}"}}
 
-    folder = step_folder(workspace, "encode", encoded.uri)
-    rows = [os.path.join(manifest.metadata["path"], f"{split}.jsonl") for split in ("train", "val")]
-    sections = {"encode": wire("encode", params, manifest=rows, out=folder),
-                "model": {"base": base_model.metadata["path"]}}
-    run_here_or_launch("encode", workspace, sections, backend, launch, image, accelerator, node_selector,
-                       tolerations, pvc_name)
-    publish(encoded, folder)
+    def launched(step, workspace, sections):
+        run_here_or_launch(step, workspace, sections, backend, launch, image, accelerator, node_selector,
+                           tolerations, pvc_name)
+
+    run_step(spec, workspace, {"encode": params}, run=launched, manifest=manifest, base_model=base_model,
+             encoded=encoded)
 
 
 @component
@@ -189,32 +171,16 @@ def evaluate(workspace: str, params: dict, train: dict, model: Input[Model], bas
 
     from voxpipe.evaluate.pages import eval_page, summary_markdown
 
-    folder = step_folder(workspace, "evaluate", results.uri, part)
-    section = wire("evaluate", params, model=model.metadata["export"], data=encoded.metadata["path"],
-                   out=folder)
-    run_voxpipe("evaluate", workspace, {"evaluate": section, "model": {"base": base_model.metadata["path"]},
-                                        "train": wire("train", train)})
-    figures = publish(results, folder, report="eval.json")
-    log_numbers(metrics, figures)
+    spec = {"step": "evaluate", "inputs": ["model", "base_model", "encoded"], "output": "results",
+            "report": "eval.json", "metrics": True,
+            "wiring": {"evaluate.model": "{model}/export", "evaluate.data": "{encoded}",
+                       "evaluate.out": "{out}", "model.base": "{base_model}"}}
+    figures = run_step(spec, workspace, {"evaluate": params, "train": train}, part, model=model,
+                       base_model=base_model, encoded=encoded, results=results, metrics=metrics)
+    folder = results.metadata["path"]
     for artifact, text in ((summary, summary_markdown(figures)), (page, eval_page(Path(folder)))):
         Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
         Path(artifact.path).write_text(text, encoding="utf-8")
-
-
-@component
-def mfu(workspace: str, params: dict, model: Input[Model], base_model: Input[Model],
-        results: Output[Dataset], metrics: Output[Metrics], report_md: Output[Markdown], part: str = ""):
-    """Model FLOPs utilisation of the training run; `report_md` (mfu.md) is shown in the UI."""
-    import os
-    import shutil
-
-    folder = step_folder(workspace, "mfu", results.uri, part)
-    report = os.path.join(model.metadata["path"], "report.json")
-    section = wire("mfu", params, train_report=report, metrics=None, out=folder)
-    run_voxpipe("mfu", workspace, {"mfu": section, "model": {"base": base_model.metadata["path"]}})
-    log_numbers(metrics, publish(results, folder, report="mfu.json"))
-    os.makedirs(os.path.dirname(report_md.path), exist_ok=True)
-    shutil.copyfile(os.path.join(folder, "mfu.md"), report_md.path)
 
 
 @component

@@ -26,7 +26,7 @@ def md5(path: Path) -> str:
 
 
 def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, monkeypatch):
-    from pipelines import finetune as pipeline  # here, not at collection: KFP builds graphs when decorating
+    from pipelines import common as pipeline  # here, not at collection: KFP builds graphs when decorating
 
     @dsl.pipeline
     def fanned_out_ingest(workspace: str, data_version: str, params: dict) -> dsl.Dataset:
@@ -42,7 +42,7 @@ def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, mon
     with monkeypatch.context() as m:  # in the workspace, as the tasks run: raw.jsonl names inputs as given
         m.chdir(workspace)
         single = ingest(IngestParams(input=["datasets/sample"], out=str(tmp_path / "single"), workers=1))
-    params = {**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1, "shards": 2}
+    params = {**pipeline.DICT_DEFAULTS["ingest"], "input": ["datasets/sample"], "workers": 1, "shards": 2}
     run = fanned_out_ingest(workspace=str(workspace), data_version=dvc_md5(data), params=params)
     merged = Path(run.output.metadata["path"])
     assert md5(merged / "raw.jsonl") == md5(tmp_path / "single" / "raw.jsonl")

@@ -15,6 +15,7 @@ from small_sample import write_small_sample
 
 from components import steps
 from components.shared import step_folder
+from pipelines import common
 from pipelines import finetune as pipeline
 from voxpipe.lineage import dvc_md5
 
@@ -62,7 +63,7 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     assert "defaultValue" not in inputs["data_version"], "the data version must be given"
     assert inputs["accelerator"]["defaultValue"] == "huawei.com/Ascend910"
     assert inputs["launch_backend"]["defaultValue"] == "volcano"  # the choice is compiled in (launch.backend)
-    assert inputs["train"]["defaultValue"] == pipeline.TRAIN  # params.yaml's train section, unwired keys
+    assert inputs["train"]["defaultValue"] == common.DICT_DEFAULTS["train"]  # params.yaml's, unwired keys
     executors = spec["deploymentSpec"]["executors"]
     assert len(executors) == 11  # ingest is three: plan, shard (fanned out), merge
     for name, executor in executors.items():
@@ -78,7 +79,7 @@ def test_compiled_pipeline_places_tasks_on_the_cluster():
     kubernetes = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert sorted(kubernetes) == sorted(executors)
     for name, config in kubernetes.items():
-        assert config["pvcMount"][0]["mountPath"] == pipeline.WORKSPACE
+        assert config["pvcMount"][0]["mountPath"] == common.WORKSPACE
         pvc = config["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"]
         in_loop = name == "exec-ingest-shard"  # inside the ParallelFor: the loop's copy of the parameter
         assert pvc == ("pipelinechannel--pvc_name" if in_loop else "pvc_name"), name
@@ -116,11 +117,11 @@ def small_run(root: Path, experiment: str) -> dict:
         "data_version": dvc_md5(data),
         "workspace": str(workspace),
         "launch_backend": "in-task",
-        "ingest": {**pipeline.INGEST, "input": ["datasets/sample"], "workers": 1},
-        "encode": {**pipeline.ENCODE, "device": "cpu"},
-        "train": {**pipeline.TRAIN, **SMALL["train"]},
-        "evaluate": {**pipeline.EVALUATE, **SMALL["evaluate"]},
-        "tracking": {**pipeline.TRACKING, "experiment": experiment},
+        "ingest": {**common.DICT_DEFAULTS["ingest"], "input": ["datasets/sample"], "workers": 1},
+        "encode": {**common.DICT_DEFAULTS["encode"], "device": "cpu"},
+        "train": {**common.DICT_DEFAULTS["train"], **SMALL["train"]},
+        "evaluate": {**common.DICT_DEFAULTS["evaluate"], **SMALL["evaluate"]},
+        "tracking": {**common.DICT_DEFAULTS["tracking"], "experiment": experiment},
         "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
     }
 

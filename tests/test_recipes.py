@@ -99,10 +99,11 @@ def test_recipe_reaches_dvc_through_params_yaml(tmp_path, monkeypatch):
 
 
 def test_recipe_reaches_kfp_as_the_pipeline_defaults(tmp_path):
-    from pipelines.finetune import compile_pipeline
+    from pipelines.common import compile_pipeline
+    from pipelines.finetune import finetune_pipeline
 
     out = tmp_path / "finetune-npu8.yaml"
-    compile_pipeline(str(out), recipe="voxcpm2-lora-npu8")
+    compile_pipeline(finetune_pipeline(), str(out), recipe="voxcpm2-lora-npu8")
     spec = next(yaml.safe_load_all(out.read_text()))
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     train = inputs["train"]["defaultValue"]
