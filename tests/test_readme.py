@@ -1,6 +1,7 @@
 """The README stays true: at most 150 lines, every `voxpipe` command it shows parses with the CLI (its
 flags are in `--help`), every `make` target exists, every recipe it names is shipped, every link
-of it and of docs/*.md resolves (its file, and its #anchor as GitHub renders headings). The commands themselves run, in the README's order, in tests/test_readme_paths.py."""
+of it and of docs/*.md resolves (its file, and its #anchor as GitHub renders headings). The commands
+themselves run, in the README's order, in tests/test_readme_paths.py."""
 
 from __future__ import annotations
 
