@@ -3,9 +3,9 @@
 Each benchmark's latest run is one committed file, `benchmarks/results/<name>.json`: the JSON object
 the benchmark printed (`figures`) with the machine, the date and the command that made it.
 
+    make record BENCH=serve ARGS="--model ..."     # runs it, records it, then `make generate`
     python benchmarks/serve.py --model ... | .venv/bin/python tools/measurements.py record serve \\
-        --command "benchmarks/serve.py --model ..."
-    make generate        # rewrites docs/measurements.md from benchmarks/results/
+        --command "benchmarks/serve.py --model ..."   # the same by hand
 
 `render` (what `make generate` runs; `make generate-check` fails when the page differs from it) turns
 every results file into a table, figure by figure, so no page retypes a number a benchmark printed.
@@ -136,12 +136,13 @@ def markdown(results: Path = RESULTS) -> str:
         "",
         "Every dated figure of the docs, as the benchmark printed it: one section per recorded run "
         "(`benchmarks/results/<name>.json`), with the machine, the date and the command. No GPU or NPU "
-        "ran any of them unless its machine says so. To record a run of your own:",
+        "ran any of them unless its machine says so. To record a run of your own (it replaces that "
+        "benchmark's file), then commit both:",
         "",
         "```sh",
-        "python benchmarks/<name>.py [flags] | .venv/bin/python tools/measurements.py record <name> "
-        "--command \"benchmarks/<name>.py [flags]\"",
-        "make generate   # rewrites this page",
+        "make record BENCH=<name> ARGS=\"[flags]\"   # benchmarks/<name>.py, then make generate",
+        "benchmarks/gpu_check.sh | .venv/bin/python tools/measurements.py record accel_step "
+        "--command benchmarks/gpu_check.sh && make generate",
         "```",
         "",
         "| run | date | machine | ratios |",
