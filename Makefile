@@ -18,7 +18,7 @@ HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$
 RECIPE ?=
 APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
 
-.PHONY: help install test test-fast lint generate generate-check demo sweep repro compile images image-test mlflow-ui clean
+.PHONY: help install test test-fast lint generate generate-check record demo sweep repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -45,6 +45,11 @@ generate: $(STAMP)  ## rewrite every committed generated file that is stale (too
 
 generate-check: $(STAMP)  ## fail, in one line, when a committed generated file is stale
 	@$(BIN)/python tools/generate.py --check
+
+record: $(STAMP)  ## BENCH=NAME [ARGS="..."]: run benchmarks/NAME.py, keep its JSON as benchmarks/results/NAME.json, regenerate docs/measurements.md
+	$(BIN)/python benchmarks/$(BENCH).py $(ARGS) \
+	  | $(BIN)/python tools/measurements.py record $(BENCH) --command 'benchmarks/$(BENCH).py $(ARGS)'
+	$(BIN)/python tools/generate.py
 
 test: lint generate-check  ## ruff + the generated files + the whole pytest suite
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile

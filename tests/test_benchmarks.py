@@ -1,6 +1,7 @@
 """Every script in benchmarks/ runs its `--smoke` path (benchmarks/_bench.py) as a subprocess: it exits 0 and
-prints one JSON object on stdout with the keys the docs quote from it (docs/accelerators.md,
-docs/data-at-scale.md, docs/demo-base.md). A key may be null only with its `<key>_null_reason` next to it.
+prints one JSON object on stdout with the keys the docs quote from it (`make record` keeps a run's object in
+benchmarks/results/, which docs/measurements.md shows). A key may be null only with its `<key>_null_reason`
+next to it.
 
 The scripts are found by listing benchmarks/, so a new one runs here without being named; QUOTED is the one
 place that says which keys the docs read from each.

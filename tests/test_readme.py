@@ -1,6 +1,7 @@
 """The README stays true: at most 150 lines, every `voxpipe` command it shows parses with the CLI (its
 flags are in `--help`), every `make` target exists, every recipe it names is shipped, every link
-resolves. The commands themselves run, in the README's order, in tests/test_readme_paths.py."""
+of it and of docs/*.md resolves (its file, and its #anchor as GitHub renders headings). The commands
+themselves run, in the README's order, in tests/test_readme_paths.py."""
 
 from __future__ import annotations
 
@@ -43,7 +44,59 @@ def test_make_targets_exist_and_recipes_are_shipped():
     assert named and named <= set(recipe_names()), named - set(recipe_names())
 
 
-def test_links_resolve():
-    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
-        if not target.startswith("http"):
-            assert (ROOT / target).exists(), target
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def prose(text: str) -> str:
+    """The text without code blocks and code spans, where a `](` or a `#` is not markdown."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def anchors(path: Path) -> set[str]:
+    """The #anchors GitHub gives a page's headings: lower case, punctuation but `-` and `_` dropped,
+    spaces to `-`, and `-1`, `-2` ... on repeats."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", path.read_text(encoding="utf-8")),
+                              re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def links(path: Path) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", prose(path.read_text(encoding="utf-8")))
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of a page whose file is missing or whose #anchor is no heading there."""
+    broken = []
+    for link in links(page):
+        if re.match(r"[a-z]+:", link):
+            continue  # https:, mailto:
+        target, _, anchor = link.partition("#")
+        file = (page.parent / target).resolve() if target else page
+        if not file.exists():
+            broken.append(f"{link}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{link}: no heading with anchor #{anchor} in {file.name}")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_resolve(page):
+    """Every relative link of the README and docs/*.md names a file that exists and, with a #anchor, a
+    heading of that page as GitHub renders it (so a renamed section fails here, not for a reader)."""
+    assert not broken_links(page), f"{page.relative_to(ROOT)}: " + "; ".join(broken_links(page))
+
+
+def test_a_broken_link_or_anchor_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n## `voxpipe serve`: the API\n\n## Again\n\n## Again\n\n"
+                    "[ok](#voxpipe-serve-the-api) [ok](#again-1) [ok](page.md#a-page) [web](https://x.org/#y)\n"
+                    "[gone](#the-api) [gone](missing.md) `[code](#not-a-link)`\n\n"
+                    "```\n[block](#nor-this)\n```\n")
+    assert broken_links(page) == ["#the-api: no heading with anchor #the-api in page.md",
+                                  "missing.md: no such file"]

@@ -34,6 +34,11 @@ def params_md(out: Path) -> None:
     run(PYTHON, "-m", "voxpipe.paramspec", str(out))
 
 
+def measurements_md(out: Path) -> None:
+    """The benchmarks' recorded runs (benchmarks/results/*.json) as tables."""
+    run(PYTHON, "tools/measurements.py", "render", str(out))
+
+
 def params_yaml(out: Path) -> None:
     run(VOXPIPE, "params", "--params", "params.yaml", "--write", str(out))
 
@@ -64,6 +69,7 @@ def golden(out: Path) -> None:
 # in the order they are written: a later one may read an earlier one (the pipeline reads params.yaml)
 GENERATED: dict[str, Callable[[Path], None]] = {
     "docs/params.md": params_md,
+    "docs/measurements.md": measurements_md,
     "params.yaml": params_yaml,
     "dvc.yaml": dvc_yaml,
     "pipelines/finetune.yaml": finetune_yaml,
