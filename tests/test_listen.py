@@ -209,7 +209,7 @@ def test_answers_saved_through_the_page_reach_mlflow_and_a_passing_test_moves_ch
     assert registered["decision"]["promoted"] is False and "waits for a listening test" in registered[
         "decision"]["reason"]
     assert version.tags[MODE_TAG] == "required" and version.tags[AWAITS_TAG] == "none"
-    assert "champion" not in version.aliases and not (root / "work" / "listen").exists()
+    assert "champion" not in version.aliases
     capsys.readouterr()
     rc = main(["promote", "--version", registered["version"], "--reason", "sounds good", "--tracking-uri",
                server, "--tracking-work", str(root / "work"), "--model", name])
@@ -248,6 +248,7 @@ def test_answers_saved_through_the_page_reach_mlflow_and_a_passing_test_moves_ch
     bob.write_text(json.dumps({**saved, "listener": "bob", "trials": [
         {"id": t["id"], "speaker": 0, "natural": 0} for t in saved["trials"]]}))
     assert record(bob, folder, root, server) == 0
+    assert "v1 is @champion" in capsys.readouterr().out
     summary = json.loads(Path(client.download_artifacts(run.info.run_id, "listening/summary.json",
                                                         str(root / "dl2"))).read_text())
     assert summary["listeners"] == ["ann", "bob"] and summary["judgements"] == 2 * TRIALS

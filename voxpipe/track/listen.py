@@ -147,7 +147,11 @@ def listen_record(params: Params) -> ListenResult:
         for key_, value in ((VERDICT_TAG, summary["verdict"][:MAX_TAG]), (LISTENERS_TAG, listeners)):
             client.set_tag(run_id, key_, value)
             client.set_model_version_tag(name, version, key_, value)
-        champion = (_move_champion(client, name, version, mv.tags, summary["verdict"],
-                                   (uri, locks, params.register_.lock_timeout_s))
-                    if summary["passed"] else "@champion left alone (the test did not pass)")
+        if CHAMPION in mv.aliases:
+            champion = f"v{version} is @champion"
+        elif summary["passed"]:
+            champion = _move_champion(client, name, version, mv.tags, summary["verdict"],
+                                      (uri, locks, params.register_.lock_timeout_s))
+        else:
+            champion = "@champion left alone (the test did not pass)"
     return ListenResult(name, version, answers["listener"], summary, champion)
