@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from mlflow import MlflowClient
-from test_ui import CHROMIUM, chromium, needs_chromium
+from test_ui import CHECK, CHROMIUM, chromium, needs_chromium, page_check
 
 from voxpipe.cli import main
 from voxpipe.evaluate.listen_answers import MIN_NONZERO, summarize
@@ -90,6 +90,11 @@ def test_the_page_holds_no_label_near_a_player_only_a_and_b_and_a_trial_id(page,
     assert [t for t, _ in trials] == [f"t{i:02d}" for i in range(1, TRIALS + 1)]
     for _, body in trials:
         assert re.findall(r"<figcaption>(.*?)</figcaption>", body) == ["real recording (anchor)", "A", "B"]
+    # every player decodes its embedded clip (the anchor from FLAC too): 0.4 s each
+    checked = tmp_path / "checked.html"
+    checked.write_text((page / PAGE).read_text().replace("</body>", CHECK))
+    found, _ = page_check(checked)
+    assert len(found["audio"]) == 3 * TRIALS and all(abs(d - 0.4) < 0.01 for d in found["audio"])
 
 
 def answer_in_chromium(page: Path, downloads: Path, listener: str, choose: dict[str, int]) -> Path:
@@ -192,10 +197,10 @@ def registered_required(server, tmp_path, monkeypatch):
     return NAME, record, folder, tmp_path
 
 
-def record(answers: Path, folder: Path, root: Path, server: str, *extra: str) -> int:
+def record(answers: Path, folder: Path, root: Path, server: str, registered: Path | None = None) -> int:
     return main(["listen-record", "--answers", str(answers), "--key", str(folder / KEY),
-                 "--registered", str(root / "register" / "registered.json"), "--tracking-uri", server,
-                 "--tracking-work", str(root / "work"), *extra])
+                 "--registered", str(registered or root / "register" / "registered.json"), "--tracking-uri",
+                 server, "--tracking-work", str(root / "work")])
 
 
 @needs_chromium
@@ -264,6 +269,11 @@ def test_answers_saved_through_the_page_reach_mlflow_and_a_passing_test_moves_ch
     assert record(foreign, other, root, server) == 1
     err = capsys.readouterr().err
     assert "another evaluation than the one registered" in err and "Traceback" not in err
+    # a registered.json of a version this registry does not have
+    elsewhere = root / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**registered, "version": "99"}))
+    assert record(answers, folder, root, server, elsewhere) == 1
+    assert "models:/voxpipe-test/99 is not in the registry" in capsys.readouterr().err
 
 
 def test_a_version_held_for_listening_says_what_it_lacks():
