@@ -167,40 +167,50 @@ def preferring_fine_tune(key: dict, strength: int = 2) -> dict[str, int]:
     return {t: strength if meta["fine_tune"] == "B" else -strength for t, meta in key["trials"].items()}
 
 
-@pytest.fixture
-def registered_required(server, tmp_path, monkeypatch):
-    """A tiny export registered with evaluate.listening required, its eval folder holding listen.html."""
-    from test_track import NAME, run_register, write_eval, write_mfu, write_training
+def register_required(server: str, root: Path, tag: str, seed: int, loss: float) -> tuple[dict, Path]:
+    """A tiny export (init-model `seed`) registered with evaluate.listening required after an evaluation of
+    fixed-seed `loss`, its eval folder holding listen.html: registered.json and the eval folder."""
+    from test_track import run_register, write_eval, write_mfu, write_training
 
-    from voxpipe.data.ingest_step import ingest
-    from voxpipe.steps.ingest import IngestParams
     from voxpipe.steps.model import ModelParams
     from voxpipe.train.init_model import init_model
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    root = Path(__file__).resolve().parents[1]
-    ingest(IngestParams(input=[str(root / "data" / "sample")], out=str(tmp_path / "ingest"), workers=1))
-    init_model(ModelParams(preset="tiny", seed=0, out=str(tmp_path / "export")))
-    eval_path = write_eval(tmp_path / "eval", 1.90, 2.0)
+    init_model(ModelParams(preset="tiny", seed=seed, out=str(root / tag / "export")))
+    eval_path = write_eval(root / tag / "eval", loss, 2.0)
     evaluation = json.loads(eval_path.read_text())
     evaluation["settings"]["listening"] = "required"
     eval_path.write_text(json.dumps(evaluation))
     folder = eval_path.parent
-    write_listening_test(folder, "required", sentences(folder), "0:val-v1", dvc_md5(tmp_path / "export"),
+    write_listening_test(folder, "required", sentences(folder), "0:val-v1", dvc_md5(root / tag / "export"),
                          CHECKPOINT)
-    files = {"model": str(tmp_path / "export"), "train": str(write_training(tmp_path / "train", 1e-4,
-                                                                              [2.0, 1.9, 1.8])),
-             "eval": str(eval_path), "mfu": str(write_mfu(tmp_path / "mfu", 0.01)),
-             "ingest": str(tmp_path / "ingest"), "out": str(tmp_path / "register"),
-             "work": str(tmp_path / "work")}
-    record = run_register(files, tracking_uri=server)
+    files = {"model": str(root / tag / "export"), "eval": str(eval_path),
+             "train": str(write_training(root / tag / "train", 1e-4, [2.0, 1.9, 1.8])),
+             "mfu": str(write_mfu(root / tag / "mfu", 0.01)), "ingest": str(root / "ingest"),
+             "out": str(root / tag / "register"), "work": str(root / "work")}
+    return run_register(files, tracking_uri=server), folder
+
+
+@pytest.fixture
+def registered_required(server, tmp_path, monkeypatch):
+    """The sample's voice with a first version registered under evaluate.listening required."""
+    from test_track import NAME
+
+    from voxpipe.data.ingest_step import ingest
+    from voxpipe.steps.ingest import IngestParams
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = Path(__file__).resolve().parents[1]
+    ingest(IngestParams(input=[str(root / "data" / "sample")], out=str(tmp_path / "ingest"), workers=1))
+    record, folder = register_required(server, tmp_path, "a", 0, 1.90)
     return NAME, record, folder, tmp_path
 
 
 def record(answers: Path, folder: Path, root: Path, server: str, registered: Path | None = None) -> int:
+    """`voxpipe listen-record` of `answers` with the key in `folder` (an eval folder), against the
+    registered.json beside it unless another is named."""
     return main(["listen-record", "--answers", str(answers), "--key", str(folder / KEY),
-                 "--registered", str(registered or root / "register" / "registered.json"), "--tracking-uri",
-                 server, "--tracking-work", str(root / "work")])
+                 "--registered", str(registered or folder.parent / "register" / "registered.json"),
+                 "--tracking-uri", server, "--tracking-work", str(root / "work")])
 
 
 @needs_chromium
@@ -266,7 +276,7 @@ def test_answers_saved_through_the_page_reach_mlflow_and_a_passing_test_moves_ch
     foreign = root / "foreign.json"
     foreign.write_text(json.dumps({**saved, "page": json.loads((other / KEY).read_text())["page"]}))
     capsys.readouterr()
-    assert record(foreign, other, root, server) == 1
+    assert record(foreign, other, root, server, folder.parent / "register" / "registered.json") == 1
     err = capsys.readouterr().err
     assert "another evaluation than the one registered" in err and "Traceback" not in err
     # a registered.json of a version this registry does not have
@@ -274,6 +284,24 @@ def test_answers_saved_through_the_page_reach_mlflow_and_a_passing_test_moves_ch
     elsewhere.write_text(json.dumps({**registered, "version": "99"}))
     assert record(answers, folder, root, server, elsewhere) == 1
     assert "models:/voxpipe-test/99 is not in the registry" in capsys.readouterr().err
+
+    # a better second version, held back too; its listener prefers the base: @champion stays v1, and
+    # `promote` says the recorded test failed
+    second, folder2 = register_required(server, root, "b", 1, 1.85)
+    assert second["version"] == "2" and "waits for a listening test" in second["decision"]["reason"]
+    key2 = json.loads((folder2 / KEY).read_text())
+    against = root / "cy.json"
+    against.write_text(json.dumps({**saved, "page": key2["page"], "listener": "cy", "trials": [
+        {"id": t, "speaker": -v, "natural": -v} for t, v in preferring_fine_tune(key2).items()]}))
+    capsys.readouterr()
+    assert record(against, folder2, root, server) == 0
+    out = capsys.readouterr().out
+    assert "listening test failed (1 listener: cy)" in out and "@champion left alone" in out
+    assert client.get_model_version_by_alias(name, "champion").version == "1"
+    rc = main(["promote", "--version", "2", "--reason", "sounds good", "--tracking-uri", server,
+               "--tracking-work", str(root / "work"), "--model", name])
+    err = capsys.readouterr().err
+    assert rc == 1 and "its recorded listening test failed" in err
 
 
 def test_a_version_held_for_listening_says_what_it_lacks():
