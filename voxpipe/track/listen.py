@@ -97,15 +97,19 @@ def _move_champion(client: MlflowClient, name: str, version: str, tags: dict[str
         now = alias_version(client, name, CHAMPION)
         current = now.version if now else NO_CHAMPION
         if current != judged:
-            return (f"@champion not moved: it is {current} now, but the rule judged v{version} against "
-                    f"{judged}; rerun register to judge it again, or `voxpipe promote --version {version} "
-                    "--reason ...`")
+            return (f"@champion not moved: it is {_named(current)} now, but the rule judged v{version} "
+                    f"against {_named(judged)}; rerun register to judge it again, or `voxpipe promote "
+                    f"--version {version} --reason ...`")
         client.set_model_version_tag(name, version, "voxpipe.decision", "promoted")
         client.set_model_version_tag(name, version, "voxpipe.decision_reason",
                                      f"promoted after the {verdict}"[:MAX_TAG])
         client.delete_model_version_tag(name, version, AWAITS_TAG)
         client.set_registered_model_alias(name, CHAMPION, version)
-    return f"@champion moved to v{version} (was {judged})"
+    return f"@champion moved to v{version} (was {_named(judged)})"
+
+
+def _named(version: str) -> str:
+    return "no champion" if version == NO_CHAMPION else f"v{version}"
 
 
 def listen_record(params: Params) -> ListenResult:
