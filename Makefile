@@ -66,6 +66,7 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	@$(BIN)/python -c 'import json; r = json.load(open("work/register/registered.json")); \
 	print("\nregistered:", r["model_uri"], " ".join("@" + a for a in r["aliases"]), "- MLflow run", r["run_id"])'
 	@echo "samples: work/eval/samples/*.wav, work/eval/eval.png; MFU: work/mfu/mfu.md"
+	@echo "blind listening test: work/eval/listen.html, then voxpipe listen-record --answers FILE (docs/evaluation.md)"
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, metrics, audio, the model registry)"
 

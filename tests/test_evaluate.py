@@ -264,6 +264,10 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert len(wavs) == 8  # both checkpoints
     assert {sf.info(str(w)).samplerate for w in wavs} == {48000}
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the blind listening test (evaluate.listening advisory): a trial per text spoken with a reference
+    key = json.loads((out / "listen-key.json").read_text())
+    assert len(key["trials"]) == 2 and (out / "listen.html").read_text().count("<section class='trial'") == 2
+    assert {t["fine_tune_clip"] for t in key["trials"].values()} <= {w.name for w in wavs}
     assert json.loads((out / "report.json").read_text())["utterances_per_checkpoint"] == 4
     # where the time went (run.json): per phase, over both checkpoints' 4 clips each
     run = json.loads((out / "run.json").read_text())

@@ -63,6 +63,7 @@ from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.heard import real_rates_by_voice, unheard, voice_report, without_unheard
+from voxpipe.evaluate.listen_page import listening_pairs, write_listening_test
 from voxpipe.evaluate.metrics import (
     PROTOCOL_BACKEND,
     SIMILARITY_DEFINITIONS,
@@ -582,6 +583,8 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     plot_exports(out / "exports.png", table, base_scores, chosen.step)
     write_json(out / "eval.json", document)
     publish(samples, out / "samples")
+    write_listening_test(out, p.listening, listening_pairs(plans, chosen.tag, out / "samples"),
+                         f"{p.generation_seed}:{digest}", document["chosen"]["md5"], chosen.tag)
     write_report(out, {
         "model": p.model,
         "chosen": str(chosen.path),

@@ -89,6 +89,12 @@ class EvaluateCore(Section):
         0.1, ge=0, description="promotion rule: the DNSMOS overall MOS (1-5) may fall at most this far below "
         "the baseline's"
     )
+    listening: Literal["off", "advisory", "required"] = Field(
+        "advisory", description="the blind listening test: advisory writes listen.html (the base's "
+        "zero-shot clone vs the fine-tune, the real recording as anchor) and its sealed listen-key.json "
+        "beside eval.json; required also keeps @champion where it is until `voxpipe listen-record` records a "
+        "test that prefers the fine-tune or finds it no worse; off writes neither"
+    )
     rescore_champion: bool = Field(
         True, description="when the voice's registered @champion was scored on another val set (its data "
         "changed), re-score its export's fixed-seed loss on this one, so register decides on the same data",

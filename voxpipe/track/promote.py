@@ -16,6 +16,7 @@ from pathlib import Path
 
 from voxpipe.errors import StepError
 from voxpipe.params import Params
+from voxpipe.track.listening_gate import missing_listening
 from voxpipe.track.ownership import check_owned
 from voxpipe.track.registry import CHAMPION, alias_version
 from voxpipe.track.reglock import register_lock
@@ -58,12 +59,14 @@ def promote(params: Params) -> PromoteResult:
         experiment, locks = pipeline_experiments(client, tracking.experiment, uri, Path(tracking.work))
         account = check_owned(uri, experiment, tracking.experiment, name, locks)
         try:
-            client.get_model_version(name, str(p.version))
+            tags = client.get_model_version(name, str(p.version)).tags
         except MlflowException:
             there = sorted(int(v.version) for v in client.search_model_versions(f"name='{name}'"))
             raise StepError(f"promote.version {p.version}: registered model {name!r} at {redact_uri(uri)} "
                             f"has no such version (it has {', '.join(map(str, there)) or 'none'}); name one "
                             "with --version N, and another model with --model NAME") from None
+        if (missing := missing_listening(str(p.version), tags)) is not None:
+            raise StepError(f"promote.version {p.version}: {missing}")
         by = account.username if account else getpass.getuser()
         with register_lock(client, uri, locks, name, params.register_.lock_timeout_s):
             previous = alias_version(client, name, CHAMPION)

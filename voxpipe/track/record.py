@@ -54,6 +54,8 @@ TRAIN_TOTALS = (
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 BATCH = 1000  # MLflow's limit on metrics per log_batch (params/tags: 100)
 TEXT_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".yaml", ".html")
+# the listening test's key stays off the run until listen-record: listeners may read the run
+SEALED = ("listen-key.json",)
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
 
 
@@ -238,7 +240,7 @@ def _log_folder_files(
 ) -> None:
     """Top-level report files of a step folder (json, md, png); not its large outputs."""
     for f in sorted(folder.glob("*")):
-        if f.is_file() and f.suffix in (".json", ".jsonl", ".md", ".png"):
+        if f.is_file() and f.suffix in (".json", ".jsonl", ".md", ".png") and f.name not in SEALED:
             log_file(client, run_id, f, artifact_path, secrets)
 
 

@@ -21,7 +21,7 @@ import math
 import re
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import requires, version
 from importlib.util import find_spec
 from pathlib import Path
@@ -32,6 +32,7 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
 from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
+from voxpipe.track.listening_gate import AWAITS_TAG, MODE_TAG, NO_CHAMPION, WAITS, listening_mode
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
 from voxpipe.track.voices import training_locale, write_training_voices
@@ -296,8 +297,12 @@ def promote(client: MlflowClient, place: Place, name: str, version: str, evaluat
             decision = Decision(False, decision.eval_loss, decision.compared_to, decision.compared_loss,
                                 f"not promoted: @champion kept moving while this register decided "
                                 f"({CAS_TRIES} tries); rerun register", decision.criteria)
+        mode, held = listening_mode(evaluation), {}
+        if decision.promoted and mode == "required":  # @champion waits for the listening test (listen.py)
+            decision = replace(decision, promoted=False, reason=f"{decision.reason}; {WAITS}")
+            held = {AWAITS_TAG: read or NO_CHAMPION}
         for key, value in {**decision.tags(), LOSS_STD_TAG: repr(evaluation["scores"]["model"]["loss_std"]),
-                           VAL_TAG: str(evaluation["val_digest"])}.items():
+                           VAL_TAG: str(evaluation["val_digest"]), MODE_TAG: mode, **held}.items():
             client.set_model_version_tag(name, version, key, value)
         client.set_registered_model_alias(name, CANDIDATE, version)
         if decision.promoted:
