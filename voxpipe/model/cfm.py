@@ -149,18 +149,27 @@ class ConditionalFlowMatching(nn.Module):
         patch_size: int,
         cond: torch.Tensor,
         temperature: float = 1.0,
-        cfg_value: float = 1.0,
+        cfg_value: float | torch.Tensor = 1.0,
         sway_sampling_coef: float = 1.0,
         use_cfg_zero_star: bool = True,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator | None] | None = None,
     ) -> torch.Tensor:
         """Euler integration from noise (t=1) to data (t=0) with sway-sampled steps and CFG-Zero*.
 
-        mu [B, k*hidden], cond [B, C, P'] -> patch [B, C, patch_size] (fp32).
+        mu [B, k*hidden], cond [B, C, P'] -> patch [B, C, patch_size] (fp32). `generator`: one for the
+        batch, or one per row (each row's noise its own: a row's patch then does not depend on its
+        batch-mates); `cfg_value`: one for the batch or a [B] tensor.
         """
         b = mu.size(0)
         device = mu.device
-        x = torch.randn((b, self.in_channels, patch_size), generator=generator, device=device) * temperature
+        shape = (self.in_channels, patch_size)
+        if isinstance(generator, list):
+            x = torch.stack([torch.randn((1, *shape), generator=g, device=device)[0] for g in generator])
+        else:
+            x = torch.randn((b, *shape), generator=generator, device=device)
+        x = x * temperature
+        if isinstance(cfg_value, torch.Tensor):
+            cfg_value = cfg_value.to(device=device, dtype=torch.float32).view(-1, 1, 1)
         t_span = torch.linspace(1, 0, n_timesteps + 1, device=device)
         t_span = t_span + sway_sampling_coef * (torch.cos(torch.pi / 2 * t_span) - 1 + t_span)
 

@@ -1,5 +1,5 @@
 """One deadline per request (`synthesize.deadline_s`), checked between generated patches: when it passes, or
-the client has gone, generation stops there (VoxCPM2.sample_patches calls `check`), its caches are freed with
+the client has gone, generation stops there (each row of a rolling batch calls `check`), its caches are freed with
 the frame, and the answer is a 503 naming the limit. Without it a request that a client or a proxy had given
 up on kept a core and gigabytes for minutes (issue 34)."""
 
