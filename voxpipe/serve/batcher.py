@@ -1,0 +1,169 @@
+"""The batcher between `voxpipe serve`'s routes and the model: one thread owns generation, and every request's
+sentence is a row of one rolling batch (voxpipe/model/rolling.py).
+
+- An idle batcher waits `serve.batch_window_ms` after a row arrives, so that requests arriving together
+  start together; while the batch runs, waiting rows join it between patches (prefilled, their KV caches
+  placed beside the running rows'), up to `serve.concurrency` rows.
+- A row leaves when its sentence ends; its audio is decoded at once and handed to its request, which streams
+  it while its next sentence joins the batch.
+- Each row's deadline and client are checked before each of its patches: a row whose client left or whose
+  deadline passed leaves there, and its request's slot (admission.py) goes back with it.
+- The DiT's Euler steps are the batch's: a row asking for another `inference_timesteps` waits until the rows
+  ahead of it have left, then starts the next batch (first come, first served).
+
+No request thread runs the model, so torch's threads (cores.py) are the batcher's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from voxpipe.model.rolling import Finished, RollingBatch, Row
+from voxpipe.serve.deadline import Deadline
+from voxpipe.serve.request import Request, sized_max_len
+
+if TYPE_CHECKING:
+    from voxpipe.model.voxcpm2 import VoxCPM2
+    from voxpipe.serve.metrics import Metrics
+
+log = logging.getLogger("voxpipe.serve")
+
+
+@dataclass
+class Spoken:
+    audio: np.ndarray  # mono float32 at the model's rate
+    hit_length_limit: bool
+
+
+@dataclass
+class _Job:
+    request: Request
+    sentence: str
+    deadline: Deadline
+    queued_at: float  # when the row began to wait (a request's first: when it asked for admission)
+    future: Future = field(default_factory=Future)
+
+    @property
+    def timesteps(self) -> int:
+        return int(self.request.generation["inference_timesteps"])
+
+
+class Batcher:
+    def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, metrics: Metrics | None = None
+                 ) -> None:
+        self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
+        self._cond = threading.Condition()
+        self._waiting: deque[_Job] = deque()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True)
+        self._thread.start()
+
+    def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None
+            ) -> Spoken:
+        """One sentence of a checked request in its voice, once its row has left the batch; raises what
+        stopped it (RequestStopped, ClientGone)."""
+        job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._waiting.append(job)
+            self._cond.notify()
+        return job.future.result()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    # -- the generation thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        batch: RollingBatch | None = None
+        while True:
+            jobs = self._next(batch)
+            if jobs is None:
+                return
+            if batch is None or not len(batch):
+                batch = RollingBatch(self.model, jobs[0].timesteps)
+            self._join(batch, jobs)
+            if not len(batch):
+                continue
+            if self.metrics is not None:
+                self.metrics.batch_size.observe(len(batch))
+            try:
+                finished = batch.step()
+            except Exception as e:  # noqa: BLE001 - a fault of the batch (out of memory): each row's answer
+                log.exception("voxpipe serve: a batch of %d rows failed", len(batch))
+                for row in batch.rows:
+                    row.owner.future.set_exception(e)
+                batch = None
+                continue
+            for f in finished:
+                self._deliver(f)
+
+    def _next(self, batch: RollingBatch | None) -> list[_Job] | None:
+        """The rows that join now (none while the batch is full); waits while there is nothing to do. None:
+        closed."""
+        with self._cond:
+            idle = batch is None or not len(batch)
+            if idle:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return None
+                end = self._waiting[0].queued_at + self.window_s
+                while len(self._waiting) < self.max_rows and (left := end - time.perf_counter()) > 0:
+                    self._cond.wait(left)
+            steps = self._waiting[0].timesteps if idle and self._waiting else batch.inference_timesteps
+            jobs = []
+            room = self.max_rows - (0 if idle else len(batch))
+            while self._waiting and len(jobs) < room and self._waiting[0].timesteps == steps:
+                jobs.append(self._waiting.popleft())
+            return jobs
+
+    def _join(self, batch: RollingBatch, jobs: list[_Job]) -> None:
+        rows = []
+        device = self.model.enc_to_lm_proj.weight.device
+        now = time.perf_counter()
+        for job in jobs:
+            if self.metrics is not None:
+                self.metrics.queue_wait.observe(now - job.queued_at)
+            r = job.request
+            gen = r.generation
+            try:
+                job.deadline.check()  # a row whose client left, or whose time ran out, while it waited
+                prompt = self.model.prompts([job.sentence], r.references[:1], r.reference_text)[0]
+            except Exception as e:  # noqa: BLE001 - that row's answer
+                job.future.set_exception(e)
+                continue
+            rows.append(Row(prompt, max_len=sized_max_len([job.sentence], r.max_len),
+                            cfg_value=float(gen["cfg_value"]),
+                            generator=torch.Generator(device).manual_seed(int(gen["seed"])),
+                            check=job.deadline.check, owner=job))
+        try:
+            batch.join(rows)
+        except Exception as e:  # noqa: BLE001 - the joining rows' answer; the running rows go on
+            log.exception("voxpipe serve: %d rows could not join the batch", len(rows))
+            for row in rows:
+                row.owner.future.set_exception(e)
+
+    def _deliver(self, f: Finished) -> None:
+        job: _Job = f.row.owner
+        if f.error is not None:
+            job.future.set_exception(f.error)
+            return
+        try:
+            audio, _ = self.model.decode(f.patches)
+        except Exception as e:  # noqa: BLE001 - that row's answer
+            job.future.set_exception(e)
+            return
+        job.future.set_result(Spoken(audio.numpy().astype(np.float32), f.hit_limit))
