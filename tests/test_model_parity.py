@@ -314,8 +314,8 @@ def test_generation_latents_match_upstream_first_steps(pair, with_ref):
     torch.manual_seed(11)
     expected, _ = up.inference(*prompt, min_len=steps, max_len=steps, inference_timesteps=4, cfg_value=2.0)
     row = Row(Prompt(text.long(), feat, text_mask, audio_mask), max_len=steps, min_len=steps, cfg_value=2.0,
-              generator=torch.Generator().manual_seed(11))
-    [done] = RollingBatch(ours, inference_timesteps=4).run([row])
+              inference_timesteps=4, generator=torch.Generator().manual_seed(11))
+    [done] = RollingBatch(ours).run([row])
     got = done.patches.permute(2, 0, 1).reshape(1, ours.feat_dim, -1)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert done.patches.size(0) == steps and done.hit_limit

@@ -1,16 +1,17 @@
 """VoxCPM2's generation as a rolling batch: rows join between patches and leave when they stop.
 
 Each row is one text's prompt (upstream's layout: [103, ref patches, 104,] text ids, 101) with its own
-limits, guidance, random generator and check. Rows that join together are prefilled as one left-padded
-batch; their KV caches are then placed beside the running rows', right-aligned so that every row's next
-token lands in the same slot (the padding before a row is masked out, as a left-padded prompt's is). A row
-leaves as soon as its stop head fires, it reaches its max_len, or its check raises (its request's deadline
-passed, its client left); its cache rows go with it. `VoxCPM2.generate` is one batch joined at once and
-run until every row has left; `voxpipe serve`'s batcher (voxpipe/serve/batcher.py) joins rows as requests
-arrive.
+limits, guidance, Euler steps, random generator and check. Rows that join together are prefilled as one
+left-padded batch; their KV caches are then placed beside the running rows', right-aligned so that every
+row's next token lands in the same slot (the padding before a row is masked out, as a left-padded prompt's
+is). A row leaves as soon as its stop head fires, it reaches its max_len, or its check raises (its request's
+deadline passed, its client left); its cache rows go with it. `VoxCPM2.generate` is one batch joined at once
+and run until every row has left; `voxpipe serve`'s batcher (voxpipe/serve/batcher.py) joins rows as
+requests arrive.
 
-A row's patches do not depend on its batch-mates: its noise comes from its own generator, its guidance
-and limits are its own, and masked padding adds exact zeros (the sums' order may differ: float rounding).
+A row's patches do not depend on its batch-mates: its noise comes from its own generator, its guidance,
+limits and Euler steps are its own, and masked padding adds exact zeros (the sums' order may differ: float
+rounding).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Row:
     max_len: int = 2000  # patches at most
     min_len: int = 2  # the stop head is read only after this many
     cfg_value: float = 2.0
+    inference_timesteps: int = 10  # the DiT's Euler steps per patch
     generator: torch.Generator | None = None  # None: the global RNG
     check: Callable[[], None] | None = None  # called before each patch; what it raises ends the row
     owner: Any = None  # whatever the caller knows the row by
@@ -63,10 +65,11 @@ def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 class RollingBatch:
-    """The running rows of one `inference_timesteps` (the DiT's Euler steps are the batch's, not a row's)."""
+    """The running rows, and what they carry from one patch to the next (caches, hidden states, the last
+    patch)."""
 
-    def __init__(self, model: VoxCPM2, inference_timesteps: int) -> None:
-        self.model, self.inference_timesteps = model, inference_timesteps
+    def __init__(self, model: VoxCPM2) -> None:
+        self.model = model
         self.rows: list[Row] = []
         self.base: KVCache | None = None
         self.residual: KVCache | None = None
@@ -131,8 +134,8 @@ class RollingBatch:
         mu = torch.cat((m.lm_to_dit_proj(self.lm_hidden), m.res_to_dit_proj(self.residual_hidden)), dim=-1)
         cfg = torch.tensor([r.cfg_value for r in self.rows])
         patch = m.feat_decoder.sample(
-            mu, self.inference_timesteps, m.patch_size, self.previous.transpose(1, 2), cfg_value=cfg,
-            generator=[r.generator for r in self.rows],
+            mu, [r.inference_timesteps for r in self.rows], m.patch_size, self.previous.transpose(1, 2),
+            cfg_value=cfg, generator=[r.generator for r in self.rows],
         ).transpose(1, 2)  # [B, P, D]
         stops = (m._stop_logits(self.lm_hidden).argmax(dim=-1) == 1).tolist()
         ended = []

@@ -322,11 +322,11 @@ class VoxCPM2(nn.Module):
                 return torch.Generator(device).manual_seed(seed)
             return generator
 
-        rows = [Row(pr, max_len, min_len, cfg_value, own(), check) for pr in prompts]
+        rows = [Row(pr, max_len, min_len, cfg_value, inference_timesteps, own(), check) for pr in prompts]
         was_training = self.training
         self.eval()
         try:
-            finished = RollingBatch(self, inference_timesteps).run(rows)
+            finished = RollingBatch(self).run(rows)
         finally:
             self.train(was_training)
         for f in finished:

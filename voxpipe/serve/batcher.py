@@ -8,8 +8,8 @@ sentence is a row of one rolling batch (voxpipe/model/rolling.py).
   it while its next sentence joins the batch.
 - Each row's deadline and client are checked before each of its patches: a row whose client left or whose
   deadline passed leaves there, and its request's slot (admission.py) goes back with it.
-- The DiT's Euler steps are the batch's: a row asking for another `inference_timesteps` waits until the rows
-  ahead of it have left, then starts the next batch (first come, first served).
+- Rows keep their own request's params (seed, cfg_value, inference_timesteps, max_len): a request's audio is
+  what it would be alone.
 
 No request thread runs the model, so torch's threads (cores.py) are the batcher's alone.
 """
@@ -52,10 +52,6 @@ class _Job:
     queued_at: float  # when the row began to wait (a request's first: when it asked for admission)
     future: Future = field(default_factory=Future)
 
-    @property
-    def timesteps(self) -> int:
-        return int(self.request.generation["inference_timesteps"])
-
 
 class Batcher:
     def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, metrics: Metrics | None = None
@@ -63,9 +59,7 @@ class Batcher:
         self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
         self._cond = threading.Condition()
         self._waiting: deque[_Job] = deque()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True).start()  # the server's life
 
     def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None
             ) -> Spoken:
@@ -73,28 +67,15 @@ class Batcher:
         stopped it (RequestStopped, ClientGone)."""
         job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at)
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the batcher is closed")
             self._waiting.append(job)
             self._cond.notify()
         return job.future.result()
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=30)
-
     # -- the generation thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        batch: RollingBatch | None = None
+        batch = RollingBatch(self.model)
         while True:
-            jobs = self._next(batch)
-            if jobs is None:
-                return
-            if batch is None or not len(batch):
-                batch = RollingBatch(self.model, jobs[0].timesteps)
-            self._join(batch, jobs)
+            self._join(batch, self._next(batch))
             if not len(batch):
                 continue
             if self.metrics is not None:
@@ -105,30 +86,23 @@ class Batcher:
                 log.exception("voxpipe serve: a batch of %d rows failed", len(batch))
                 for row in batch.rows:
                     row.owner.future.set_exception(e)
-                batch = None
+                batch = RollingBatch(self.model)
                 continue
             for f in finished:
                 self._deliver(f)
 
-    def _next(self, batch: RollingBatch | None) -> list[_Job] | None:
-        """The rows that join now (none while the batch is full); waits while there is nothing to do. None:
-        closed."""
+    def _next(self, batch: RollingBatch) -> list[_Job]:
+        """The rows that join now, first come first served (none while the batch is full); waits while there
+        is nothing to do."""
         with self._cond:
-            idle = batch is None or not len(batch)
-            if idle:
-                while not self._waiting and not self._closed:
+            if not len(batch):
+                while not self._waiting:
                     self._cond.wait()
-                if self._closed:
-                    return None
                 end = self._waiting[0].queued_at + self.window_s
                 while len(self._waiting) < self.max_rows and (left := end - time.perf_counter()) > 0:
                     self._cond.wait(left)
-            steps = self._waiting[0].timesteps if idle and self._waiting else batch.inference_timesteps
-            jobs = []
-            room = self.max_rows - (0 if idle else len(batch))
-            while self._waiting and len(jobs) < room and self._waiting[0].timesteps == steps:
-                jobs.append(self._waiting.popleft())
-            return jobs
+            room = self.max_rows - len(batch)
+            return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
     def _join(self, batch: RollingBatch, jobs: list[_Job]) -> None:
         rows = []
@@ -147,6 +121,7 @@ class Batcher:
                 continue
             rows.append(Row(prompt, max_len=sized_max_len([job.sentence], r.max_len),
                             cfg_value=float(gen["cfg_value"]),
+                            inference_timesteps=int(gen["inference_timesteps"]),
                             generator=torch.Generator(device).manual_seed(int(gen["seed"])),
                             check=job.deadline.check, owner=job))
         try:
