@@ -22,6 +22,8 @@ from servers import free_port, serving
 from test_serve import KEY, get
 from test_serve_hostile import LONG, SHORT, in_flight, metric, runaway_checkpoint, send_speech, wait_for
 
+from voxpipe.cores import usable_cores
+
 ROWS, ROOM = 2, 4
 
 
@@ -66,6 +68,9 @@ def test_a_burst_up_to_the_waiting_room_is_answered_and_past_it_a_429(batching_s
     alone, patches = batch_rows(url)
     assert alone < patches, "every patch was made for one row: the requests were not batched"
     assert metric(url, r"^voxpipe_queue_wait_seconds_count (\S+)$") >= ROWS + ROOM
+    cores = usable_cores()  # the server's threads: sized by them, one core left for the event loop
+    assert metric(url, r'^voxpipe_torch_threads\{kind="usable_cores"\} (\S+)$') == cores
+    assert metric(url, r'^voxpipe_torch_threads\{kind="intra_op_threads"\} (\S+)$') == max(1, cores - 1)
 
     held = [send_speech(url_port(url), LONG) for _ in range(ROWS + ROOM)]
     try:
@@ -100,3 +105,33 @@ def test_a_gone_clients_row_frees_its_slot_and_a_new_row_joins_the_running_batch
 
 def url_port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
+
+
+# --- threads sized by the cores the process may use (no server) ---
+
+SIZED = """
+import json, os, sys
+from pathlib import Path
+os.sched_getaffinity = lambda pid: set(range(int(sys.argv[1])))  # a 64-core node's affinity, say
+from voxpipe.cores import use_cores
+print(json.dumps(use_cores(event_loop=sys.argv[3] == "loop", cpu_max=Path(sys.argv[2]))))
+"""
+
+
+@pytest.mark.parametrize(("affinity", "quota", "loop", "usable", "intra"), [
+    (64, "400000 100000", "loop", 4, 3),  # a pod of 4 CPUs on a 64-core node: 3 for torch, 1 for the loop
+    (64, "400000 100000", "alone", 4, 4),  # synthesize: no event loop beside it
+    (6, "max 100000", "loop", 6, 5),  # no quota: the affinity, less the loop's core
+    (64, "50000 100000", "loop", 1, 1),  # half a CPU: one thread, none left over for the loop
+    (1, "max 100000", "loop", 1, 1),
+])
+def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path, affinity, quota, loop, usable, intra):
+    import json
+    import subprocess
+
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(quota + "\n")
+    done = subprocess.run([sys.executable, "-c", SIZED, str(affinity), str(cpu_max), loop],
+                          capture_output=True, text=True, timeout=120, check=True)
+    expected = {"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
+    assert json.loads(done.stdout) == expected

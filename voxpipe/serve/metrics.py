@@ -38,6 +38,9 @@ class Metrics:
         self.queue_wait = Histogram("voxpipe_queue_wait_seconds", "seconds a row waited to join the batch (a "
                                     "request's first sentence: from its arrival, the waiting room included)",
                                     buckets=WAIT_BUCKETS, registry=r)
+        self.threads = Gauge("voxpipe_torch_threads", "torch's threads (intra_op_threads, inter_op_threads) "
+                             "and the usable_cores they were sized by (voxpipe/cores.py)", ("kind",),
+                             registry=r)
         self.in_flight = Gauge("voxpipe_speech_in_flight", "speech requests admitted (generating or waiting)",
                                registry=r)
 

@@ -146,6 +146,8 @@ def serve(params: Params) -> ServeResult:
             log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores, one left for "
                      "the event loop)", threads["intra_op_threads"], threads["inter_op_threads"],
                      threads["usable_cores"])
+            for kind, n in threads.items():
+                service.metrics.threads.labels(kind).set(n)
             service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics)
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
                                         params.synthesize.max_reference_seconds)
