@@ -1,9 +1,9 @@
 """`voxpipe serve` under many listeners at once, beside upstream voxcpm's `generate`; prints JSON.
 
 Starts `voxpipe serve` (a subprocess on 127.0.0.1) with a batch of the largest level's rows and waits for
-/ready. Then, for each level of `--concurrency` (closed loop: that many clients, each sending its next
-request as soon as its last one ends, `--rounds` requests each), every request a streamed `pcm` answer of
-one of TEXTS (fixed, of mixed length, one to three sentences):
+/ready, and warms it up with one untimed pass. Then, for each level of `--concurrency` (closed loop: that
+many clients, each sending its next request as soon as its last one ends), the same work: each of TEXTS
+(fixed, of mixed length, one to three sentences) `--rounds` times, as streamed `pcm` answers:
 - requests/s and seconds of audio per wall second;
 - time to the first byte, p50 and p95; the real-time factor (a request's wall seconds per audio second), p50;
 - the server's peak resident memory during the level.
@@ -125,20 +125,25 @@ def pct(values: list[float], q: float) -> float:
 
 
 def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
-    """`clients` closed-loop clients, `rounds` requests each, client i starting at text i."""
+    """`clients` closed-loop clients sharing the same work at every level: each text `rounds` times, taken
+    in order by whichever client is free."""
+    work = [(TEXTS[i % len(TEXTS)], i) for i in range(rounds * len(TEXTS))]
     results: list[tuple[float, float, float]] = []
     lock = threading.Lock()
 
-    def client(i: int) -> None:
-        for r in range(rounds):
-            text = TEXTS[(i + r * clients) % len(TEXTS)]
-            got = streamed(url, {**body, "input": text, "seed": i})
+    def client() -> None:
+        while True:
+            with lock:
+                if not work:
+                    return
+                text, seed = work.pop(0)
+            got = streamed(url, {**body, "input": text, "seed": seed})
             with lock:
                 results.append(got)
 
     with PeakRss(pid) as rss:
         start = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        threads = [threading.Thread(target=client) for _ in range(clients)]
         for t in threads:
             t.start()
         for t in threads:
@@ -214,7 +219,7 @@ def main() -> None:
                         help="what `voxpipe serve --model` takes; a checkpoint folder also runs upstream")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--concurrency", default="1,2,4,8,16", help="the levels, comma-separated")
-    parser.add_argument("--rounds", type=int, default=2, help="requests per client per level")
+    parser.add_argument("--rounds", type=int, default=2, help="times each text is said per level")
     parser.add_argument("--inference-timesteps", type=int, default=10)
     parser.add_argument("--max-len", type=int, default=None, help="patches at most (None: sized per text)")
     parser.add_argument("--tiny", action="store_true", help="serve a random-init tiny model folder")
@@ -235,7 +240,7 @@ def main() -> None:
         proc, url = serve(model, args.device, max(levels_asked), work)
         try:
             body = {"model": "voxpipe", "voice": "default", "response_format": "pcm", **gen}
-            streamed(url, {**body, "input": TEXTS[0]})  # warm-up: first-call costs are not the server's speed
+            level(url, proc.pid, max(levels_asked), 1, body)  # warm-up: first calls of each shape are slow
             threads = server_threads(url)
             levels = {str(c): level(url, proc.pid, c, args.rounds, body) for c in levels_asked}
         finally:

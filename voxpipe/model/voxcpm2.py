@@ -35,6 +35,8 @@ from voxpipe.model.minicpm import MiniCPMModel, Packed
 from voxpipe.model.rolling import Prompt, RollingBatch, Row
 from voxpipe.model.rows import RowPlan, plan_rows
 
+DECODE_BUCKET = 8  # patches (1.28 s): the lengths a row's latents are decoded at (`VoxCPM2.decode`)
+
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
     """Along dim 1: position t sees what position t-1 produced (zeros at t=0)."""
@@ -274,13 +276,21 @@ class VoxCPM2(nn.Module):
 
     def decode(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A row's patches [n, P, D] -> (mono waveform at the VAE's output rate, latents [D, n * P]), on the
-        CPU."""
+        CPU.
+
+        The latents are decoded right-padded with zeros to a multiple of DECODE_BUCKET patches, and the
+        audio cut back to the row's: the decoder is causal, so the padding never changes the samples kept,
+        and rows of every length share a few shapes. Each new shape cost the CPU's convolutions (oneDNN) a
+        first call 4-7 times slower than the next, which made decoding, not generation, the bulk of a
+        batch's time."""
         vae = self._require("audio_vae")
         vae_device = next(vae.parameters()).device
+        n = patches.size(0)
         with torch.inference_mode():
             z = patches.permute(2, 0, 1).reshape(self.feat_dim, -1)  # [D, n * P]
-            audio = vae.decode(z.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu()
-        return audio, z.cpu()
+            padded = F.pad(z, (0, (-n % DECODE_BUCKET) * self.patch_size))
+            audio = vae.decode(padded.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu()
+        return audio[: z.size(1) * vae.decode_hop_length], z.cpu()
 
     def generate(
         self,

@@ -80,11 +80,12 @@ class Batcher:
                 continue
             if self.metrics is not None:
                 self.metrics.batch_size.observe(len(batch))
+            running = list(batch.rows)
             try:
                 finished = batch.step()
             except Exception as e:  # noqa: BLE001 - a fault of the batch (out of memory): each row's answer
-                log.exception("voxpipe serve: a batch of %d rows failed", len(batch))
-                for row in batch.rows:
+                log.exception("voxpipe serve: a batch of %d rows failed", len(running))
+                for row in running:
                     row.owner.future.set_exception(e)
                 batch = RollingBatch(self.model)
                 continue
