@@ -19,6 +19,7 @@ MAX_LEN = [5, 9, 4, 8, 7, 3, 10, 6]  # rows of different lengths, whatever the r
 MIN_LEN = [max(1, n - 2) for n in MAX_LEN]
 STEPS = [2, 3, 2, 1, 3, 2, 1, 2]  # Euler steps: a row with fewer sits out the others' last ones
 TOLERANCE = 1e-4
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -112,26 +112,32 @@ def url_port(url: str) -> int:
 SIZED = """
 import json, os, sys
 from pathlib import Path
-os.sched_getaffinity = lambda pid: set(range(int(sys.argv[1])))  # a 64-core node's affinity, say
 from voxpipe.cores import use_cores
-print(json.dumps(use_cores(event_loop=sys.argv[3] == "loop", cpu_max=Path(sys.argv[2]))))
+out = []
+for affinity, cpu_max, loop in json.loads(sys.argv[1]):
+    os.sched_getaffinity = lambda pid, n=affinity: set(range(n))  # a 64-core node's affinity, say
+    out.append(use_cores(event_loop=loop == "loop", cpu_max=Path(cpu_max)))
+print(json.dumps(out))
 """
-
-
-@pytest.mark.parametrize(("affinity", "quota", "loop", "usable", "intra"), [
+CASES = [  # affinity, cgroup cpu.max, an event loop beside torch or not -> usable cores, intra-op threads
     (64, "400000 100000", "loop", 4, 3),  # a pod of 4 CPUs on a 64-core node: 3 for torch, 1 for the loop
     (64, "400000 100000", "alone", 4, 4),  # synthesize: no event loop beside it
     (6, "max 100000", "loop", 6, 5),  # no quota: the affinity, less the loop's core
     (64, "50000 100000", "loop", 1, 1),  # half a CPU: one thread, none left over for the loop
     (1, "max 100000", "loop", 1, 1),
-])
-def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path, affinity, quota, loop, usable, intra):
+]
+
+
+def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
     import json
     import subprocess
 
-    cpu_max = tmp_path / "cpu.max"
-    cpu_max.write_text(quota + "\n")
-    done = subprocess.run([sys.executable, "-c", SIZED, str(affinity), str(cpu_max), loop],
-                          capture_output=True, text=True, timeout=120, check=True)
-    expected = {"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
+    asked = []
+    for i, (affinity, quota, loop, _, _) in enumerate(CASES):
+        (tmp_path / f"cpu.max.{i}").write_text(quota + "\n")
+        asked.append((affinity, str(tmp_path / f"cpu.max.{i}"), loop))
+    done = subprocess.run([sys.executable, "-c", SIZED, json.dumps(asked)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    expected = [{"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
+                for *_, usable, intra in CASES]
     assert json.loads(done.stdout) == expected
