@@ -23,6 +23,7 @@ from test_serve import KEY, get
 from test_serve_hostile import LONG, SHORT, in_flight, metric, runaway_checkpoint, send_speech, wait_for
 
 from voxpipe.cores import usable_cores
+from voxpipe.serve.batcher import DECODING_STREAMS
 
 ROWS, ROOM = 2, 4
 
@@ -68,9 +69,11 @@ def test_a_burst_up_to_the_waiting_room_is_answered_and_past_it_a_429(batching_s
     alone, patches = batch_rows(url)
     assert alone < patches, "every patch was made for one row: the requests were not batched"
     assert metric(url, r"^voxpipe_queue_wait_seconds_count (\S+)$") >= ROWS + ROOM
-    cores = usable_cores()  # the server's threads: sized by them, one core left for the event loop
+    cores = usable_cores()  # the server's threads: sized by them, one core left for the event loop, the rest
+    # split between generating and decoding
     assert metric(url, r'^voxpipe_torch_threads\{kind="usable_cores"\} (\S+)$') == cores
-    assert metric(url, r'^voxpipe_torch_threads\{kind="intra_op_threads"\} (\S+)$') == max(1, cores - 1)
+    intra = max(1, (cores - 1) // DECODING_STREAMS)
+    assert metric(url, r'^voxpipe_torch_threads\{kind="intra_op_threads"\} (\S+)$') == intra
 
     held = [send_speech(url_port(url), LONG) for _ in range(ROWS + ROOM)]
     try:
@@ -114,17 +117,18 @@ import json, os, sys
 from pathlib import Path
 from voxpipe.cores import use_cores
 out = []
-for affinity, cpu_max, loop in json.loads(sys.argv[1]):
+for affinity, cpu_max, loop, streams in json.loads(sys.argv[1]):
     os.sched_getaffinity = lambda pid, n=affinity: set(range(n))  # a 64-core node's affinity, say
-    out.append(use_cores(event_loop=loop == "loop", cpu_max=Path(cpu_max)))
+    out.append(use_cores(event_loop=loop == "loop", streams=streams, cpu_max=Path(cpu_max)))
 print(json.dumps(out))
 """
-CASES = [  # affinity, cgroup cpu.max, an event loop beside torch or not -> usable cores, intra-op threads
-    (64, "400000 100000", "loop", 4, 3),  # a pod of 4 CPUs on a 64-core node: 3 for torch, 1 for the loop
-    (64, "400000 100000", "alone", 4, 4),  # synthesize: no event loop beside it
-    (6, "max 100000", "loop", 6, 5),  # no quota: the affinity, less the loop's core
-    (64, "50000 100000", "loop", 1, 1),  # half a CPU: one thread, none left over for the loop
-    (1, "max 100000", "loop", 1, 1),
+SERVE = DECODING_STREAMS  # the server: generating and decoding threads beside the event loop
+CASES = [  # affinity, cgroup cpu.max, an event loop or not, torch threads at once -> usable cores, intra-op
+    (64, "900000 100000", "loop", SERVE, 9, 4),  # a pod of 9 CPUs on a 64-core node: 4 + 4 + the loop's
+    (64, "400000 100000", "alone", 1, 4, 4),  # synthesize: no event loop, one thread runs torch
+    (6, "max 100000", "loop", SERVE, 6, 2),  # no quota: the affinity
+    (64, "50000 100000", "loop", SERVE, 1, 1),  # half a CPU: one thread each, whatever is left
+    (2, "max 100000", "loop", SERVE, 2, 1),  # this machine
 ]
 
 
@@ -133,9 +137,9 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
     import subprocess
 
     asked = []
-    for i, (affinity, quota, loop, _, _) in enumerate(CASES):
+    for i, (affinity, quota, loop, streams, _, _) in enumerate(CASES):
         (tmp_path / f"cpu.max.{i}").write_text(quota + "\n")
-        asked.append((affinity, str(tmp_path / f"cpu.max.{i}"), loop))
+        asked.append((affinity, str(tmp_path / f"cpu.max.{i}"), loop, streams))
     done = subprocess.run([sys.executable, "-c", SIZED, json.dumps(asked)], capture_output=True, text=True,
                           timeout=120, check=True)
     expected = [{"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}

@@ -4,19 +4,21 @@ sentence is a row of one rolling batch (voxpipe/model/rolling.py).
 - An idle batcher waits `serve.batch_window_ms` after a row arrives, so that requests arriving together
   start together; while the batch runs, waiting rows join it between patches (prefilled, their KV caches
   placed beside the running rows'), up to `serve.concurrency` rows.
-- A row leaves when its sentence ends; its audio is decoded at once and handed to its request, which streams
-  it while its next sentence joins the batch.
+- A row leaves when its sentence ends; a second thread decodes its audio while the batch goes on, and hands
+  it to its request, which streams it while its next sentence joins the batch. (Decoded in the generating
+  thread, the 48 kHz VAE took as long as the batch's generation on a CPU, and stalled every row.)
 - Each row's deadline and client are checked before each of its patches: a row whose client left or whose
   deadline passed leaves there, and its request's slot (admission.py) goes back with it.
 - Rows keep their own request's params (seed, cfg_value, inference_timesteps, max_len): a request's audio is
   what it would be alone.
 
-No request thread runs the model, so torch's threads (cores.py) are the batcher's alone.
+No request thread runs the model, so torch's threads (cores.py) are the batcher's two alone.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from voxpipe.serve.metrics import Metrics
 
 log = logging.getLogger("voxpipe.serve")
+DECODING_STREAMS = 2  # threads running torch ops at once: the generating one and the decoding one
 
 
 @dataclass
@@ -59,7 +62,9 @@ class Batcher:
         self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
         self._cond = threading.Condition()
         self._waiting: deque[_Job] = deque()
+        self._decoding: queue.SimpleQueue[Finished] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True).start()  # the server's life
+        threading.Thread(target=self._decode, name="voxpipe-decoder", daemon=True).start()
 
     def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None
             ) -> Spoken:
@@ -90,7 +95,15 @@ class Batcher:
                 batch = RollingBatch(self.model)
                 continue
             for f in finished:
-                self._deliver(f)
+                if f.error is not None:
+                    f.row.owner.future.set_exception(f.error)
+                else:
+                    self._decoding.put(f)
+
+    def _decode(self) -> None:
+        """The decoding thread: each finished row's audio, in the order the rows left."""
+        while True:
+            self._deliver(self._decoding.get())
 
     def _next(self, batch: RollingBatch) -> list[_Job]:
         """The rows that join now, first come first served (none while the batch is full); waits while there
@@ -134,9 +147,6 @@ class Batcher:
 
     def _deliver(self, f: Finished) -> None:
         job: _Job = f.row.owner
-        if f.error is not None:
-            job.future.set_exception(f.error)
-            return
         try:
             audio, _ = self.model.decode(f.patches)
         except Exception as e:  # noqa: BLE001 - that row's answer

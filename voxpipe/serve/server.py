@@ -28,7 +28,7 @@ from voxpipe.params import Params, ServeParams
 from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
-from voxpipe.serve.batcher import Batcher
+from voxpipe.serve.batcher import DECODING_STREAMS, Batcher
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits, model_locale
@@ -142,10 +142,10 @@ def serve(params: Params) -> ServeResult:
     def load() -> None:
         try:
             served = load_served(params, source)
-            threads = use_cores(event_loop=True)
-            log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores, one left for "
-                     "the event loop)", threads["intra_op_threads"], threads["inter_op_threads"],
-                     threads["usable_cores"])
+            threads = use_cores(event_loop=True, streams=DECODING_STREAMS)
+            log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores: one left for "
+                     "the event loop, the rest split between generating and decoding)",
+                     threads["intra_op_threads"], threads["inter_op_threads"], threads["usable_cores"])
             for kind, n in threads.items():
                 service.metrics.threads.labels(kind).set(n)
             service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics)
