@@ -42,12 +42,6 @@ DECODING_STREAMS = 2  # threads running torch ops at once: the generating one an
 
 
 @dataclass
-class Spoken:
-    audio: np.ndarray  # mono float32 at the model's rate
-    hit_length_limit: bool
-
-
-@dataclass
 class _Job:
     request: Request
     sentence: str
@@ -67,9 +61,9 @@ class Batcher:
         threading.Thread(target=self._decode, name="voxpipe-decoder", daemon=True).start()
 
     def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None
-            ) -> Spoken:
-        """One sentence of a checked request in its voice, once its row has left the batch; raises what
-        stopped it (RequestStopped, ClientGone)."""
+            ) -> np.ndarray:
+        """One sentence of a checked request in its voice (mono float32 at the model's rate), once its row
+        has left the batch and been decoded; raises what stopped it (RequestStopped, ClientGone)."""
         job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at)
         with self._cond:
             self._waiting.append(job)
@@ -152,4 +146,4 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - that row's answer
             job.future.set_exception(e)
             return
-        job.future.set_result(Spoken(audio.numpy().astype(np.float32), f.hit_limit))
+        job.future.set_result(audio.numpy().astype(np.float32))

@@ -191,7 +191,7 @@ def say(batcher: Batcher, speech: Speech, admission: Admission, deadline: Deadli
         start = time.perf_counter()
         queued_at = asked  # the first sentence's wait includes the waiting room's
         for sentence in sentences(speech.request.spoken[0]):
-            audio = batcher.say(speech.request, sentence, deadline, queued_at).audio
+            audio = batcher.say(speech.request, sentence, deadline, queued_at)
             queued_at = None
             said.audio_seconds += audio.size / batcher.model.audio_vae.out_sample_rate
             if said.first_chunk_s is None:
