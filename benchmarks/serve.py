@@ -1,14 +1,21 @@
-"""`voxpipe serve`'s speed as a client sees it: real-time factor and time to first byte; prints JSON.
+"""`voxpipe serve` under many listeners at once, beside upstream voxcpm's `generate`; prints JSON.
 
-Starts `voxpipe serve` (a subprocess on 127.0.0.1), waits for /ready, then for a three-sentence input:
-- the whole WAV (`response_format: wav`, not streamed): its wall time, seconds of audio, and the real-time
-  factor (wall seconds per audio second; below 1 is faster than real time);
-- the same input streamed (`pcm`): time to the first byte and to the last;
-- `first_chunk_over_full`: streaming's first byte over the whole WAV's time (issue 30 asks for <= 0.5).
-Medians over `--repeats`.
+Starts `voxpipe serve` (a subprocess on 127.0.0.1) with a batch of the largest level's rows and waits for
+/ready, and warms it up with one untimed pass. Then, for each level of `--concurrency` (closed loop: that
+many clients, each sending its next request as soon as its last one ends), the same work: each of TEXTS
+(fixed, of mixed length, one to three sentences) `--rounds` times, as streamed `pcm` answers:
+- requests/s and seconds of audio per wall second;
+- time to the first byte, p50 and p95; the real-time factor (a request's wall seconds per audio second), p50;
+- the server's peak resident memory during the level.
+`threads` is what the server set torch's threads to (its /metrics: voxpipe_torch_threads).
 
-    .venv/bin/python benchmarks/serve.py                    # @champion of this checkout (after make demo)
-    .venv/bin/python benchmarks/serve.py --model work/train/export --device cuda   # the same on a GPU box
+`upstream` is voxcpm 2.0.3's `VoxCPM2Model.generate` on the same weights (a checkpoint folder) in this
+process, one request at a time (it has no batch path), with as many torch threads as the server's
+generation: its requests/s, audio per wall second, real-time factor and, from `generate_streaming`, its
+first chunk. Null with the reason without upstream voxcpm or a checkpoint folder.
+
+    .venv/bin/python benchmarks/serve.py --model work/train/export            # the demo's export, on CPU
+    .venv/bin/python benchmarks/serve.py --model /path/to/export --device cuda --concurrency 1,16
     .venv/bin/python benchmarks/serve.py --smoke            # a random tiny model folder: seconds
 """
 
@@ -18,22 +25,34 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
 
-from _bench import parse_args  # noqa: E402
+from _bench import nulls, parse_args  # noqa: E402
 
-THREE = ("The weather was calm when the boat left the harbour. By noon a light wind had filled the sails. "
-         "We reached the island just before the sun went down.")
+TEXTS = (
+    "Good morning.",
+    "The weather was calm when the boat left the harbour.",
+    "Please hold the line. Your call is important to us.",
+    "By noon a light wind had filled the sails, and the island rose slowly out of the haze ahead of us.",
+    "Thanks!",
+    "We reached the island just before the sun went down. The harbour master waved us in. Dinner was late.",
+    "Turn left at the second light, then keep going for about two hundred metres.",
+    "Yes. No. Maybe tomorrow.",
+)
+PER_LEVEL = ("requests_per_s", "audio_s_per_wall_s", "ttfb_p50_s", "ttfb_p95_s", "rtf_p50", "peak_rss_mb")
 
 
 def free_port() -> int:
@@ -42,40 +61,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def post(url: str, body: dict) -> urllib.request.Request:
-    return urllib.request.Request(f"{url}/v1/audio/speech", data=json.dumps(body).encode(),
-                                  headers={"Content-Type": "application/json"})
-
-
-def whole(url: str, body: dict) -> tuple[float, float]:
-    """(wall seconds, audio seconds) of one non-streamed WAV."""
-    import io
-
-    import soundfile as sf
-
+def streamed(url: str, body: dict) -> tuple[float, float, float]:
+    """(first byte s, last byte s, audio s) of one streamed pcm answer (16-bit mono)."""
+    request = urllib.request.Request(f"{url}/v1/audio/speech", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
     start = time.perf_counter()
-    with urllib.request.urlopen(post(url, {**body, "response_format": "wav"}), timeout=600) as r:
-        data = r.read()
-    wall = time.perf_counter() - start
-    info = sf.info(io.BytesIO(data))
-    return wall, info.frames / info.samplerate
-
-
-def streamed(url: str, body: dict) -> tuple[float, float, int]:
-    """(first byte s, last byte s, chunks) of the same input as streamed pcm."""
-    start = time.perf_counter()
-    first, chunks = None, 0
-    with urllib.request.urlopen(post(url, {**body, "response_format": "pcm"}), timeout=600) as r:
-        while r.read1(1 << 16):
+    first, size = None, 0
+    with urllib.request.urlopen(request, timeout=600) as r:
+        rate = int(r.headers["X-Sample-Rate"])
+        while chunk := r.read1(1 << 16):
             first = first if first is not None else time.perf_counter() - start
-            chunks += 1
-    return first or 0.0, time.perf_counter() - start, chunks
+            size += len(chunk)
+    return first or 0.0, time.perf_counter() - start, size / 2 / rate
 
 
-def serve(model: str, device: str, work: Path) -> tuple[subprocess.Popen, str]:
+def serve(model: str, device: str, rows: int, work: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     args = [str(Path(sys.executable).with_name("voxpipe")), "serve", "--model", model, "--port", str(port),
-            "--device", device, "--voices", str(work / "voices")]
+            "--device", device, "--voices", str(work / "voices"), "--concurrency", str(rows),
+            "--queue", str(rows)]
     env = {k: v for k, v in os.environ.items() if k != "VOXPIPE_API_KEY"}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=(work / "serve.log").open("w"), env=env,
                             start_new_session=True, cwd=REPO)
@@ -93,14 +97,137 @@ def serve(model: str, device: str, work: Path) -> tuple[subprocess.Popen, str]:
     sys.exit("voxpipe serve did not become ready in 600 s")
 
 
+class PeakRss:
+    """The largest resident memory of a process, sampled every 0.1 s while the block runs."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.process, self.peak, self.stop = psutil.Process(pid), 0, threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        def sample() -> None:
+            while not self.stop.wait(0.1):
+                self.peak = max(self.peak, self.process.memory_info().rss)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
+    """`clients` closed-loop clients sharing the same work at every level: each text `rounds` times, taken
+    in order by whichever client is free."""
+    work = [(TEXTS[i % len(TEXTS)], i) for i in range(rounds * len(TEXTS))]
+    results: list[tuple[float, float, float]] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not work:
+                    return
+                text, seed = work.pop(0)
+            got = streamed(url, {**body, "input": text, "seed": seed})
+            with lock:
+                results.append(got)
+
+    with PeakRss(pid) as rss:
+        start = time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+    audio = sum(r[2] for r in results)
+    return {"requests": len(results), "wall_s": round(wall, 3),
+            "requests_per_s": round(len(results) / wall, 3), "audio_s_per_wall_s": round(audio / wall, 3),
+            "ttfb_p50_s": round(pct([r[0] for r in results], 0.5), 3),
+            "ttfb_p95_s": round(pct([r[0] for r in results], 0.95), 3),
+            "rtf_p50": round(statistics.median(r[1] / r[2] for r in results if r[2] > 0), 3),
+            "peak_rss_mb": round(rss.peak / 2**20, 1)}
+
+
+def server_threads(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        page = r.read().decode()
+    found = re.findall(r'^voxpipe_torch_threads\{kind="(\w+)"\} (\S+)$', page, re.M)
+    return {k: int(float(v)) for k, v in found}
+
+
+def upstream(folder: Path | None, device: str, threads: int, rounds: int, gen: dict) -> dict:
+    """upstream voxcpm's generate on the same checkpoint, one request at a time, each text `rounds` times."""
+    keys = ("requests_per_s", "audio_s_per_wall_s", "rtf_p50", "ttfb_p50_s")
+    if folder is None:
+        return nulls(keys, "--model is not a checkpoint folder, which upstream's from_local needs")
+    try:
+        from upstream import load_upstream
+
+        load_upstream()
+        from voxcpm.model.voxcpm2 import VoxCPM2Model
+    except ImportError as e:
+        return nulls(keys, str(e))
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = VoxCPM2Model.from_local(str(folder), optimize=False, training=False,
+                                        device="cuda" if device == "cuda" else "cpu")
+        rate = model.sample_rate
+        model.generate(TEXTS[0], **gen)  # warm-up
+        walls, audio, firsts = [], [], []
+        for _ in range(rounds):
+            for text in TEXTS:
+                torch.manual_seed(0)
+                start = time.perf_counter()
+                wav = model.generate(text, **gen)
+                walls.append(time.perf_counter() - start)
+                audio.append(wav.shape[-1] / rate)
+                start = time.perf_counter()
+                chunks = model.generate_streaming(text, **gen)
+                next(chunks)
+                firsts.append(time.perf_counter() - start)
+                chunks.close()
+    finally:
+        torch.set_num_threads(before)
+    return {"requests": len(walls), "requests_per_s": round(len(walls) / sum(walls), 3),
+            "audio_s_per_wall_s": round(sum(audio) / sum(walls), 3),
+            "rtf_p50": round(statistics.median(w / a for w, a in zip(walls, audio, strict=True) if a > 0), 3),
+            "ttfb_p50_s": round(statistics.median(firsts), 3), "torch_threads": threads}
+
+
+def ratio(levels: dict, key: str, high: str, low: str = "1") -> float | None:
+    if high in levels and low in levels and levels[low][key]:
+        return round(levels[high][key] / levels[low][key], 3)
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="@champion", help="what `voxpipe serve --model` takes")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="work/train/export",
+                        help="what `voxpipe serve --model` takes; a checkpoint folder also runs upstream")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--concurrency", default="1,2,4,8,16", help="the levels, comma-separated")
+    parser.add_argument("--rounds", type=int, default=2, help="times each text is said per level")
     parser.add_argument("--inference-timesteps", type=int, default=10)
+    parser.add_argument("--max-len", type=int, default=None, help="patches at most (None: sized per text)")
     parser.add_argument("--tiny", action="store_true", help="serve a random-init tiny model folder")
-    args = parse_args(parser, tiny=True, repeats=1, inference_timesteps=2, device="cpu")
+    args = parse_args(parser, tiny=True, concurrency="1,2", rounds=1, inference_timesteps=2, max_len=6)
+    levels_asked = [int(c) for c in args.concurrency.split(",")]
+    gen = {"inference_timesteps": args.inference_timesteps}
+    if args.max_len:
+        gen["max_len"] = args.max_len
     with tempfile.TemporaryDirectory(prefix="voxpipe-bench-serve-") as tmp:
         work = Path(tmp)
         model = args.model
@@ -110,34 +237,30 @@ def main() -> None:
 
             init_model(ModelParams(preset="tiny", out=str(work / "tiny")))
             model = str(work / "tiny")
-        proc, url = serve(model, args.device, work)
+        proc, url = serve(model, args.device, max(levels_asked), work)
         try:
-            body = {"model": "voxpipe", "input": THREE, "voice": "default",
-                    "inference_timesteps": args.inference_timesteps}
-            whole(url, body)  # warm-up: first-call costs are not the server's speed
-            fulls, streams = [], []
-            for _ in range(args.repeats):
-                fulls.append(whole(url, body))
-                streams.append(streamed(url, body))
+            body = {"model": "voxpipe", "voice": "default", "response_format": "pcm", **gen}
+            level(url, proc.pid, max(levels_asked), 1, body)  # warm-up: first calls of each shape are slow
+            threads = server_threads(url)
+            levels = {str(c): level(url, proc.pid, c, args.rounds, body) for c in levels_asked}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    full_s = statistics.median(f[0] for f in fulls)
-    audio_s = statistics.median(f[1] for f in fulls)
-    first_s = statistics.median(s[0] for s in streams)
-    ratio = first_s / full_s if full_s else None
+        folder = Path(model) if (Path(model) / "config.json").is_file() else None
+        upstream_gen = {"inference_timesteps": args.inference_timesteps, "max_len": args.max_len or 2000}
+        intra = threads.get("intra_op_threads", 1)
+        reference = upstream(folder, args.device, intra, args.rounds, upstream_gen)
+    throughput = ratio(levels, "requests_per_s", "8")
+    ttfb = ratio(levels, "ttfb_p50_s", "8")
+    figures = {"throughput_8_over_1": throughput, "ttfb_p50_8_over_1": ttfb}
+    missing = [k for k, v in figures.items() if v is None]
     print(json.dumps({
         "model": "random tiny (smoke)" if args.tiny else model, "device": args.device,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-        "input_chars": len(THREE), "sentences": 3, "repeats": args.repeats,
-        "inference_timesteps": args.inference_timesteps,
-        "full_s": round(full_s, 3), "audio_s": round(audio_s, 3),
-        "real_time_factor": round(full_s / audio_s, 3) if audio_s else None,
-        "stream_first_byte_s": round(first_s, 3),
-        "stream_total_s": round(statistics.median(s[1] for s in streams), 3),
-        "stream_chunks": min(s[2] for s in streams),
-        "first_chunk_over_full": round(ratio, 3) if ratio is not None else None,
-        "first_chunk_within_half": ratio is not None and ratio <= 0.5,
+        "texts": len(TEXTS), "rounds": args.rounds, **gen, "threads": threads, "levels": levels,
+        "upstream": reference,
+        **{k: v for k, v in figures.items() if v is not None},
+        **nulls(missing, "needs levels 1 and 8 (--concurrency)"),
     }))
 
 

@@ -37,6 +37,7 @@ SLOW_FIXTURES = {
     "server", "auth_server", "s3",  # `mlflow server` (plain, basic-auth), moto's S3 server
     "voxpipe_server",  # `voxpipe serve` on a registered tiny model (tests/test_serve.py)
     "hostile_server",  # `voxpipe serve` of a model that never stops, hostile clients (test_serve_hostile.py)
+    "batching_server",  # the same model served in batches of 2 rows (test_serve_batching.py)
     "first_repro", "local_runner", "container",  # `dvc repro`, kfp.local, the built image
     "two_rank_run", "finished", "live", "pipeline",  # training runs (torchrun, or in process)
 }

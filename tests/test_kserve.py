@@ -22,6 +22,7 @@ from voxpipe.launch.pod import MLFLOW_CLIENT_LABEL
 from voxpipe.secrets import is_secret_name
 from voxpipe.steps.launch import LaunchParams
 from voxpipe.steps.model import ModelParams
+from voxpipe.steps.serve import ServeParams
 from voxpipe.steps.train import LoraParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def test_voxpipe_serve_pulls_the_registered_champion_with_its_key_and_probes():
     c = container(doc)
     assert c["command"] == ["voxpipe", "serve"]
     model = f"models:/{registered_name()}@champion"
-    assert c["args"] == ["--model", model, "--host", "0.0.0.0", "--port", "8080"]
+    assert c["args"][:6] == ["--model", model, "--host", "0.0.0.0", "--port", "8080"]
     variables = env(c)
     assert variables["VOXPIPE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "voxpipe-serve",
                                                                          "key": "api-key"}
@@ -96,6 +97,19 @@ def test_voxpipe_serve_pulls_the_registered_champion_with_its_key_and_probes():
     assert "secretKeyRef" in variables["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8080}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
+
+
+def test_the_concurrency_target_is_the_batch_size_the_server_runs():
+    """Issue 46: the autoscaler's concurrency target is the server's batch size (serve.concurrency), so a
+    replica counts as busy when its batch is full, not at its first request; the waiting room is pinned
+    beside it. Both within the schema's bounds."""
+    doc = rendering("voxpipe-serve.yaml")
+    args = container(doc)["args"]
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    batch, room = int(flags["--concurrency"]), int(flags["--queue"])
+    assert doc["metadata"]["annotations"]["autoscaling.knative.dev/target"] == str(batch)
+    ServeParams(concurrency=batch, queue=room)  # the server would start with them
+    assert batch > 1, "a batch of one serves one request at a time"
 
 
 def test_vllm_omni_serves_the_base_with_the_adapter_at_startup():

@@ -32,6 +32,7 @@ from voxpipe.model.config import (
     VoxCPM2Config,
 )
 from voxpipe.model.io import from_pretrained, save_pretrained
+from voxpipe.model.rolling import Prompt, RollingBatch, Row
 from voxpipe.model.rows import plan_rows
 from voxpipe.model.tokenizer import train_tokenizer
 from voxpipe.model.voxcpm2 import VoxCPM2
@@ -312,13 +313,12 @@ def test_generation_latents_match_upstream_first_steps(pair, with_ref):
     steps = 4
     torch.manual_seed(11)
     expected, _ = up.inference(*prompt, min_len=steps, max_len=steps, inference_timesteps=4, cfg_value=2.0)
-    patches, lengths, hit_limit = ours.sample_patches(
-        *prompt, max_len=steps, min_len=steps, inference_timesteps=4, cfg_value=2.0,
-        generator=torch.Generator().manual_seed(11),
-    )
-    got = patches.permute(0, 3, 1, 2).reshape(1, ours.feat_dim, -1)
+    row = Row(Prompt(text.long(), feat, text_mask, audio_mask), max_len=steps, min_len=steps, cfg_value=2.0,
+              inference_timesteps=4, generator=torch.Generator().manual_seed(11))
+    [done] = RollingBatch(ours).run([row])
+    got = done.patches.permute(2, 0, 1).reshape(1, ours.feat_dim, -1)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    assert lengths.tolist() == [steps] and hit_limit.tolist() == [True]
+    assert done.patches.size(0) == steps and done.hit_limit
 
 
 @pytest.mark.parametrize("pair", ["mqa-p2-rope-everywhere-mup-long"], indirect=True)

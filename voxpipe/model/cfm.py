@@ -145,43 +145,71 @@ class ConditionalFlowMatching(nn.Module):
     def sample(
         self,
         mu: torch.Tensor,
-        n_timesteps: int,
+        n_timesteps: int | list[int],
         patch_size: int,
         cond: torch.Tensor,
         temperature: float = 1.0,
-        cfg_value: float = 1.0,
+        cfg_value: float | torch.Tensor = 1.0,
         sway_sampling_coef: float = 1.0,
         use_cfg_zero_star: bool = True,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator | None] | None = None,
     ) -> torch.Tensor:
         """Euler integration from noise (t=1) to data (t=0) with sway-sampled steps and CFG-Zero*.
 
-        mu [B, k*hidden], cond [B, C, P'] -> patch [B, C, patch_size] (fp32).
+        mu [B, k*hidden], cond [B, C, P'] -> patch [B, C, patch_size] (fp32). Each of `n_timesteps`,
+        `cfg_value` ([B] tensor) and `generator` is one for the batch or one per row: a row's patch then
+        does not depend on its batch-mates (a row with fewer steps than another sits out the others' last
+        ones unchanged).
         """
         b = mu.size(0)
         device = mu.device
-        x = torch.randn((b, self.in_channels, patch_size), generator=generator, device=device) * temperature
-        t_span = torch.linspace(1, 0, n_timesteps + 1, device=device)
-        t_span = t_span + sway_sampling_coef * (torch.cos(torch.pi / 2 * t_span) - 1 + t_span)
-
-        # CFG-Zero*: the first few steps (at least one) keep x unchanged instead of trusting the
-        # velocity estimate at pure noise
-        zero_init_steps = max(1, int(len(t_span) * 0.04))
-        t, dt = t_span[0], t_span[0] - t_span[1]
+        shape = (self.in_channels, patch_size)
+        if isinstance(generator, list):
+            x = torch.stack([torch.randn((1, *shape), generator=g, device=device)[0] for g in generator])
+        else:
+            x = torch.randn((b, *shape), generator=generator, device=device)
+        x = x * temperature
+        if isinstance(cfg_value, torch.Tensor):
+            cfg_value = cfg_value.to(device=device, dtype=torch.float32).view(-1, 1, 1)
+        steps = n_timesteps if isinstance(n_timesteps, list) else [n_timesteps] * b
+        plans = {n: self._euler_plan(n, sway_sampling_coef, use_cfg_zero_star, device) for n in set(steps)}
         mu_pair = torch.cat((mu, torch.zeros_like(mu)))
         cond_pair = torch.cat((cond, cond))
-        for step in range(1, len(t_span)):
-            if not (use_cfg_zero_star and step <= zero_init_steps):
-                t_pair = t.expand(2 * b)
-                dt_pair = dt.expand(2 * b) if self.mean_mode else torch.zeros_like(t_pair)
-                out = self.estimator(torch.cat((x, x)), mu_pair, t_pair, cond_pair, dt_pair).float()
-                cond_v, uncond_v = out[:b], out[b:]
-                scale = self._cfg_zero_scale(cond_v, uncond_v) if use_cfg_zero_star else 1.0
-                x = x - dt * (uncond_v * scale + cfg_value * (cond_v - uncond_v * scale))
-            t = t - dt
-            if step < len(t_span) - 1:
-                dt = t - t_span[step + 1]
+        for step in range(max(steps)):
+            now = [plans[n][step] if step < n else None for n in steps]
+            runs = [p is not None and p[2] for p in now]
+            if not any(runs):
+                continue
+            idle = torch.zeros((), device=device)
+            t = torch.stack([p[0] if p is not None else idle for p in now])
+            dt = torch.stack([p[1] if p is not None else idle for p in now])
+            t_pair = torch.cat((t, t))
+            dt_pair = torch.cat((dt, dt)) if self.mean_mode else torch.zeros_like(t_pair)
+            out = self.estimator(torch.cat((x, x)), mu_pair, t_pair, cond_pair, dt_pair).float()
+            cond_v, uncond_v = out[:b], out[b:]
+            scale = self._cfg_zero_scale(cond_v, uncond_v) if use_cfg_zero_star else 1.0
+            moved = x - dt.view(-1, 1, 1) * (uncond_v * scale + cfg_value * (cond_v - uncond_v * scale))
+            x = moved if all(runs) else torch.where(torch.tensor(runs, device=device).view(-1, 1, 1),
+                                                    moved, x)
         return x
+
+    @staticmethod
+    def _euler_plan(n: int, sway: float, cfg_zero_star: bool, device: torch.device
+                    ) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+        """(t, dt, whether the step moves x) of each of n Euler steps, sway-sampled; t accumulates as
+        upstream's loop does. CFG-Zero*: the first few steps (at least one) keep x unchanged instead of
+        trusting the velocity estimate at pure noise."""
+        t_span = torch.linspace(1, 0, n + 1, device=device)
+        t_span = t_span + sway * (torch.cos(torch.pi / 2 * t_span) - 1 + t_span)
+        zero_init_steps = max(1, int(len(t_span) * 0.04))
+        plan = []
+        t, dt = t_span[0], t_span[0] - t_span[1]
+        for step in range(1, n + 1):
+            plan.append((t, dt, not (cfg_zero_star and step <= zero_init_steps)))
+            t = t - dt
+            if step < n:
+                dt = t - t_span[step + 1]
+        return plan
 
     @staticmethod
     def _cfg_zero_scale(cond_v: torch.Tensor, uncond_v: torch.Tensor) -> torch.Tensor:

@@ -174,6 +174,49 @@ class KVCache:
         self.valid[:, self.length : end] = new_valid
         self.length = end
 
+    # -- continuous batching (voxpipe/model/rolling.py): rows join and leave between tokens ------------------
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only `rows` stay (the others left the batch); slots that no remaining row holds a real token in
+        (the left padding of a row that left) are dropped, so the cache shrinks with the batch."""
+        assert self.valid is not None, "keep() after the prompt is in"
+        valid = self.valid.index_select(0, rows)
+        first = int(valid[:, : self.length].any(dim=0).int().argmax())  # the oldest slot still read
+        self.valid = valid[:, first:]
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            self.keys[i] = k.index_select(0, rows)[:, :, first:]
+            self.values[i] = v.index_select(0, rows)[:, :, first:]
+        self.length -= first
+        self.capacity -= first
+
+    @staticmethod
+    def beside(caches: list[KVCache], room: int) -> KVCache:
+        """One cache of the caches' rows, each right-aligned so that every row's last token is in the same
+        slot (the others' left padding is invalid, as a left-padded prompt's is): the next token of every row
+        is written together, and `room` more fit."""
+        length = max(c.length for c in caches)
+        out = KVCache(len(caches[0].keys), length + room)
+        out.length = length
+        first = caches[0]
+        assert first.valid is not None, "beside() after the prompts are in"
+        out.valid = first.valid.new_zeros(sum(c.valid.size(0) for c in caches), out.capacity)
+        row = 0
+        for c in caches:
+            n, start = c.valid.size(0), length - c.length
+            out.valid[row : row + n, start:length] = c.valid[:, : c.length]
+            row += n
+        for layer in range(len(first.keys)):
+            for name in ("keys", "values"):
+                k0 = getattr(first, name)[layer]
+                merged = k0.new_zeros(out.valid.size(0), k0.size(1), out.capacity, k0.size(3))
+                row = 0
+                for c in caches:
+                    src = getattr(c, name)[layer]
+                    n, start = src.size(0), length - c.length
+                    merged[row : row + n, :, start:length] = src[:, :, : c.length]
+                    row += n
+                getattr(out, name)[layer] = merged
+        return out
+
 
 class MiniCPMAttention(nn.Module):
     npu_kernels: NpuKernels = OFF

@@ -32,7 +32,10 @@ from voxpipe.model.fsq import ScalarQuantizer
 from voxpipe.model.locdit import LocalDiT
 from voxpipe.model.locenc import LocalEncoder
 from voxpipe.model.minicpm import MiniCPMModel, Packed
+from voxpipe.model.rolling import Prompt, RollingBatch, Row
 from voxpipe.model.rows import RowPlan, plan_rows
+
+DECODE_BUCKET = 8  # patches (1.28 s): the lengths a row's latents are decoded at (`VoxCPM2.decode`)
 
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
@@ -46,16 +49,6 @@ class GeneratedSpeech:
     latents: list[torch.Tensor]  # [feat_dim, frames] per text: what the VAE decoded
     hit_length_limit: list[bool]  # True where no stop was predicted within max_len (a stop failure)
     sample_rate: int
-
-
-@dataclass
-class _Prompt:
-    """One generation prompt, upstream layout: [103, ref patches, 104,] text ids, 101."""
-
-    tokens: torch.Tensor  # [L] long
-    feats: torch.Tensor  # [L, P, D]
-    text_mask: torch.Tensor  # [L]
-    audio_mask: torch.Tensor  # [L]
 
 
 class VoxCPM2(nn.Module):
@@ -216,80 +209,7 @@ class VoxCPM2(nn.Module):
         stop_loss = (stop_losses * stop_weights).sum() / weights.sum().clamp(min=1.0)
         return {"loss/diff": diff_loss, "loss/stop": stop_loss}
 
-    # -- generation -----------------------------------------------------------------------------
-    @torch.inference_mode()
-    def sample_patches(
-        self,
-        tokens: torch.Tensor,
-        text_mask: torch.Tensor,
-        feats: torch.Tensor,
-        audio_mask: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        max_len: int = 2000,
-        min_len: int = 2,
-        inference_timesteps: int = 10,
-        cfg_value: float = 2.0,
-        generator: torch.Generator | None = None,
-        check: Callable[[], None] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Autoregressively generate latent patches after left-padded prompts.
-
-        `check` is called before every patch; whatever it raises (a request's deadline passed, its client
-        gone) ends the generation there, and the caches go with the frame, so a request's work and memory
-        end with the request.
-
-        tokens/text_mask/audio_mask/valid [B, L] (valid: False on left padding), feats [B, L, P, D].
-        Returns patches [B, N, P, D] (fp32), lengths [B] (patches up to and including the one
-        where the stop head fired) and hit_limit [B] (no stop within max_len). Rows that already
-        stopped keep being computed until all have, so one row never changes another's result.
-        """
-        b, length = tokens.shape
-        device = tokens.device
-        dtype = self._compute_dtype()
-        feats = feats.to(dtype)
-        text_w = text_mask.to(dtype).unsqueeze(-1)
-        audio_w = audio_mask.to(dtype).unsqueeze(-1)
-
-        embed, feat_embed = self._embed(tokens, feats, text_w, audio_w)
-        base_cache = self.base_lm.new_cache(length + max_len)
-        enc = self.base_lm(embed, attention_mask=valid, cache=base_cache)
-        enc = self.fsq_layer(enc) * audio_w + enc * text_w
-        residual_cache = self.residual_lm.new_cache(length + max_len)
-        residual_in = self.fusion_concat_proj(torch.cat((enc, audio_w * feat_embed), dim=-1))
-        residual = self.residual_lm(residual_in, attention_mask=valid, cache=residual_cache)
-        lm_hidden, residual_hidden = enc[:, -1], residual[:, -1]
-        previous = feats[:, -1].float()  # [B, P, D]: the DiT's prefix condition
-
-        patches: list[torch.Tensor] = []
-        lengths = torch.full((b,), max_len, dtype=torch.long, device=device)
-        done = torch.zeros(b, dtype=torch.bool, device=device)
-        for step in range(max_len):
-            if check is not None:
-                check()
-            mu = torch.cat((self.lm_to_dit_proj(lm_hidden), self.res_to_dit_proj(residual_hidden)), dim=-1)
-            patch = self.feat_decoder.sample(
-                mu,
-                inference_timesteps,
-                self.patch_size,
-                previous.transpose(1, 2),
-                cfg_value=cfg_value,
-                generator=generator,
-            ).transpose(1, 2)
-            patches.append(patch)
-            if step > min_len:
-                stopped = (self._stop_logits(lm_hidden).argmax(dim=-1) == 1) & ~done
-                lengths[stopped] = step + 1
-                done |= stopped
-                if bool(done.all()):
-                    break
-            patch_embed = self.enc_to_lm_proj(self.feat_encoder(patch.unsqueeze(1)))  # [B, 1, H]
-            lm_hidden = self.fsq_layer(self.base_lm(patch_embed, cache=base_cache)[:, 0])
-            residual_in = self.fusion_concat_proj(torch.cat((lm_hidden, patch_embed[:, 0]), dim=-1))
-            residual_hidden = self.residual_lm(residual_in.unsqueeze(1), cache=residual_cache)[:, 0]
-            previous = patch
-        return torch.stack(patches, dim=1), lengths, ~done
-
+    # -- generation (the decoding loop: voxpipe/model/rolling.py) -----------------------------------
     def _reference_patches(self, reference: Any) -> torch.Tensor:
         """16 kHz waveform [N] -> VAE latent patches [R, P, D]; latents [D, frames] / patches pass through."""
         ref = reference if isinstance(reference, torch.Tensor) else torch.from_numpy(np.asarray(reference))
@@ -314,7 +234,7 @@ class VoxCPM2(nn.Module):
             raise ValueError(f"reference patches must be [R, {p}, {d}], got {tuple(patches.shape)}")
         return patches.float()
 
-    def _prompt(self, ids: list[int], reference: Any, continued: bool = False) -> _Prompt:
+    def _prompt(self, ids: list[int], reference: Any, continued: bool = False) -> Prompt:
         """continued: `ids` begin with the reference clip's transcript, and the clip is the start of the audio
         that the generation continues (upstream's prompt-text mode); else the clip is a voice reference
         before the text."""
@@ -322,11 +242,11 @@ class VoxCPM2(nn.Module):
         text = torch.tensor([*ids, AUDIO_START_ID], dtype=torch.long)
         n = text.numel()
         if reference is None:
-            return _Prompt(text, torch.zeros(n, p, d), torch.ones(n), torch.zeros(n))
+            return Prompt(text, torch.zeros(n, p, d), torch.ones(n), torch.zeros(n))
         ref = self._reference_patches(reference)
         r = ref.size(0)
         if continued:
-            return _Prompt(torch.cat((text, torch.zeros(r, dtype=torch.long))),
+            return Prompt(torch.cat((text, torch.zeros(r, dtype=torch.long))),
                            torch.cat((torch.zeros(n, p, d), ref.cpu())),
                            torch.cat((torch.ones(n), torch.zeros(r))),
                            torch.cat((torch.zeros(n), torch.ones(r))))
@@ -336,13 +256,41 @@ class VoxCPM2(nn.Module):
         feats = torch.cat((torch.zeros(1, p, d), ref.cpu(), torch.zeros(1 + n, p, d)))
         text_mask = torch.cat((one, torch.zeros(r), one, torch.ones(n)))
         audio_mask = torch.cat((torch.zeros(1), torch.ones(r), torch.zeros(1 + n)))
-        return _Prompt(tokens, feats, text_mask, audio_mask)
+        return Prompt(tokens, feats, text_mask, audio_mask)
 
     def _require(self, name: str) -> Any:
         value = getattr(self, name)
         if value is None:
             raise RuntimeError(f"generation needs the {name}: load with from_pretrained or call attach()")
         return value
+
+    def prompts(self, texts: list[str], references: list[Any], reference_text: str | None = None
+                ) -> list[Prompt]:
+        """One prompt per text, in the voice of references[i] (`generate` says what a reference may be)."""
+        tokenizer = self._require("tokenizer")
+        lead = f"{reference_text} " if reference_text else ""
+        # whitespace collapsed as upstream's VoxCPM.generate does before tokenizing
+        ids = [tokenizer.encode(re.sub(r"\s+", " ", (lead if r is not None else "") + t))
+               for t, r in zip(texts, references, strict=True)]
+        return [self._prompt(i, r, bool(lead)) for i, r in zip(ids, references, strict=True)]
+
+    def decode(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A row's patches [n, P, D] -> (mono waveform at the VAE's output rate, latents [D, n * P]), on the
+        CPU.
+
+        The latents are decoded right-padded with zeros to a multiple of DECODE_BUCKET patches, and the
+        audio cut back to the row's: the decoder is causal, so the padding never changes the samples kept,
+        and rows of every length share a few shapes. Each new shape cost the CPU's convolutions (oneDNN) a
+        first call 4-7 times slower than the next, which made decoding, not generation, the bulk of a
+        batch's time."""
+        vae = self._require("audio_vae")
+        vae_device = next(vae.parameters()).device
+        n = patches.size(0)
+        with torch.inference_mode():
+            z = patches.permute(2, 0, 1).reshape(self.feat_dim, -1)  # [D, n * P]
+            padded = F.pad(z, (0, (-n % DECODE_BUCKET) * self.patch_size))
+            audio = vae.decode(padded.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu()
+        return audio[: z.size(1) * vae.decode_hop_length], z.cpu()
 
     def generate(
         self,
@@ -362,9 +310,12 @@ class VoxCPM2(nn.Module):
 
         reference: None, one reference for every text, or a list with one (or None) per text;
         each is a 16 kHz mono waveform, VAE latents [D, frames] or patches [R, P, D]. A fixed
-        `seed` (or `generator`) gives identical audio; neither means the global RNG.
-        reference_text: the references' transcript; the speech then continues the clip (`_prompt`).
-        check: called before every generated patch (`sample_patches`).
+        `seed` gives identical audio: each text draws from its own generator seeded with it, so a
+        text says the same in any batch as alone. `generator`: one the texts draw from in turn;
+        neither: the global RNG.
+        reference_text: the references' transcript; the speech then continues the clip (`prompts`).
+        check: called before every generated patch; what it raises (a deadline passed, a client gone)
+        ends the generation there, and the caches go with the batch.
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
@@ -372,43 +323,25 @@ class VoxCPM2(nn.Module):
         refs = reference if isinstance(reference, list) else [reference] * len(texts)
         if len(refs) != len(texts):
             raise ValueError(f"{len(refs)} references for {len(texts)} texts")
-        tokenizer, vae = self._require("tokenizer"), self._require("audio_vae")
+        self._require("audio_vae")
         device = self.enc_to_lm_proj.weight.device
-        if generator is None and seed is not None:
-            generator = torch.Generator(device).manual_seed(seed)
+        prompts = self.prompts(texts, refs, reference_text)
 
-        # whitespace collapsed as upstream's VoxCPM.generate does before tokenizing
-        lead = f"{reference_text} " if reference_text else ""
-        ids = [tokenizer.encode(re.sub(r"\s+", " ", (lead if r is not None else "") + t))
-               for t, r in zip(texts, refs, strict=True)]
-        prompts = [self._prompt(i, r, bool(lead)) for i, r in zip(ids, refs, strict=True)]
-        longest = max(pr.tokens.numel() for pr in prompts)
+        def own() -> torch.Generator | None:
+            if generator is None and seed is not None:
+                return torch.Generator(device).manual_seed(seed)
+            return generator
 
-        def left_pad(x: torch.Tensor) -> torch.Tensor:
-            return F.pad(x, (0, 0) * (x.dim() - 1) + (longest - x.size(0), 0))
-
-        batch = {
-            name: torch.stack([left_pad(getattr(pr, name)) for pr in prompts]).to(device)
-            for name in ("tokens", "feats", "text_mask", "audio_mask")
-        }
-        valid = torch.stack([left_pad(torch.ones(pr.tokens.numel(), dtype=torch.bool)) for pr in prompts])
-
+        rows = [Row(pr, max_len, min_len, cfg_value, inference_timesteps, own(), check) for pr in prompts]
         was_training = self.training
         self.eval()
         try:
-            patches, lengths, hit_limit = self.sample_patches(
-                batch["tokens"], batch["text_mask"], batch["feats"], batch["audio_mask"], valid.to(device),
-                max_len=max_len, min_len=min_len, inference_timesteps=inference_timesteps,
-                cfg_value=cfg_value, generator=generator, check=check,
-            )
+            finished = RollingBatch(self).run(rows)
         finally:
             self.train(was_training)
-
-        vae_device = next(vae.parameters()).device
-        audio, latents = [], []
-        with torch.inference_mode():
-            for row, n in enumerate(lengths.tolist()):
-                z = patches[row, :n].permute(2, 0, 1).reshape(self.feat_dim, -1)  # [D, n * P]
-                latents.append(z.cpu())
-                audio.append(vae.decode(z.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu())
-        return GeneratedSpeech(audio, latents, hit_limit.tolist(), vae.out_sample_rate)
+        for f in finished:
+            if f.error is not None:
+                raise f.error
+        decoded = [self.decode(f.patches) for f in finished]
+        return GeneratedSpeech([a for a, _ in decoded], [z for _, z in decoded],
+                               [f.hit_limit for f in finished], self.audio_vae.out_sample_rate)

@@ -37,6 +37,7 @@ from voxpipe.steps.serve import ServeParams
 from voxpipe.track.voices import DEFAULT_VOICE
 
 if TYPE_CHECKING:
+    from voxpipe.serve.batcher import Batcher
     from voxpipe.serve.served import ServedModel
 
 log = logging.getLogger("voxpipe.serve")
@@ -64,11 +65,12 @@ class Service:
     body_timeout_s: float = ServeParams.model_fields["body_timeout_s"].default
     metrics: Metrics = field(default_factory=Metrics)
     served: ServedModel | None = None  # set once the model is loaded (/ready)
+    batcher: Batcher | None = None  # generation's one thread, with the model
     voices: VoiceStore | None = None
     load_error: str | None = None
 
     def loaded(self) -> tuple[ServedModel, VoiceStore]:
-        if self.served is None or self.voices is None:
+        if self.served is None or self.voices is None or self.batcher is None:
             raise ApiError(503, self.load_error or "the model is still loading; GET /ready answers 200 once "
                            "it is")
         return self.served, self.voices
@@ -226,7 +228,7 @@ def build_app(service: Service) -> FastAPI:
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line
-        chunks = say(served.model, speech, service.admission, deadline, said)
+        chunks = say(service.batcher, speech, service.admission, deadline, said)
         watcher = asyncio.create_task(_watch(request, deadline))
         start = time.perf_counter()
         try:

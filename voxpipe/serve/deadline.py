@@ -1,7 +1,7 @@
 """One deadline per request (`synthesize.deadline_s`), checked between generated patches: when it passes, or
-the client has gone, generation stops there (VoxCPM2.sample_patches calls `check`), its caches are freed with
-the frame, and the answer is a 503 naming the limit. Without it a request that a client or a proxy had given
-up on kept a core and gigabytes for minutes (issue 34)."""
+the client has gone, generation stops there (each row of a rolling batch calls `check`), its caches leave the
+batch with it, and the answer is a 503 naming the limit. Without it a request that a client or a proxy had
+given up on kept a core and gigabytes for minutes (issue 34)."""
 
 from __future__ import annotations
 

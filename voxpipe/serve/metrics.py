@@ -1,5 +1,6 @@
 """The Prometheus page of `voxpipe serve` (/metrics): requests, errors, latency, audio seconds made and the
-real-time factor (seconds of compute per second of audio: below 1 is faster than real time), labelled with
+real-time factor (seconds of compute per second of audio: below 1 is faster than real time), the batch's rows
+per patch and how long rows waited to join it; the request figures are labelled with
 the served model version, the adapter's hash and the voice (a bounded set: the model's and the added
 voices, `reference` for a clip sent with the request, `default` for none). One registry per app, so two
 servers in one process (the tests) count apart."""
@@ -11,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 LABELS = ("version", "adapter", "voice")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50)
 
 
 class Metrics:
@@ -30,6 +33,14 @@ class Metrics:
                              LABELS, buckets=RTF_BUCKETS, registry=r)
         self.model = Gauge("voxpipe_served_model", "1 for the served model version and its adapter",
                            ("version", "adapter"), registry=r)
+        self.batch_size = Histogram("voxpipe_batch_rows", "rows of the batch at each generated patch "
+                                    "(serve.concurrency at most)", buckets=BATCH_BUCKETS, registry=r)
+        self.queue_wait = Histogram("voxpipe_queue_wait_seconds", "seconds a row waited to join the batch (a "
+                                    "request's first sentence: from its arrival, the waiting room included)",
+                                    buckets=WAIT_BUCKETS, registry=r)
+        self.threads = Gauge("voxpipe_torch_threads", "torch's threads (intra_op_threads, inter_op_threads) "
+                             "and the usable_cores they were sized by (voxpipe/cores.py)", ("kind",),
+                             registry=r)
         self.in_flight = Gauge("voxpipe_speech_in_flight", "speech requests admitted (generating or waiting)",
                                registry=r)
 

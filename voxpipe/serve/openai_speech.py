@@ -32,12 +32,11 @@ from voxpipe.serve.request import (
     check_text,
     parse_request,
 )
-from voxpipe.serve.speech import generate
 from voxpipe.serve.voices import VoiceStore
 from voxpipe.track.voices import ASSUMED_LOCALE, DEFAULT_VOICE
 
 if TYPE_CHECKING:
-    from voxpipe.model.voxcpm2 import VoxCPM2
+    from voxpipe.serve.batcher import Batcher
 
 REFERENCE_VOICE = "reference"  # the voice label of a clip sent with the request
 
@@ -182,17 +181,19 @@ class Said:
     first_chunk_s: float | None = None
 
 
-def say(model: VoxCPM2, speech: Speech, admission: Admission, deadline: Deadline, said: Said
+def say(batcher: Batcher, speech: Speech, admission: Admission, deadline: Deadline, said: Said
         ) -> Iterator[np.ndarray]:
-    """The request's audio, one sentence at a time, inside one admission slot (taken at the first next(),
-    given back when the generator ends or is closed)."""
+    """The request's audio, one sentence at a time, each a row of the batcher's batch, inside one admission
+    slot (taken at the first next(), given back when the generator ends or is closed)."""
+    asked = time.perf_counter()
     admission.enter(deadline)
     try:
         start = time.perf_counter()
+        queued_at = asked  # the first sentence's wait includes the waiting room's
         for sentence in sentences(speech.request.spoken[0]):
-            out = generate(model, speech.request, deadline, [sentence])
-            audio = out.audio[0].numpy().astype(np.float32)
-            said.audio_seconds += audio.size / out.sample_rate
+            audio = batcher.say(speech.request, sentence, deadline, queued_at)
+            queued_at = None
+            said.audio_seconds += audio.size / batcher.model.audio_vae.out_sample_rate
             if said.first_chunk_s is None:
                 said.first_chunk_s = time.perf_counter() - start
             yield audio

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from voxpipe.cores import use_cores
 from voxpipe.errors import StepError
 from voxpipe.params import Params
 from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
+from voxpipe.serve.batcher import DECODING_STREAMS, Batcher
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits, model_locale
@@ -141,6 +143,13 @@ def serve(params: Params) -> ServeResult:
     def load() -> None:
         try:
             served = load_served(params, source)
+            threads = use_cores(event_loop=True, streams=DECODING_STREAMS)
+            log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores: one left for "
+                     "the event loop, the rest split between generating and decoding)",
+                     threads["intra_op_threads"], threads["inter_op_threads"], threads["usable_cores"])
+            for kind, n in threads.items():
+                service.metrics.threads.labels(kind).set(n)
+            service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics)
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
                                         params.synthesize.max_reference_seconds)
             service.served = served

@@ -16,6 +16,7 @@ summary shows what was said and in which locale.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,12 +125,13 @@ def synthesize(params: Params) -> SynthesizeResult:
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
     uri = model_uri(p.model, params.registered_model_name())
-    if uri is not None:
-        audio, rate, hit, spoken, pinned, locale = _from_registry(params, uri, reference)
-        source = pinned if pinned == uri else f"{pinned} ({uri})"
-    else:
-        audio, rate, hit, spoken = _from_folder(p, reference)
-        source, locale = p.model, _locale(p, model_locale(None))  # a checkpoint folder records no locale
+    with _sized_threads():
+        if uri is not None:
+            audio, rate, hit, spoken, pinned, locale = _from_registry(params, uri, reference)
+            source = pinned if pinned == uri else f"{pinned} ({uri})"
+        else:
+            audio, rate, hit, spoken = _from_folder(p, reference)
+            source, locale = p.model, _locale(p, model_locale(None))  # a checkpoint folder records no locale
     how = f"normalized in {locale}" if p.normalize else "as written"
     if spoken is None:
         spoken, how = p.text, "as written: this model version predates text normalization"
@@ -137,6 +139,16 @@ def synthesize(params: Params) -> SynthesizeResult:
     atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
     source += f" in the voice of {p.reference}" if reference is not None else " in the model's own voice"
     return SynthesizeResult(out, audio.size / rate, rate, hit, source, spoken, how)
+
+
+def _sized_threads() -> AbstractContextManager[None]:
+    """torch's CPU threads sized by the cores this process may use (cores.py), not the node's."""
+    import torch
+
+    from voxpipe.cores import torch_threads, usable_cores
+    from voxpipe.device import cpu_threads
+
+    return cpu_threads(torch.device("cpu"), torch_threads(usable_cores(), event_loop=False)[0])
 
 
 def _reference_file(p: SynthesizeParams) -> str:

@@ -28,10 +28,14 @@ class ServeParams(Section):
     max_voices: int = Field(32, ge=0, le=1000, description="most voices clients may add")
     max_voice_bytes: int = Field(64 * 2**20, ge=0, le=2**34, description="most bytes of added voice clips "
                                  "together")
-    concurrency: int = Field(1, ge=1, le=64, description="requests generating at once (each holds the "
-                             "model's activations and caches)")
-    queue: int = Field(4, ge=0, le=256, description="requests waiting for a free slot; past them a 429, and "
-                       "a 503 when one waits past its deadline")
+    concurrency: int = Field(8, ge=1, le=64, description="requests generating at once, each a row of one "
+                             "batch (the batch size): a row joins between patches and leaves when its "
+                             "sentence ends; each holds its KV caches")
+    queue: int = Field(16, ge=0, le=256, description="requests waiting for a row of the batch (the waiting "
+                       "room); past them a 429, and a 503 when one waits past its deadline")
+    batch_window_ms: float = Field(10.0, ge=0, le=1000, description="milliseconds an idle batcher waits "
+                                   "after a request arrives for others to start with it (later ones join "
+                                   "between patches)")
     max_connections: int = Field(64, ge=1, le=10000, description="open connections at most; past it a new "
                                  "one closes the oldest still waiting for its request (/health still "
                                  "answers)")

@@ -1,0 +1,147 @@
+"""Issue 46 part 1: `voxpipe serve` batches requests as they arrive. A burst up to the waiting room gets
+answers, not 429s; past it a 429; a gone client's row leaves the batch at its next patch and frees its slot
+while its batch-mate goes on, and a new request joins the running batch and is answered before it ends.
+
+One real server: the runaway tiny checkpoint of test_serve_hostile (its stop head never fires, so a long
+request runs for minutes), 2 rows per batch, a waiting room of 4; the client is OpenAI's own. No test times
+the server: a held slot shows as the next request's client timing out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+from servers import free_port, serving
+from test_serve import KEY, get
+from test_serve_hostile import LONG, SHORT, in_flight, metric, runaway_checkpoint, send_speech, wait_for
+
+from voxpipe.cores import usable_cores
+from voxpipe.serve.batcher import DECODING_STREAMS
+
+ROWS, ROOM = 2, 4
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("batching")
+    model = runaway_checkpoint(root / "runaway")
+    port = free_port()
+    args = [str(Path(sys.executable).with_name("voxpipe")), "serve", "--model", str(model),
+            "--port", str(port), "--voices", str(root / "voices"), "--device", "cpu",
+            "--concurrency", str(ROWS), "--queue", str(ROOM), "--synthesize-deadline-s", "3600",
+            "--set", "serve.batch_window_ms=200"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["VOXPIPE_API_KEY"] = KEY
+    url = f"http://127.0.0.1:{port}"
+    with serving(args, f"{url}/health", root / "serve.log", env, cwd=root):
+        for _ in range(800):
+            if get(url, "/ready")[0] == 200:
+                break
+            time.sleep(0.3)
+        yield url
+    log = (root / "serve.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def speak(url: str, text: str) -> bytes:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120).audio.speech.create(
+        model="m", voice="default", input=text, extra_body=SHORT).read()
+
+
+def batch_rows(url: str) -> tuple[float, float]:
+    """(patches generated with one row in the batch, patches generated in all)."""
+    return (metric(url, r'^voxpipe_batch_rows_bucket\{le="1.0"\} (\S+)$'),
+            metric(url, r"^voxpipe_batch_rows_count (\S+)$"))
+
+
+def test_a_burst_up_to_the_waiting_room_is_answered_and_past_it_a_429(batching_server):
+    url = batching_server
+    with ThreadPoolExecutor(ROWS + ROOM) as pool:
+        answers = list(pool.map(lambda i: speak(url, f"Burst request number {i}."), range(ROWS + ROOM)))
+    assert all(a[:4] == b"RIFF" for a in answers)
+    alone, patches = batch_rows(url)
+    assert alone < patches, "every patch was made for one row: the requests were not batched"
+    assert metric(url, r"^voxpipe_queue_wait_seconds_count (\S+)$") >= ROWS + ROOM
+    cores = usable_cores()  # the server's threads: sized by them, one core left for the event loop, the rest
+    # split between generating and decoding
+    assert metric(url, r'^voxpipe_torch_threads\{kind="usable_cores"\} (\S+)$') == cores
+    intra = max(1, (cores - 1) // DECODING_STREAMS)
+    assert metric(url, r'^voxpipe_torch_threads\{kind="intra_op_threads"\} (\S+)$') == intra
+
+    held = [send_speech(url_port(url), LONG) for _ in range(ROWS + ROOM)]
+    try:
+        wait_for(lambda: in_flight(url) == ROWS + ROOM)
+        with pytest.raises(openai.RateLimitError, match="serve.concurrency, serve.queue"):
+            speak(url, "One too many.")
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: in_flight(url) == 0)
+
+
+def test_a_gone_clients_row_frees_its_slot_and_a_new_row_joins_the_running_batch(batching_server):
+    url = batching_server
+    stays, leaves = send_speech(url_port(url), LONG), send_speech(url_port(url), LONG)
+    try:
+        wait_for(lambda: in_flight(url) == 2)
+        _, before = batch_rows(url)
+        wait_for(lambda: batch_rows(url)[1] > before + 2)  # a few patches of both rows
+        leaves.close()
+        wait_for(lambda: in_flight(url) == 1)  # its row left at its next patch: the slot is free
+        alone_before, patches_before = batch_rows(url)
+        assert speak(url, "A newcomer.")[:4] == b"RIFF"  # answered while the long row still runs
+        assert in_flight(url) == 1
+        alone_after, patches_after = batch_rows(url)
+        assert patches_after - patches_before > alone_after - alone_before, "the newcomer never had company"
+    finally:
+        stays.close()
+        leaves.close()
+    wait_for(lambda: in_flight(url) == 0)
+
+
+def url_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+# --- threads sized by the cores the process may use (no server) ---
+
+SIZED = """
+import json, os, sys
+from pathlib import Path
+from voxpipe.cores import use_cores
+out = []
+for affinity, cpu_max, loop, streams in json.loads(sys.argv[1]):
+    os.sched_getaffinity = lambda pid, n=affinity: set(range(n))  # a 64-core node's affinity, say
+    out.append(use_cores(event_loop=loop == "loop", streams=streams, cpu_max=Path(cpu_max)))
+print(json.dumps(out))
+"""
+SERVE = DECODING_STREAMS  # the server: generating and decoding threads beside the event loop
+CASES = [  # affinity, cgroup cpu.max, an event loop or not, torch threads at once -> usable cores, intra-op
+    (64, "900000 100000", "loop", SERVE, 9, 4),  # a pod of 9 CPUs on a 64-core node: 4 + 4 + the loop's
+    (64, "400000 100000", "alone", 1, 4, 4),  # synthesize: no event loop, one thread runs torch
+    (6, "max 100000", "loop", SERVE, 6, 2),  # no quota: the affinity
+    (64, "50000 100000", "loop", SERVE, 1, 1),  # half a CPU: one thread each, whatever is left
+    (2, "max 100000", "loop", SERVE, 2, 1),  # this machine
+]
+
+
+def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
+    import json
+    import subprocess
+
+    asked = []
+    for i, (affinity, quota, loop, streams, _, _) in enumerate(CASES):
+        (tmp_path / f"cpu.max.{i}").write_text(quota + "\n")
+        asked.append((affinity, str(tmp_path / f"cpu.max.{i}"), loop, streams))
+    done = subprocess.run([sys.executable, "-c", SIZED, json.dumps(asked)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    expected = [{"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
+                for *_, usable, intra in CASES]
+    assert json.loads(done.stdout) == expected
