@@ -109,7 +109,8 @@ def test_a_real_eval_json_reads_as_a_report_with_every_baseline_and_each_n_a_wit
     text = EvaluateResult(Path("work/eval"), figures, figures["verdict"]).summary()
     lines = text.splitlines()
     assert lines[0].startswith("evaluate: PROMOTE (against baseline) -> work/eval/eval.json")
-    assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
+    assert lines[1].split() == ["criterion", "candidate", "reference", "gain", "[95%", "interval]", "limit",
+                                "pass"]
     assert any(line.split()[:2] == ["loss", f"{figures['loss_model']:.5f}"] for line in lines)
     assert "the real clips themselves score" in text and "cer (pocketsphinx): n/a: no Chinese row" in text
     assert len(text.splitlines()) < 20 and max(map(len, lines)) < 240

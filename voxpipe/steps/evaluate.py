@@ -102,6 +102,13 @@ class EvaluateParams(Section):
         0.1, ge=0, description="promotion rule: the DNSMOS overall MOS (1-5) may fall at most this far below "
         "the baseline's"
     )
+    noise_runs: int = Field(
+        0, ge=0, description="measure the noise floor: generate and score the chosen checkpoint's clips "
+        "again under this many other generation seeds and record each figure's worst change in "
+        "<out>/noise.json (kept across runs); while it fits the evaluation (val set, encoder, generation "
+        "settings) the rule takes its similarity and DNSMOS tolerances from it instead of the constants. "
+        "0 = measure nothing"
+    )
     rescore_champion: bool = Field(
         True, description="when the voice's registered @champion was scored on another val set (its data "
         "changed), re-score its export's fixed-seed loss on this one, so register decides on the same data",
@@ -129,7 +136,9 @@ STEPS = (
         deps=("${evaluate.model}", "${model.base}", "${evaluate.data}", "${ingest.out}"),
         outs=(Out("${evaluate.out}/samples"), Out("${evaluate.out}/eval.png"),
               Out("${evaluate.out}/exports.png"), Out("${evaluate.out}/report.json")),
-        metrics=(Out("${evaluate.out}/eval.json", cache=False),),
+        metrics=(Out("${evaluate.out}/eval.json", cache=False),
+                 Out("${evaluate.out}/noise.json", persist=True, cache=False,
+                     note="evaluate.noise_runs' noise floor: kept until measured again")),
         notes=(("${ingest.out}", "the speakers' real clips"),
                ("train.max_tokens", "the val batches are the trainer's")))),
 )
