@@ -247,7 +247,7 @@ def test_register_logs_the_headline_under_short_names_and_the_verdict(registered
     assert "wer" not in run.data.metrics  # eval.json has none: not applicable, not a made-up 0
     # the fine-tune's headline: its paired similarity gain over the base's clone, and the interval
     assert run.data.metrics["similarity_gain"] == pytest.approx(0.1)
-    low, high = run.data.metrics["similarity_gain_low"], run.data.metrics["similarity_gain_high"]
+    low, high = run.data.metrics["eval/similarity_gain_low"], run.data.metrics["eval/similarity_gain_high"]
     assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
     assert run.data.tags["voxpipe.gain.similarity"] == "+0.1000 [+0.1000, +0.1000]"
     assert run.data.tags["voxpipe.gain.similarity.spk"] == "+0.1000 [+0.1000, +0.1000]"

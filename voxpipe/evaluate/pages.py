@@ -302,6 +302,11 @@ def eval_page(folder: Path) -> str:
                   html_table(("figure", "fine-tuned", "base", "delta", "VoxCPM2"), benchmark_rows(bench))]
     if criteria:
         parts += ["<h2>Promotion rule</h2>", html_table(("criterion", "result", "detail"), criteria)]
+    if figures.get("gains"):
+        parts += ["<h2>Paired gains (candidate - baseline, 95% interval)</h2>",
+                  f"<p>{html.escape(str(figures.get('tolerance_source', '')))}</p>",
+                  html_table(("figure", "gain [low, high]"),
+                             [(name, str(g.get("shown"))) for name, g in figures["gains"].items()])]
     for png in sorted(folder.glob("*.png")):
         parts += [f"<h2>{html.escape(png.stem)}</h2>",
                   f"<img class='plot' alt='{html.escape(png.name)}' src='{data_uri(png, 'image/png')}'>"]

@@ -23,10 +23,9 @@ HEADLINE = (
     ("val_loss", "eval", "loss_model"),  # the fixed-seed val loss of the checkpoint evaluate chose
     ("loss_delta", "eval", "loss_delta"),  # minus the base model's on the same val set and seeds
     ("similarity", "eval", "similarity_to_speaker_mean"),
-    # the fine-tune's headline: paired similarity gain over the base's zero-shot clone, and its interval
+    # the fine-tune's headline: its paired similarity gain over the base's zero-shot clone (the interval:
+    # eval/similarity_gain_low and _high, and the voxpipe.gain.similarity tag)
     ("similarity_gain", "eval", "similarity_gain"),
-    ("similarity_gain_low", "eval", "similarity_gain_low"),
-    ("similarity_gain_high", "eval", "similarity_gain_high"),
     ("stop_failure_rate", "eval", "stop_failure_rate"),
     ("wer", "eval", "wer"),
     ("cer", "eval", "cer"),
