@@ -261,7 +261,9 @@ def test_the_bootstrap_is_stratified_by_speaker_and_reference_and_seeded():
     assert unstratified.high - unstratified.low > 0.05
     # one clip per (speaker, reference): coarser strata; one clip: a gain, no interval, and why
     assert paired_gain(pairs[:4]).strata == ["speaker", "reference"]
-    assert paired_gain([pairs[0], pairs[1], Pair(0.8, 0.8, "spk", True)]).strata == ["speaker"]
+    other = [Pair(0.8, 0.8, "other", True), Pair(0.81, 0.8, "other", False)]
+    assert paired_gain([*pairs[:3], *other]).strata == ["speaker"]  # one clip of spk without a reference
+    assert paired_gain([pairs[0], pairs[1], pairs[2]]).strata == []  # one speaker left: one stratum
     one = paired_gain(pairs[:1])
     assert one.gain == pytest.approx(0.1) and one.low is None and "one paired clip" in one.null_reason
     noisy = [Pair(0.8 + 0.01 * (i % 3), 0.8, "spk", True) for i in range(9)]
