@@ -8,13 +8,15 @@
    (consistency.py), stop failures both ways (premature, runaway) and real-time factor.
    With `evaluate.benchmark`, every line of a standard test set in Seed-TTS-eval's layout too
    (benchmark_set.py): the protocol's WER/CER and SIM of each checkpoint, beside the published ones.
-3. The promotion rule (promotion.py) on those figures; `--require-improvement` fails the step when
+3. The promotion rule (promotion.py) on those figures, each compared figure read as a paired gain
+   over the baseline's clips with its bootstrap interval (gains.py), its tolerances the measured noise
+   floor's (`evaluate.noise_runs`, noise.py) or the constants; `--require-improvement` fails the step when
    it says no. `evaluate.model` may be a folder of step-N exports: each export of the run in it is
    scored and the rule picks one; exports of another run are skipped and listed (exports.py).
 
 Checkpoints are loaded one after the other (never two in memory). Outputs in `out/`: eval.json
 (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz), eval.png, exports.png,
-report.json.
+report.json, noise.json (the noise floor, kept across runs).
 """
 
 from __future__ import annotations
