@@ -194,9 +194,8 @@ def _reads_interval(name: str, gain: Gain, tolerance: float, source: str, mine: 
     interval) is at least -tolerance."""
     bound = gain.low if gain.low is not None else gain.gain
     passed = bound is not None and bound >= -tolerance
-    detail = (f"gain {gain.shown(spec)} over {gain.n} paired clip(s) "
-              f"({_fmt(mine, spec.lstrip('+'))} vs baseline {_fmt(base, spec.lstrip('+'))}), low bound must "
-              "be "
+    means = f"{_fmt(mine, spec.lstrip('+'))} vs baseline {_fmt(base, spec.lstrip('+'))}"
+    detail = (f"gain {gain.shown(spec)} over {gain.n} paired clip(s) ({means}), low bound must be "
               f">= {-tolerance:+g} (tolerance from {source})")
     return Criterion(name, mine, base, -tolerance, passed, detail, gain.as_dict())
 
