@@ -28,6 +28,9 @@ def test_the_spread_is_the_worst_reseeded_run_against_the_first():
     assert got["similarity"] == pytest.approx(0.03) and got["similarity[spk]"] == pytest.approx(0.03)
     assert got["quality"] == pytest.approx(0.2) and got["stop_failures"] == 0.0
     assert "wer" not in got  # no pair: no spread, the constant stays
+    # clips that move both ways under another seed: the mean stays, the interval the rule reads does not
+    scattered = spreads([first, clips([0.84, 0.66, 0.76, 0.74])])
+    assert scattered["similarity"] > 0.01 and spreads([first, first])["similarity"] == 0.0
 
 
 def test_a_floor_is_read_only_while_it_fits_the_evaluation(tmp_path):

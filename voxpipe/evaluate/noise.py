@@ -3,12 +3,14 @@
 Speaker similarity on a few dozen clips moves by about a point between runs of the same checkpoint, so a
 tolerance picked by hand is either looser or stricter than the noise. With `evaluate.noise_runs N`,
 evaluate generates and scores the chosen checkpoint's clips again under N other generation seeds
-(`generation_seed + 1..N`; no loss, no benchmark) and records, per figure, the worst paired gain of a
-reseeded run against the evaluation's own (`spread`: the largest |gain|, as a gate would take the worst of
-N runs) in `<evaluate.out>/noise.json`, a DVC metric kept across reruns (persist). The promotion rule then
-takes its similarity and quality tolerances from it (promotion.Floor), but only while the file fits the
-evaluation: the same val set and seeds, speaker encoder and generation settings; otherwise the constants,
-and eval.json's `tolerance_source` says why.
+(`generation_seed + 1..N`; no loss, no benchmark) and records, per figure, how far the rule's own
+statistic reaches from zero when nothing but the seed changed: the paired gain of each reseeded run
+against the evaluation's clips, its 95 % interval's farther end from zero (the gain itself where there
+is no interval), the worst of the N runs (`spreads`) in `<evaluate.out>/noise.json`, a DVC metric kept
+across reruns (persist). A candidate whose low bound stays within that is within what the seed alone does.
+The promotion rule then takes its similarity and quality tolerances from it (promotion.Floor), but only
+while the file fits the evaluation: the same val set and seeds, speaker encoder and generation settings;
+otherwise the constants, and eval.json's `tolerance_source` says why.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ FITS = ("speaker", "texts_per_speaker", "max_len", "cfg_value", "inference_times
 
 
 def spreads(runs: list[dict[str, dict[str, Any]]]) -> dict[str, float]:
-    """Per figure, the largest |paired gain| of each reseeded run (runs[1:]) against the first (runs[0]):
-    what the seed alone does to it. Figures with no pair in any run are left out."""
+    """Per figure, the farthest from zero the paired gain's interval of a reseeded run (runs[1:]) against
+    the first (runs[0]) reaches, over the runs: a candidate no worse than that low bound is within what the
+    seed alone does. Figures with no pair in any run are left out."""
     out: dict[str, float] = {}
     for other in runs[1:]:
         for figure, gain in paired_gains(other, runs[0]).items():
-            if gain.gain is not None:
-                out[figure] = max(out.get(figure, 0.0), abs(gain.gain))
+            ends = [abs(x) for x in (gain.gain, gain.low, gain.high) if x is not None]
+            if ends:
+                out[figure] = max(out.get(figure, 0.0), *ends)
     return out
 
 
@@ -50,8 +54,9 @@ def write_floor(path: Path, runs: list[dict[str, dict[str, Any]]], seeds: list[i
     from, and what the floor fits."""
     document = {"measured": True, "runs": len(runs) - 1, "generation_seeds": seeds, "checkpoint": checkpoint,
                 "fits": fit, "spreads": spreads(runs),
-                "definition": "per figure (gains.FIGURES), the largest |mean paired difference| of the same "
-                              "checkpoint's clips under another generation seed against its own"}
+                "definition": "per figure (gains.FIGURES), the farthest from zero that the paired gain's "
+                              "95 % interval of the same checkpoint's clips under another generation seed "
+                              "against its own reaches, the worst over the seeds"}
     write_json(path, document)
     return document
 

@@ -104,10 +104,10 @@ class EvaluateParams(Section):
     )
     noise_runs: int = Field(
         0, ge=0, description="measure the noise floor: generate and score the chosen checkpoint's clips "
-        "again under this many other generation seeds and record each figure's worst change in "
-        "<out>/noise.json (kept across runs); while it fits the evaluation (val set, encoder, generation "
-        "settings) the rule takes its similarity and DNSMOS tolerances from it instead of the constants. "
-        "0 = measure nothing"
+        "again under this many other generation seeds and record how far each figure's gain interval "
+        "against itself reaches from zero (the worst seed) in <out>/noise.json (kept across runs); while "
+        "it fits the evaluation (val set, encoder, generation settings) the rule takes its similarity and "
+        "DNSMOS tolerances from it instead of the constants. 0 = measure nothing"
     )
     rescore_champion: bool = Field(
         True, description="when the voice's registered @champion was scored on another val set (its data "
