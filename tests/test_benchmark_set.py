@@ -100,6 +100,13 @@ def test_evaluate_scores_the_set_for_base_and_fine_tune_and_the_rule_checks_forg
     forget = next(c for c in report["promotion"]["criteria"] if c["name"] == "did_not_forget")
     assert forget["passed"] and forget["limit"] == {"wer": pytest.approx(bench["baseline"]["wer"] + 0.05)}
     assert report["scores"]["model"]["benchmark"] == {"wer": bench["model"]["wer"], "cer": None}
+    # paired per line: the same clips give gain 0 with [0, 0], shown beside the forgetting criterion
+    for figure in ("benchmark_wer", "benchmark_sim"):
+        assert (report[f"{figure}_gain"], report[f"{figure}_gain_low"], report[f"{figure}_gain_high"]) == (
+            0.0, 0.0, 0.0), figure
+    assert report["benchmark_cer_gain"] is None and report["benchmark_cer_gain_null_reason"]
+    assert forget["gain"]["shown"] == "+0.0000 [+0.0000, +0.0000]"
+    assert "benchmark_wer gain" in forget["detail"]
     # the val-set clips carry both similarities; only clips made with a reference have a prompt figure
     for u in report["utterances"]["model"]:
         assert (u["similarity_to_prompt"] is not None) == u["with_reference"], u["name"]

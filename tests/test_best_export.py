@@ -88,6 +88,9 @@ def test_evaluate_scores_each_export_picks_one_and_register_takes_it(evaluated, 
     assert chosen["md5"] == dvc_md5(Path(chosen["path"]))
     row = next(r for r in table if r["step"] == chosen["step"])
     assert report["loss_model"] == pytest.approx(row["loss"])  # the flat figures are the chosen export's
+    # each export's paired similarity gain over the base, the chosen one's the headline
+    assert all(r["similarity_gain_low"] <= r["similarity_gain"] <= r["similarity_gain_high"] for r in table)
+    assert report["similarity_gain"] == pytest.approx(row["similarity_gain"])
     assert [c["name"] for c in report["promotion"]["criteria"]] == [
         "loss", "similarity[spk_f]", "similarity[spk_m]", "stop_failures", "voice_split", "quality",
         "did_not_forget"]

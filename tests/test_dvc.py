@@ -253,6 +253,9 @@ def test_repro_runs_every_stage_and_registers_a_model(repo, first_repro, at_comm
     metrics = json.loads(dvc(repo, "metrics", "show", "--json"))
     figures = next(iter(metrics.values()))["data"]
     assert "loss_model" in figures["work/eval/eval.json"]["data"]
+    # the fine-tune's headline, its paired similarity gain, and the noise floor's file (none measured yet)
+    assert {"similarity_gain", "similarity_gain_low"} <= set(figures["work/eval/eval.json"]["data"])
+    assert json.loads((repo / "work/eval/noise.json").read_text())["measured"] is False
     # a CPU's MFU is null with its reason (no recorded peak): DVC shows the throughput, the headline there
     assert "tokens_per_s" in figures["work/mfu/mfu.json"]["data"]
     mfu = json.loads((repo / "work/mfu/mfu.json").read_text())

@@ -19,8 +19,9 @@ from voxpipe.cli import main
 from voxpipe.data.audio import decode
 from voxpipe.data.dataset import EncodedDataset
 from voxpipe.evaluate.consistency import consistency
+from voxpipe.evaluate.gains import FIGURES
 from voxpipe.evaluate.pitch import median_f0
-from voxpipe.evaluate.promotion import LossReference, Scores, loss_criterion
+from voxpipe.evaluate.promotion import CONSTANTS, LossReference, Scores, loss_criterion
 from voxpipe.evaluate.speaker import SpeakerEncoder, cosine, unit_mean
 from voxpipe.evaluate.step import EvaluateResult
 from voxpipe.model.io import from_pretrained
@@ -280,7 +281,25 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     assert all(costs["phase_seconds"][k] > 0 for k in costs["counts"])
     lines = EvaluateResult(out, report, report["verdict"]).summary().splitlines()
     assert lines[0].startswith("evaluate: ") and lines[0].endswith(str(out / "eval.json"))
-    assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
+    assert lines[1].split() == ["criterion", "candidate", "reference", "gain", "[95%", "interval]", "limit",
+                                "pass"]
+    # the same checkpoint against itself: every paired gain is 0 with the interval [0, 0]
+    for figure in ("similarity", "stop_failures", "quality", "similarity[spk_f]", "similarity[spk_m]"):
+        g = report["gains"][figure]
+        assert (g["gain"], g["low"], g["high"]) == (0.0, 0.0, 0.0) and g["n"] >= 2, figure
+    for figure in FIGURES:  # each compared figure, flat for DVC and MLflow: a number or null with the reason
+        assert f"{figure}_gain" in report and f"{figure}_gain_low" in report, figure
+        assert report[f"{figure}_gain_low"] is not None or report[f"{figure}_gain_null_reason"], figure
+    assert report["similarity_gain"] == 0.0 and report["benchmark_wer_gain"] is None
+    assert "no evaluate.benchmark line" in report["benchmark_wer_gain_null_reason"]
+    assert report["tolerance_source"].startswith(CONSTANTS)
+    assert "noise.json missing" in report["tolerance_source"]
+    assert json.loads((out / "noise.json").read_text())["measured"] is False  # DVC's metric exists
+    similarity = next(line.split() for line in lines if line.split()[0] == "similarity[spk_f]")
+    assert similarity[3:6] == ["+0.0000", "[+0.0000,", "+0.0000]"]
+    assert similarity[6:9] == ["gain", "low", ">="]
+    assert any(line.startswith("  paired gains") and "similarity +0.0000 [+0.0000, +0.0000]" in line
+               for line in lines)
     loss = next(line.split() for line in lines if line.split()[0] == "loss")
     assert loss[1:3] == [f"{report['loss_model']:.5f}", f"{report['loss_baseline']:.5f}"]
 

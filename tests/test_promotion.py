@@ -10,16 +10,32 @@ import pytest
 
 from voxpipe.errors import StepError
 from voxpipe.evaluate.exports import Candidate, Scored, choose, find_candidates
-from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, decide, mean_ci, with_loss_reference
+from voxpipe.evaluate.promotion import (
+    CONSTANTS,
+    Floor,
+    LossReference,
+    Scores,
+    Verdict,
+    decide,
+    mean_ci,
+    with_loss_reference,
+)
 
 TOLERANCE = 0.05
 
 
-def scores(loss=1.0, std=0.01, sims=None, stop=0.0, split=(), mos=3.0, premature=None) -> Scores:
+def scores(loss=1.0, std=0.01, sims=None, stop=0.0, split=(), mos=3.0, premature=None,
+           paired=False) -> Scores:
+    """A checkpoint's scores; `paired`: with per-clip figures too (clip i of a speaker: its i-th
+    similarity, with a reference for even i), so the rule reads paired gains."""
     sims = sims or {"spk_f": [0.80, 0.82, 0.78, 0.80], "spk_m": [0.70, 0.72, 0.68, 0.70]}
     premature = stop if premature is None else premature
+    clips = {f"{i:03d}-{speaker}": {"speaker": speaker, "with_reference": i % 2 == 0, "similarity": v,
+                                    "stop_failures": stop, "quality": mos, "wer": None, "cer": None}
+             for speaker, values in sims.items() for i, v in enumerate(values)} if paired else None
     return Scores(loss, std, {k: mean_ci(v) for k, v in sims.items()}, stop, list(split),
-                  premature_stop_rate=premature, runaway_stop_rate=stop - premature, mos_ovrl=mos)
+                  premature_stop_rate=premature, runaway_stop_rate=stop - premature, mos_ovrl=mos,
+                  clips=clips)
 
 
 BASE = scores(loss=1.0)
@@ -197,3 +213,88 @@ def test_only_the_metrics_the_base_has_are_compared():
 def test_scores_from_an_older_eval_json_have_no_benchmark():
     old = {k: v for k, v in BASE.as_dict().items() if k != "benchmark"}
     assert Scores.from_dict(old).benchmark is None
+
+
+# -- paired gains (gains.py): the rule reads the interval -------------------------------------------------
+
+
+def test_identical_outputs_gain_zero_with_interval_zero_and_pass():
+    same = scores(paired=True)
+    v = decide(scores(loss=0.9, paired=True), same, None, TOLERANCE)
+    for figure in ("similarity", "similarity[spk_f]", "similarity[spk_m]", "quality", "stop_failures"):
+        g = v.gains[figure]
+        assert (g["gain"], g["low"], g["high"]) == (0.0, 0.0, 0.0), figure
+    assert v.gains["similarity"]["n"] == 8 and v.gains["similarity"]["strata"] == ["speaker", "reference"]
+    assert v.gains["similarity"]["shown"] == "+0.0000 [+0.0000, +0.0000]"
+    assert v.gains["wer"]["gain"] is None and "from both" in v.gains["wer"]["null_reason"]
+    assert v.promoted and criterion(v, "similarity[spk_m]").gain["high"] == 0.0
+    assert Verdict.from_dict(v.as_dict()) == v  # eval.json round trip, gains and tolerances too
+
+
+def test_a_similarity_interval_that_straddles_minus_the_tolerance_is_refused():
+    """The mean drop (0.04) is within the tolerance (0.05), so the means alone pass; but the clips
+    disagree so much that a drop beyond 0.05 is not ruled out: refused."""
+    base = {"spk_f": [0.80] * 8, "spk_m": [0.70] * 8}
+    noisy = {"spk_f": [0.80] * 8, "spk_m": [0.56, 0.72, 0.58, 0.72, 0.57, 0.71, 0.71, 0.71]}
+    assert decide(scores(loss=0.5, sims=noisy), scores(sims=base), None, TOLERANCE).promoted  # means: pass
+    v = decide(scores(loss=0.5, sims=noisy, paired=True), scores(sims=base, paired=True), None, TOLERANCE)
+    c = criterion(v, "similarity[spk_m]")
+    assert c.gain["gain"] == pytest.approx(-0.04) and c.gain["low"] < -TOLERANCE < c.gain["high"]
+    assert not c.passed and not v.promoted and c.limit == -TOLERANCE
+    assert "low bound must be >= -0.05" in c.detail and "evaluate.similarity_tolerance" in c.detail
+    # the same mean drop on every clip: the interval is tight, within the tolerance, promoted
+    steady = {"spk_f": [0.80] * 8, "spk_m": [0.66] * 8}
+    ok = decide(scores(loss=0.5, sims=steady, paired=True), scores(sims=base, paired=True), None, TOLERANCE)
+    assert ok.promoted and ok.gains["similarity[spk_m]"]["low"] == pytest.approx(-0.04)
+
+
+def test_the_bootstrap_is_stratified_by_speaker_and_reference_and_seeded():
+    """Clips with a reference gain 0.1 and those without lose 0.1: resampled within each stratum every
+    resample keeps the mix, so the interval is the point; pooled it would be wide."""
+    from voxpipe.evaluate.gains import Pair, paired_gain
+
+    pairs = [Pair(0.9 if i % 2 == 0 else 0.7, 0.8, "spk", i % 2 == 0) for i in range(8)]
+    g = paired_gain(pairs)
+    assert g.strata == ["speaker", "reference"] and g.gain == pytest.approx(0.0)
+    assert g.low == pytest.approx(0.0) and g.high == pytest.approx(0.0)
+    unstratified = paired_gain([Pair(p.candidate, p.reference) for p in pairs])  # one stratum
+    assert unstratified.high - unstratified.low > 0.05
+    # one clip per (speaker, reference): coarser strata; one clip: a gain, no interval, and why
+    assert paired_gain(pairs[:4]).strata == ["speaker", "reference"]
+    other = [Pair(0.8, 0.8, "other", True), Pair(0.81, 0.8, "other", False)]
+    assert paired_gain([*pairs[:3], *other]).strata == ["speaker"]  # one clip of spk without a reference
+    assert paired_gain([pairs[0], pairs[1], pairs[2]]).strata == []  # one speaker left: one stratum
+    one = paired_gain(pairs[:1])
+    assert one.gain == pytest.approx(0.1) and one.low is None and "one paired clip" in one.null_reason
+    noisy = [Pair(0.8 + 0.01 * (i % 3), 0.8, "spk", True) for i in range(9)]
+    assert paired_gain(noisy) == paired_gain(noisy)  # seeded: eval.json repeats
+
+
+def test_a_measured_floor_sets_the_tolerances_and_the_verdict_names_it():
+    base = {"spk_f": [0.80] * 8, "spk_m": [0.70] * 8}
+    drop = {"spk_f": [0.80] * 8, "spk_m": [0.67] * 8}  # a steady 0.03 drop
+    candidate, baseline = scores(loss=0.5, sims=drop, paired=True), scores(sims=base, paired=True)
+    constants = decide(candidate, baseline, None, TOLERANCE)
+    assert constants.promoted and constants.tolerances["source"] == CONSTANTS
+    assert constants.tolerances["similarity[spk_m]"] == {"tolerance": TOLERANCE,
+                                                         "from": "evaluate.similarity_tolerance"}
+    floor = Floor({"similarity": 0.02, "quality": 0.05}, "the noise floor of noise.json (2 other seed(s))")
+    v = decide(candidate, baseline, None, TOLERANCE, floor=floor)
+    assert not v.promoted and [c.name for c in v.failed()] == ["similarity[spk_m]"]
+    assert v.tolerances["source"] == floor.source
+    assert v.tolerances["similarity[spk_m]"]["tolerance"] == 0.02
+    assert v.tolerances["quality"]["tolerance"] == 0.05
+    assert "noise floor of noise.json" in criterion(v, "similarity[spk_m]").detail
+    # a speaker's own floor, where measured, before the pooled one
+    own = Floor({"similarity": 0.02, "similarity[spk_m]": 0.04}, "floor")
+    assert decide(candidate, baseline, None, TOLERANCE, floor=own).promoted
+
+
+def test_quality_reads_its_interval_and_stop_and_forgetting_show_their_gains():
+    v = decide(scores(loss=0.5, mos=2.85, paired=True), scores(mos=3.0, paired=True), None, TOLERANCE,
+               mos_tolerance=0.1)
+    quality = criterion(v, "quality")
+    assert not quality.passed and quality.gain["gain"] == pytest.approx(-0.15) and quality.limit == -0.1
+    stop = criterion(decide(scores(loss=0.5, stop=0.25, paired=True), scores(stop=0.0, paired=True), None,
+                            TOLERANCE), "stop_failures")
+    assert not stop.passed and stop.gain["gain"] == pytest.approx(0.25) and "gain +0.2500" in stop.detail

@@ -30,6 +30,7 @@ from test_ui import CHECK, needs_chromium, page_check, scrolled_text
 from voxpipe.cli import main
 from voxpipe.data.ingest_step import ingest
 from voxpipe.errors import StepError
+from voxpipe.evaluate.gains import flat_gains
 from voxpipe.evaluate.promotion import Scores, decide, mean_ci
 from voxpipe.lineage import dvc_md5
 from voxpipe.model.io import from_pretrained
@@ -107,8 +108,14 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
     for tag, hz in (("step-6", 220), ("baseline", 330)):
         tone = (0.2 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
         sf.write(samples / f"{tag}-000-spk-ref.wav", tone, 48000)
-    model = Scores(loss_model, 0.01, {"spk": mean_ci([similarity - 0.02, similarity + 0.02])}, 0.0, [])
-    base = Scores(loss_baseline, 0.01, {"spk": mean_ci([0.58, 0.62])}, 0.0, [])
+    def clips(similarities: list[float]) -> dict:
+        return {f"00{i}-spk-{ref}": {"speaker": "spk", "with_reference": ref == "ref", "similarity": s,
+                                     "stop_failures": 0.0, "quality": None, "wer": None, "cer": None}
+                for i, (ref, s) in enumerate(zip(("ref", "noref"), similarities, strict=True))}
+
+    model = Scores(loss_model, 0.01, {"spk": mean_ci([similarity - 0.02, similarity + 0.02])}, 0.0, [],
+                   clips=clips([similarity - 0.02, similarity + 0.02]))
+    base = Scores(loss_baseline, 0.01, {"spk": mean_ci([0.58, 0.62])}, 0.0, [], clips=clips([0.58, 0.62]))
     verdict = decide(model, base, None, tolerance=0.05)
     figures = {"loss_model": loss_model, "loss_baseline": loss_baseline,
                "loss_delta": loss_model - loss_baseline, "loss_seed_spread": 0.01,
@@ -116,7 +123,8 @@ def write_eval(folder: Path, loss_model: float, loss_baseline: float, similarity
                "similarity_to_speaker_mean": similarity, "similarity_to_speaker_baseline": 0.6,
                "stop_failure_rate": 0.0,
                "verdict": verdict.sentence(), "loss": {"summary": {"model": {"total": {"mean": loss_model}}}},
-               "promotion": {**verdict.as_dict(), "tolerance": 0.05},
+               "promotion": {**verdict.as_dict(), "tolerance": 0.05}, "gains": verdict.gains,
+               **flat_gains(verdict.gains),
                "scores": {"model": model.as_dict(), "baseline": base.as_dict()}, "val_digest": val_digest,
                "utterances": {"model": [{"name": "000-spk-ref", "row_id": VAL_ROW, "with_reference": True,
                                          "text": VAL_TEXT}]},
@@ -237,6 +245,13 @@ def test_register_logs_the_headline_under_short_names_and_the_verdict(registered
         {"val_loss": 1.90, "loss_delta": -0.10, "similarity": 0.7, "stop_failure_rate": 0.0, "mfu": 0.01,
          "tokens_per_s": 900.0})
     assert "wer" not in run.data.metrics  # eval.json has none: not applicable, not a made-up 0
+    # the fine-tune's headline: its paired similarity gain over the base's clone, and the interval
+    assert run.data.metrics["similarity_gain"] == pytest.approx(0.1)
+    low, high = run.data.metrics["eval/similarity_gain_low"], run.data.metrics["eval/similarity_gain_high"]
+    assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    assert run.data.tags["voxpipe.gain.similarity"] == "+0.1000 [+0.1000, +0.1000]"
+    assert run.data.tags["voxpipe.gain.similarity.spk"] == "+0.1000 [+0.1000, +0.1000]"
+    assert run.data.tags["voxpipe.gain.wer"].startswith("n/a (no clip has this figure")
     assert run.data.tags["voxpipe.verdict"] == "PROMOTE (against baseline)"
     assert run.data.tags["voxpipe.val_digest"] == "val-v1"
     first = run.data.tags["mlflow.note.content"].splitlines()[0]

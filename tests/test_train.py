@@ -31,6 +31,7 @@ from voxpipe.train import plan as P
 from voxpipe.train.checkpoint import latest_checkpoint
 from voxpipe.train.init_model import init_model
 from voxpipe.train.loop import train
+from voxpipe.train.moves import MOVE_FLOOR, move_check
 from voxpipe.train.schedule import WarmupCosine
 
 STEPS = 30
@@ -283,3 +284,27 @@ def test_data_encoded_by_another_vae_is_refused(encoded_sample, tmp_path):
     init_model(ModelParams(preset="tiny", seed=5, out=str(other)))  # same shapes, different VAE weights
     with pytest.raises(StepError, match=r"was encoded with vae .* run `voxpipe encode --model-base"):
         run_in_process(encoded_sample, tmp_path / "run", model=str(other))
+
+
+def test_the_move_check_compares_the_first_validation_with_the_bases():
+    base = {"step": 0, "val/loss": 2.0, "val/diff": 1.2, "val/stop": 0.8}
+    still = move_check(base, {**base, "step": 5, "val/loss": 2.0 + 1e-6}, 1e-5, lora=True)
+    assert not still["moved"] and still["step"] == 5 and still["floor"] == MOVE_FLOOR
+    assert "LoRA adapters" in still["warning"] and "lr at this step 1.00e-05" in still["warning"]
+    assert "frozen part" in still["warning"] and "Training goes on" in still["warning"]
+    full = move_check(base, {**base, "step": 5, "val/loss": 2.0 + 1e-6}, 1e-5, lora=False)
+    assert "LoRA" not in full["warning"]
+    moved = move_check(base, {**base, "step": 5, "val/stop": 0.7}, 1e-5, lora=False)
+    assert moved["moved"] and moved["warning"] is None and moved["change"] == pytest.approx(0.125)
+
+
+def test_a_base_that_cannot_move_is_named_after_a_few_steps_and_training_goes_on(encoded_sample, tmp_path,
+                                                                                  caplog):
+    """lr 1e-30 changes no weight: the first validation equals the base's, the run warns and finishes; the
+    same run at the test lr moves."""
+    stuck = run_in_process(encoded_sample, tmp_path / "stuck", max_steps=2, val_every=1, lr=1e-30)
+    assert stuck["steps"] == 2 and stuck["moved"]["step"] == 1 and stuck["moved"]["moved"] is False
+    assert stuck["moved"]["change"] <= MOVE_FLOOR and "the model is not learning" in caplog.text
+    moving = run_in_process(encoded_sample, tmp_path / "moving", max_steps=2, val_every=1)
+    assert moving["moved"]["moved"] and moving["moved"]["warning"] is None
+    assert moving["moved"]["change"] > MOVE_FLOOR

@@ -98,6 +98,21 @@ def test_summary_markdown_is_the_verdict_and_a_table():
     assert "| fixed-seed val loss | 1.00000 | n/a |" in only_loss and "similarity" not in only_loss
 
 
+def test_the_summary_and_the_page_show_each_paired_gain_as_gain_low_high_and_the_tolerances_source(tmp_path):
+    from voxpipe.evaluate.gains import Gain
+
+    gains = {"similarity": Gain(0.012, -0.004, 0.03, 16, ["speaker", "reference"]).as_dict(),
+             "wer": Gain(None, None, None, 0, [], "no clip has this figure from both checkpoints").as_dict()}
+    figures = {**eval_json(), "gains": gains, "tolerance_source": "the noise floor of work/eval/noise.json"}
+    text = summary_markdown(figures)
+    assert "| similarity | +0.0120 [-0.0040, +0.0300] |" in text
+    assert "| wer | n/a (no clip has this figure from both checkpoints) |" in text
+    assert "Tolerances: the noise floor of work/eval/noise.json" in text
+    (tmp_path / "eval.json").write_text(json.dumps(figures))
+    assert "+0.0120 [-0.0040, +0.0300]" in html.unescape(eval_page(tmp_path))
+    assert "Paired gains" not in summary_markdown(eval_json())  # an older eval.json: nothing invented
+
+
 def test_a_real_eval_json_reads_as_a_report_with_every_baseline_and_each_n_a_with_its_reason():
     """On what evaluate writes (the demo's committed eval.json), not a hand-made dict: the summary is a
     criterion table with one similarity figure, its definition and ceiling; the run description's figures
@@ -109,7 +124,8 @@ def test_a_real_eval_json_reads_as_a_report_with_every_baseline_and_each_n_a_wit
     text = EvaluateResult(Path("work/eval"), figures, figures["verdict"]).summary()
     lines = text.splitlines()
     assert lines[0].startswith("evaluate: PROMOTE (against baseline) -> work/eval/eval.json")
-    assert lines[1].split() == ["criterion", "candidate", "reference", "limit", "pass"]
+    assert lines[1].split() == ["criterion", "candidate", "reference", "gain", "[95%", "interval]", "limit",
+                                "pass"]
     assert any(line.split()[:2] == ["loss", f"{figures['loss_model']:.5f}"] for line in lines)
     assert "the real clips themselves score" in text and "cer (pocketsphinx): n/a: no Chinese row" in text
     assert len(text.splitlines()) < 20 and max(map(len, lines)) < 240

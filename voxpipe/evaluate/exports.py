@@ -152,6 +152,7 @@ class Scored:
 
     def row(self) -> dict[str, Any]:
         sims = [s["mean"] for s in self.scores.similarity.values() if s.get("mean") is not None]
+        gain = self.verdict.gains.get("similarity") or {}
         return {
             "step": self.candidate.step,
             "path": str(self.candidate.path),
@@ -159,6 +160,9 @@ class Scored:
             "loss_std": self.scores.loss_std,
             "similarity_to_speaker": {k: v.get("mean") for k, v in self.scores.similarity.items()},
             "similarity_to_speaker_mean": sum(sims) / len(sims) if sims else None,
+            # the paired gain over the base's clips and its interval (gains.py): which step moved the voice
+            "similarity_gain": gain.get("gain"), "similarity_gain_low": gain.get("low"),
+            "similarity_gain_high": gain.get("high"),
             "stop_failure_rate": self.scores.stop_failure_rate,
             "voice_split_groups": len(self.scores.split_groups),
             "promoted": self.verdict.promoted,

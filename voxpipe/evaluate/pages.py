@@ -101,8 +101,34 @@ def real_similarity(figures: dict[str, Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _gain_cell(c: dict[str, Any]) -> str:
+    """The criterion's paired gain as `gain [low, high]` (several, by figure, for the benchmark's rates)."""
+    gain = c.get("gain")
+    if not isinstance(gain, dict):
+        return "-"
+    if "shown" in gain:
+        return str(gain["shown"])
+    return "; ".join(f"{k} {g.get('shown')}" for k, g in gain.items() if isinstance(g, dict))
+
+
+def gain_lines(figures: dict[str, Any]) -> list[str]:
+    """Every paired gain eval.json has (candidate minus baseline, `gain [low, high]`), and where the
+    rule's tolerances came from."""
+    gains = figures.get("gains") or {}
+    lines = []
+    if gains:
+        lines.append("  paired gains, candidate - baseline [95% interval]: " + "; ".join(
+            f"{name} {g.get('shown')}" for name, g in gains.items() if isinstance(g, dict)))
+    if figures.get("tolerance_source"):
+        lines.append(f"  tolerances: {figures['tolerance_source']}")
+    return lines
+
+
 def _limit(c: dict[str, Any]) -> str:
     limit = c.get("limit")
+    if isinstance(c.get("gain"), dict) and "shown" in c["gain"] and c.get("name", "").startswith(
+            ("similarity[", "quality")) and isinstance(limit, int | float):
+        return f"gain low >= {limit:+.3f}"
     if isinstance(limit, list):
         return "no new split"
     if isinstance(limit, dict):  # did_not_forget: a bound per error rate
@@ -128,12 +154,13 @@ def report_lines(figures: dict[str, Any]) -> list[str]:
     and each error rate (or why it has none)."""
     head, _ = verdict_lines(figures)
     criteria = (figures.get("promotion") or {}).get("criteria", [])
-    rows = [("criterion", "candidate", "reference", "limit", "pass")]
+    rows = [("criterion", "candidate", "reference", "gain [95% interval]", "limit", "pass")]
     rows += [(c["name"], _cell(c.get("candidate"), c["name"]), _cell(c.get("reference"), c["name"]),
-              _limit(c), "yes" if c.get("passed") else "NO") for c in criteria]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+              _gain_cell(c), _limit(c), "yes" if c.get("passed") else "NO") for c in criteria]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
                       for r in rows]
+    lines += gain_lines(figures)
     real = real_similarity(figures)
     encoder = (figures.get("backends") or {}).get("speaker_similarity") or {}
     backend = encoder.get("backend", "speaker-encoder")
@@ -225,6 +252,12 @@ def summary_markdown(figures: dict[str, Any]) -> str:
     if criteria:
         lines += ["", "## Promotion rule", "", "| criterion | result | detail |", "|---|---|---|"]
         lines += [f"| {name} | {passed} | {detail.replace('|', '/')} |" for name, passed, detail in criteria]
+    if figures.get("gains"):
+        lines += ["", "## Paired gains (candidate - baseline, 95% interval)", "",
+                  "| figure | gain [low, high] |", "|---|---|",
+                  *(f"| {name} | {g.get('shown')} |" for name, g in figures["gains"].items())]
+    if figures.get("tolerance_source"):
+        lines += ["", f"Tolerances: {figures['tolerance_source']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -269,6 +302,11 @@ def eval_page(folder: Path) -> str:
                   html_table(("figure", "fine-tuned", "base", "delta", "VoxCPM2"), benchmark_rows(bench))]
     if criteria:
         parts += ["<h2>Promotion rule</h2>", html_table(("criterion", "result", "detail"), criteria)]
+    if figures.get("gains"):
+        parts += ["<h2>Paired gains (candidate - baseline, 95% interval)</h2>",
+                  f"<p>{html.escape(str(figures.get('tolerance_source', '')))}</p>",
+                  html_table(("figure", "gain [low, high]"),
+                             [(name, str(g.get("shown"))) for name, g in figures["gains"].items()])]
     for png in sorted(folder.glob("*.png")):
         parts += [f"<h2>{html.escape(png.stem)}</h2>",
                   f"<img class='plot' alt='{html.escape(png.name)}' src='{data_uri(png, 'image/png')}'>"]

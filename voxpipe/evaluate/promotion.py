@@ -5,18 +5,24 @@ another speaker, and the reverse. A candidate is promoted only when every criter
 
 1. loss: its fixed-seed loss beats the reference's (the champion's, or the baseline's when there
    is no champion) by more than the seed spread (the larger std over seeds of the two);
-2. similarity, per target speaker: its mean speaker similarity is not below the baseline's by more
-   than `tolerance` (GE2E cosine; 95 % confidence intervals recorded beside the means);
+2. similarity, per target speaker: the paired gain over the baseline's clips of the same texts,
+   references and seeds (gains.py) is not worse than `-tolerance` anywhere in its 95 % interval: the
+   interval's low bound is at least `-tolerance`, so a drop the clips cannot rule out is refused;
 3. stop failures: its rate of stop failures is not higher, counting both ways a clip can stop wrong:
    a runaway one (no stop predicted within the limit) and a premature one (shorter than
    `evaluate.min_duration_ratio` of the length the speaker's speaking rate gives its text), so a
    model that says nothing at all fails here too;
 4. voice split: no (speaker, with/without reference) group splits into two voices that did not
    already split for the baseline;
-5. quality: its mean DNSMOS overall MOS is not below the baseline's by more than `mos_tolerance`;
+5. quality: the paired DNSMOS overall MOS gain's low bound is at least `-mos_tolerance`;
 6. did not forget: on the standard test set (`evaluate.benchmark`, voxpipe/evaluate/benchmark_set.py),
    its WER and CER (each the set has) are not above the baseline's by more than `forget_tolerance`
    (absolute: 0.02 = two points); not checked, and said so, when no benchmark is set.
+
+Every compared figure gets its paired gain and interval (`Verdict.gains`, eval.json's `gains`);
+criteria 2 and 5 read them (scores without per-clip figures, from an older eval.json, fall back to the
+means). The tolerances are the measured noise floor's (evaluate.noise_runs, noise.py) when one fits this
+evaluation, else the constants; `Verdict.tolerances` says which, per criterion.
 
 Criterion 2's similarity is `similarity_to_speaker` (each clip against the mean embedding of its
 speaker's real clips), not the protocol's `similarity_to_prompt`: the rule asks whether the voice
@@ -33,14 +39,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from voxpipe.evaluate.gains import Gain, paired_gains
 from voxpipe.steps.evaluate import EvaluateParams
 
 CONFIDENCE = 0.95
 DEFAULT_MOS_TOLERANCE = EvaluateParams.model_fields["mos_tolerance"].default
 DEFAULT_FORGET_TOLERANCE = EvaluateParams.model_fields["forget_tolerance"].default
+CONSTANTS = "the constants (evaluate.similarity_tolerance, mos_tolerance, forget_tolerance)"
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
@@ -70,6 +78,9 @@ class Scores:
     runaway_stop_rate: float | None = None
     mos_ovrl: float | None = None  # mean DNSMOS overall MOS of the generated clips
     benchmark: dict[str, float | None] | None = None  # {"wer", "cer"} on evaluate.benchmark; None: no set
+    # clip key (same text, reference and seed in both checkpoints) -> its figures (gains.FIGURES) and
+    # speaker/with_reference: what the paired gains pair; None in an older eval.json
+    clips: dict[str, dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,9 +109,41 @@ class Criterion:
     limit: Any  # the bound the candidate had to meet
     passed: bool
     detail: str
+    gain: dict[str, Any] | None = None  # the paired gain and its interval (Gain.as_dict), where paired
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A measured noise floor (noise.py): each figure's worst change from the generation seed alone."""
+
+    spreads: dict[str, float]  # gains figure name ("similarity", "similarity[spk_f]", "quality") -> spread
+    source: str  # where it was measured: "noise floor of work/eval/noise.json (3 seeds)"
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """The tolerance each criterion used, and where it came from (the floor's figure or a constant)."""
+
+    similarity: float
+    mos: float
+    forget: float
+    floor: Floor | None = None
+
+    def of(self, figure: str) -> tuple[float, str]:
+        """(tolerance, its source) for a gains figure; a similarity[speaker] falls back to the pooled one."""
+        spreads = self.floor.spreads if self.floor else {}
+        constant = {"quality": (self.mos, "evaluate.mos_tolerance")}.get(
+            figure, (self.similarity, "evaluate.similarity_tolerance"))
+        for key in (figure, figure.split("[")[0]):
+            if key in spreads and self.floor:
+                return spreads[key], f"{self.floor.source}: {key}"
+        return constant
+
+    def source(self) -> str:
+        return self.floor.source if self.floor else CONSTANTS
 
 
 @dataclass(frozen=True)
@@ -108,14 +151,18 @@ class Verdict:
     promoted: bool
     against: str  # the loss reference's label
     criteria: list[Criterion] = field(default_factory=list)
+    gains: dict[str, dict[str, Any]] = field(default_factory=dict)  # figure -> Gain.as_dict
+    tolerances: dict[str, Any] = field(default_factory=dict)  # {"source", criterion -> {tolerance, from}}
 
     def as_dict(self) -> dict[str, Any]:
         return {"promoted": self.promoted, "against": self.against,
-                "criteria": [c.as_dict() for c in self.criteria]}
+                "criteria": [c.as_dict() for c in self.criteria], "gains": self.gains,
+                "tolerances": self.tolerances}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        return cls(d["promoted"], d["against"], [Criterion(**c) for c in d["criteria"]])
+        return cls(d["promoted"], d["against"], [Criterion(**c) for c in d["criteria"]], d.get("gains", {}),
+                   d.get("tolerances", {}))
 
     def failed(self) -> list[Criterion]:
         return [c for c in self.criteria if not c.passed]
@@ -141,24 +188,43 @@ def loss_criterion(candidate: Scores, reference: LossReference) -> Criterion:
     return Criterion("loss", candidate.loss, reference.loss, limit, passed, detail)
 
 
-def similarity_criteria(candidate: Scores, baseline: Scores, tolerance: float) -> list[Criterion]:
+def _reads_interval(name: str, gain: Gain, tolerance: float, source: str, mine: float | None,
+                    base: float | None, spec: str) -> Criterion:
+    """A criterion on a paired gain: its interval's low bound (the gain itself when one clip gives no
+    interval) is at least -tolerance."""
+    bound = gain.low if gain.low is not None else gain.gain
+    passed = bound is not None and bound >= -tolerance
+    means = f"{_fmt(mine, spec.lstrip('+'))} vs baseline {_fmt(base, spec.lstrip('+'))}"
+    detail = (f"gain {gain.shown(spec)} over {gain.n} paired clip(s) ({means}), low bound must be "
+              f">= {-tolerance:+g} (tolerance from {source})")
+    return Criterion(name, mine, base, -tolerance, passed, detail, gain.as_dict())
+
+
+def similarity_criteria(candidate: Scores, baseline: Scores, tolerances: Tolerances,
+                        gains: dict[str, Gain] | None = None) -> list[Criterion]:
     out = []
     for speaker in sorted(set(candidate.similarity) | set(baseline.similarity)):
         mine = candidate.similarity.get(speaker, {}).get("mean")
         base = baseline.similarity.get(speaker, {}).get("mean")
         name = f"similarity[{speaker}]"
+        tolerance, source = tolerances.of(name)
         if base is None:
             out.append(Criterion(name, mine, base, None, True, "the baseline has no voice to compare with"))
             continue
-        limit = base - tolerance
         if mine is None:
-            out.append(Criterion(name, mine, base, limit, False, "no generated clip of it has a voice"))
+            out.append(Criterion(name, mine, base, base - tolerance, False,
+                                 "no generated clip of it has a voice"))
             continue
+        if gains is not None and name in gains:
+            out.append(_reads_interval(name, gains[name], tolerance, source, mine, base, "+.3f"))
+            continue
+        limit = base - tolerance
         ci = candidate.similarity[speaker]
         ci_text = "" if ci.get("ci_low") is None else f" (95% CI {ci['ci_low']:.3f}..{ci['ci_high']:.3f})"
         out.append(Criterion(
             name, mine, base, limit, mine >= limit,
-            f"{mine:.3f}{ci_text} vs baseline {base:.3f}, must be >= {limit:.3f} (tolerance {tolerance:g})",
+            f"{mine:.3f}{ci_text} vs baseline {base:.3f}, must be >= {limit:.3f} (tolerance {tolerance:g}; "
+            "no per-clip figures to pair)",
         ))
     return out
 
@@ -175,11 +241,15 @@ def stop_criterion(candidate: Scores, baseline: Scores) -> Criterion:
                      f"({split(baseline)}), must not be higher")
 
 
-def mos_criterion(candidate: Scores, baseline: Scores, tolerance: float) -> Criterion:
+def mos_criterion(candidate: Scores, baseline: Scores, tolerances: Tolerances,
+                  gains: dict[str, Gain] | None = None) -> Criterion:
     mine, base = candidate.mos_ovrl, baseline.mos_ovrl
+    tolerance, source = tolerances.of("quality")
     if base is None:
         return Criterion("quality", mine, base, None, True,
                          "the baseline has no DNSMOS figure to compare with")
+    if gains is not None and gains["quality"].gain is not None:
+        return _reads_interval("quality", gains["quality"], tolerance, source, mine, base, "+.2f")
     limit = base - tolerance
     passed = mine is not None and mine >= limit
     return Criterion("quality", mine, base, limit, passed,
@@ -217,27 +287,56 @@ def split_criterion(candidate: Scores, baseline: Scores) -> Criterion:
                      not new, detail)
 
 
-def voice_criteria(
-    candidate: Scores, baseline: Scores, tolerance: float, mos_tolerance: float,
-    forget_tolerance: float = DEFAULT_FORGET_TOLERANCE,
-) -> list[Criterion]:
+def _with_gain(criterion: Criterion, gains: dict[str, Gain] | None, *figures: str) -> Criterion:
+    """The criterion with its paired gain(s) shown beside it (the rule itself stays as it was)."""
+    if gains is None:
+        return criterion
+    mine = {f: gains[f] for f in figures if gains[f].gain is not None}
+    if not mine:
+        return criterion
+    shown = "; ".join(f"{f} gain {g.shown()}" for f, g in mine.items())
+    single = (next(iter(mine.values())).as_dict() if len(mine) == 1 else
+              {f: g.as_dict() for f, g in mine.items()})
+    return replace(criterion, detail=f"{criterion.detail}; {shown}", gain=single)
+
+
+def voice_criteria(candidate: Scores, baseline: Scores, tolerances: Tolerances,
+                   gains: dict[str, Gain] | None = None) -> list[Criterion]:
     """Criteria 2-6: the candidate against the baseline of the same evaluation."""
-    return [*similarity_criteria(candidate, baseline, tolerance), stop_criterion(candidate, baseline),
-            split_criterion(candidate, baseline), mos_criterion(candidate, baseline, mos_tolerance),
-            forget_criterion(candidate, baseline, forget_tolerance)]
+    return [*similarity_criteria(candidate, baseline, tolerances, gains),
+            _with_gain(stop_criterion(candidate, baseline), gains, "stop_failures"),
+            split_criterion(candidate, baseline), mos_criterion(candidate, baseline, tolerances, gains),
+            _with_gain(forget_criterion(candidate, baseline, tolerances.forget), gains,
+                       "benchmark_wer", "benchmark_cer")]
+
+
+def tolerance_record(tolerances: Tolerances, criteria: list[Criterion]) -> dict[str, Any]:
+    """eval.json's `promotion.tolerances`: the source, then each criterion's tolerance and its origin."""
+    out: dict[str, Any] = {"source": tolerances.source()}
+    for c in criteria:
+        if c.name.startswith(("similarity[", "quality")):
+            value, source = tolerances.of(c.name)
+            out[c.name] = {"tolerance": value, "from": source}
+    out["did_not_forget"] = {"tolerance": tolerances.forget, "from": "evaluate.forget_tolerance"}
+    return out
 
 
 def decide(candidate: Scores, baseline: Scores, reference: LossReference | None, tolerance: float,
            mos_tolerance: float = DEFAULT_MOS_TOLERANCE,
-           forget_tolerance: float = DEFAULT_FORGET_TOLERANCE) -> Verdict:
-    """The whole rule; `reference` None = the baseline's loss is the one to beat."""
+           forget_tolerance: float = DEFAULT_FORGET_TOLERANCE, floor: Floor | None = None) -> Verdict:
+    """The whole rule; `reference` None = the baseline's loss is the one to beat; `floor` (a measured noise
+    floor) gives the tolerances its figures have, the constants the rest."""
     reference = reference or LossReference("baseline", baseline.loss, baseline.loss_std)
-    criteria = [loss_criterion(candidate, reference),
-                *voice_criteria(candidate, baseline, tolerance, mos_tolerance, forget_tolerance)]
-    return Verdict(all(c.passed for c in criteria), reference.label, criteria)
+    tolerances = Tolerances(tolerance, mos_tolerance, forget_tolerance, floor)
+    gains = (paired_gains(candidate.clips, baseline.clips)
+             if candidate.clips is not None and baseline.clips is not None else None)
+    criteria = [loss_criterion(candidate, reference), *voice_criteria(candidate, baseline, tolerances, gains)]
+    return Verdict(all(c.passed for c in criteria), reference.label, criteria,
+                   {k: g.as_dict() for k, g in (gains or {}).items()}, tolerance_record(tolerances, criteria))
 
 
 def with_loss_reference(verdict: Verdict, candidate: Scores, reference: LossReference) -> Verdict:
     """The same voice criteria, the loss criterion redone against another reference (the champion)."""
     criteria = [loss_criterion(candidate, reference), *(c for c in verdict.criteria if c.name != "loss")]
-    return Verdict(all(c.passed for c in criteria), reference.label, criteria)
+    return Verdict(all(c.passed for c in criteria), reference.label, criteria, verdict.gains,
+                   verdict.tolerances)

@@ -8,13 +8,15 @@
    (consistency.py), stop failures both ways (premature, runaway) and real-time factor.
    With `evaluate.benchmark`, every line of a standard test set in Seed-TTS-eval's layout too
    (benchmark_set.py): the protocol's WER/CER and SIM of each checkpoint, beside the published ones.
-3. The promotion rule (promotion.py) on those figures; `--require-improvement` fails the step when
+3. The promotion rule (promotion.py) on those figures, each compared figure read as a paired gain
+   over the baseline's clips with its bootstrap interval (gains.py), its tolerances the measured noise
+   floor's (`evaluate.noise_runs`, noise.py) or the constants; `--require-improvement` fails the step when
    it says no. `evaluate.model` may be a folder of step-N exports: each export of the run in it is
    scored and the rule picks one; exports of another run are skipped and listed (exports.py).
 
 Checkpoints are loaded one after the other (never two in memory). Outputs in `out/`: eval.json
 (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz), eval.png, exports.png,
-report.json.
+report.json, noise.json (the noise floor, kept across runs).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ from voxpipe.evaluate.benchmark_set import (
 )
 from voxpipe.evaluate.consistency import consistency, no_f0_spread
 from voxpipe.evaluate.costs import Costs
-from voxpipe.evaluate.exports import Scored, choose, own_exports, plot_exports
+from voxpipe.evaluate.exports import Candidate, Scored, choose, own_exports, plot_exports
 from voxpipe.evaluate.figure import plot
+from voxpipe.evaluate.gains import FIGURES, GAIN_METHOD, flat_gains
 from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.heard import real_rates_by_voice, unheard, voice_report, without_unheard
 from voxpipe.evaluate.listen_page import listening_pairs, write_listening_test
@@ -74,8 +77,9 @@ from voxpipe.evaluate.metrics import (
     load_16k,
     real_voice,
 )
+from voxpipe.evaluate.noise import NOISE_FILE, fits, keep_or_mark, read_floor, write_floor
 from voxpipe.evaluate.pages import report_lines, why_no_rate_in
-from voxpipe.evaluate.promotion import Scores, decide, mean_ci
+from voxpipe.evaluate.promotion import CONSTANTS, Floor, Scores, decide, mean_ci
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
 from voxpipe.evaluate.scoring_threads import ScoringThreads
 from voxpipe.evaluate.speaker import speaker_encoder
@@ -155,16 +159,20 @@ def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
     plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], threads: ScoringThreads, samples: Path,
     kernels: KernelsChoice, costs: Costs, bench: tuple[Benchmark, list[Prompt]] | None = None,
+    seeds: list[int] | None = None, generation_seed: int | None = None,
 ) -> Callable[[], CheckpointRun]:
-    """Load the checkpoint, its loss and its clips; the clips are queued on the scoring threads, and the
-    returned call waits for their scores. The model is gone before this returns, so the next checkpoint
-    loads (and generates) while this one's clips are scored, never two models in memory."""
+    """Load the checkpoint, its loss (over `seeds`, evaluate.seeds unless given) and its clips (seeded by
+    `generation_seed`, evaluate.generation_seed unless given); the clips are queued on the scoring threads,
+    and the returned call waits for their scores. The model is gone before this returns, so the next
+    checkpoint loads (and generates) while this one's clips are scored, never two models in memory."""
+    seeds = p.seeds if seeds is None else seeds
+    generation_seed = p.generation_seed if generation_seed is None else generation_seed
     start = time.perf_counter()
     with costs.phase("model_load"):
         model = from_pretrained(path, device=device, kernels=kernels)
     losses = []
-    with Progress(len(p.seeds), f"{tag} loss", log, unit="seed") as bar:
-        for seed in p.seeds:
+    with Progress(len(seeds), f"{tag} loss", log, unit="seed") as bar:
+        for seed in seeds:
             with costs.phase("loss"):
                 losses.append(fixed_seed_loss(model, batches, device, seed))
             bar.update()
@@ -174,7 +182,7 @@ def _run_checkpoint(
         for plan in plans:
             with costs.phase("generation", len(plan.utterances)):
                 mine = synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
-                                  inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
+                                  inference_timesteps=p.inference_timesteps, seed=generation_seed)
             for g in mine:
                 write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
                 pending.append(threads.clip(g, voices))
@@ -359,7 +367,47 @@ def _scores(run: CheckpointRun, groups: list[dict[str, Any]]) -> Scores:
         mos_ovrl=_mos(records, "ovrl"),
         benchmark=None if run.benchmark is None else
         {k: v for k, v in run.benchmark.figures().items() if k in ("wer", "cer")},
+        clips=paired_figures(records, None if run.benchmark is None else run.benchmark.records),
     )
+
+
+def paired_figures(records: list[dict[str, Any]], benchmark: list[dict[str, Any]] | None
+                   ) -> dict[str, dict[str, Any]]:
+    """Each clip's figures the paired gains pair (gains.FIGURES), by a key the same text, reference and
+    seed give in every checkpoint: the utterance's name, `benchmark/<utt>` for a benchmark line."""
+    out = {r["name"]: {"speaker": r["speaker"], "with_reference": r["with_reference"],
+                       "similarity": r["similarity_to_speaker"],
+                       "stop_failures": float(r["stop"] in ("premature", "runaway")),
+                       "quality": None if r["mos"] is None else r["mos"]["ovrl"],
+                       "wer": r.get("wer"), "cer": r.get("cer")} for r in records}
+    for r in benchmark or []:
+        out[f"benchmark/{r['utt']}"] = {"benchmark_wer": r.get("wer"), "benchmark_cer": r.get("cer"),
+                                        "benchmark_sim": r["similarity_to_prompt"]}
+    return out
+
+
+def _judge(candidates: list[Candidate], scores: dict[str, Scores], base: Scores, p: EvaluateParams,
+           floor: Floor | None) -> list[Scored]:
+    """The promotion rule on every candidate against the baseline, with the floor's tolerances or the
+    constants."""
+    return [Scored(c, scores[c.tag], decide(scores[c.tag], base, None, p.similarity_tolerance,
+                                            p.mos_tolerance, p.forget_tolerance, floor)) for c in candidates]
+
+
+def _noise_runs(chosen: Candidate, seeds: list[int], p: EvaluateParams, device: torch.device,
+                plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], scorers: Scorers, costs: Costs,
+                kernels: KernelsChoice, unheard_voices: dict[tuple[str, str], str]
+                ) -> list[dict[str, dict[str, Any]]]:
+    """The chosen checkpoint's clips again under each of `seeds` (no loss, no benchmark; the clips go to a
+    temporary folder, never into samples/), as the paired gains read them."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="voxpipe-noise-") as folder, \
+            ScoringThreads(scorers, costs) as threads:
+        for seed in seeds:
+            run = _run_checkpoint(f"noise-seed-{seed}", chosen.path, p, device, [], plans, voices, threads,
+                                  Path(folder), kernels, costs, seeds=[], generation_seed=seed)()
+            out.append(paired_figures([c.record for c in without_unheard(run.clips, unheard_voices)], None))
+    return out
 
 
 class ChampionFinder(Protocol):
@@ -503,13 +551,28 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         run.clips = without_unheard(run.clips, unheard_voices)
     base_groups = _groups("baseline", base_run.clips)
     base_scores = _scores(base_run, base_groups)
-    groups, scored = {}, []
+    groups, all_scores = {}, {}
     for c in candidates:
         groups[c.tag] = _groups("model", runs[c.tag].clips)
-        scores = _scores(runs[c.tag], groups[c.tag])
-        scored.append(Scored(c, scores, decide(scores, base_scores, None, p.similarity_tolerance,
-                                               p.mos_tolerance, p.forget_tolerance)))
+        all_scores[c.tag] = _scores(runs[c.tag], groups[c.tag])
+    noise_path, fit = out / NOISE_FILE, fits(p.model_dump(), digest)
+    # a floor about to be measured again is not read (nor is a broken one fatal then)
+    floor, tolerance_source = (None, "") if p.noise_runs else read_floor(noise_path, fit)
+    scored = _judge(candidates, all_scores, base_scores, p, floor)
     best, why = choose(scored)
+    if p.noise_runs:  # the chosen checkpoint under other seeds; then the rule again, with its floor
+        seeds = [p.generation_seed + i for i in range(1, p.noise_runs + 1)]
+        again = _noise_runs(best.candidate, seeds, p, device, plans, pending_voices, scorers, costs,
+                            params.model.kernels, unheard_voices)
+        write_floor(noise_path, [best.scores.clips or {}, *again], seeds,
+                    {"path": str(best.candidate.path), "step": best.candidate.step}, fit)
+        floor, tolerance_source = read_floor(noise_path, fit)
+        scored = _judge(candidates, all_scores, base_scores, p, floor)
+        best, why = choose(scored)
+    else:
+        keep_or_mark(noise_path, p.noise_runs)
+    if floor is None:
+        tolerance_source = f"{CONSTANTS}: {tolerance_source}"
     chosen = best.candidate
     table = [s.row() for s in scored]
     verdict = best.verdict
@@ -537,6 +600,8 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         benchmark, model_run.benchmark, base_run.benchmark, scorers.encoder.backend,
         [{"backend": r.backend, "model": r.model} for r in scorers.recognisers.loaded])
     figures.update(flat_figures(bench_report))
+    figures.update(flat_gains(verdict.gains))
+    figures["tolerance_source"] = tolerance_source
     for key in ("similarity_to_prompt_mean", "similarity_to_prompt_baseline"):
         if figures[key] is None:
             figures[f"{key}_null_reason"] = "no clip generated with a reference clip had a voice to embed"
@@ -549,7 +614,10 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         **figures,
         "verdict": sentence,
         "promotion": {**verdict.as_dict(), "tolerance": p.similarity_tolerance,
-                      "mos_tolerance": p.mos_tolerance, "forget_tolerance": p.forget_tolerance},
+                      "mos_tolerance": p.mos_tolerance, "forget_tolerance": p.forget_tolerance,
+                      "tolerances": {**verdict.tolerances, "source": tolerance_source}},
+        "gains": verdict.gains,
+        "gain_definitions": {**FIGURES, "method": GAIN_METHOD},
         "similarity_definitions": SIMILARITY_DEFINITIONS,
         "benchmark": bench_report,
         "benchmark_null_reason": None if bench_report else NO_BENCHMARK,

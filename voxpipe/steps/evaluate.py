@@ -95,6 +95,13 @@ class EvaluateCore(Section):
         "beside eval.json; required also keeps @champion where it is until `voxpipe listen-record` records a "
         "test that prefers the fine-tune or finds it no worse; off writes neither"
     )
+    noise_runs: int = Field(
+        0, ge=0, description="measure the noise floor: generate and score the chosen checkpoint's clips "
+        "again under this many other generation seeds and record how far each figure's gain interval "
+        "against itself reaches from zero (the worst seed) in <out>/noise.json (kept across runs); while "
+        "it fits the evaluation (val set, encoder, generation settings) the rule takes its similarity and "
+        "DNSMOS tolerances from it instead of the constants. 0 = measure nothing"
+    )
     rescore_champion: bool = Field(
         True, description="when the voice's registered @champion was scored on another val set (its data "
         "changed), re-score its export's fixed-seed loss on this one, so register decides on the same data",
@@ -128,7 +135,9 @@ STEPS = (
         deps=("${evaluate.model}", "${model.base}", "${evaluate.data}", "${ingest.out}"),
         outs=(Out("${evaluate.out}/samples"), Out("${evaluate.out}/eval.png"),
               Out("${evaluate.out}/exports.png"), Out("${evaluate.out}/report.json")),
-        metrics=(Out("${evaluate.out}/eval.json", cache=False),),
+        metrics=(Out("${evaluate.out}/eval.json", cache=False),
+                 Out("${evaluate.out}/noise.json", persist=True, cache=False,
+                     note="evaluate.noise_runs' noise floor: kept until measured again")),
         notes=(("${ingest.out}", "the speakers' real clips"),
                ("train.max_tokens", "the val batches are the trainer's")))),
 )

@@ -10,6 +10,7 @@ were scored on is a tag too, so runs scored on different val sets are never line
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -21,7 +22,10 @@ from voxpipe.track.artifacts import PipelineArtifacts
 HEADLINE = (
     ("val_loss", "eval", "loss_model"),  # the fixed-seed val loss of the checkpoint evaluate chose
     ("loss_delta", "eval", "loss_delta"),  # minus the base model's on the same val set and seeds
-    ("similarity", "eval", "similarity_to_speaker_mean"),  # the figure the promotion rule reads
+    ("similarity", "eval", "similarity_to_speaker_mean"),
+    # the fine-tune's headline: its paired similarity gain over the base's zero-shot clone (the interval:
+    # eval/similarity_gain_low and _high, and the voxpipe.gain.similarity tag)
+    ("similarity_gain", "eval", "similarity_gain"),
     ("stop_failure_rate", "eval", "stop_failure_rate"),
     ("wer", "eval", "wer"),
     ("cer", "eval", "cer"),
@@ -31,6 +35,7 @@ HEADLINE = (
 )
 NAMES = tuple(name for name, _, _ in HEADLINE)
 VERDICT_TAG = "voxpipe.verdict"
+GAIN_TAG_PREFIX = "voxpipe.gain."  # `voxpipe.gain.<figure>`: its paired gain as `gain [low, high]`
 VAL_SET_TAG = "voxpipe.val_digest"  # evaluate's val_digest: the val batches and seeds the losses saw
 RECIPE_TAG_PREFIX = "set."  # `set.<key>`: a param that differs from the schema's default (what was chosen)
 
@@ -80,3 +85,10 @@ def recipe_changes(flat: dict[str, str], defaults: dict[str, str]) -> dict[str, 
     chose, a few lines beside the 200-odd params."""
     return {f"{RECIPE_TAG_PREFIX}{k}": v for k, v in sorted(flat.items())
             if k in setting_keys() and defaults.get(k) != v}
+
+
+def gain_tags(figures: dict[str, Any]) -> dict[str, str]:
+    """eval.json's paired gains as tags, `gain [low, high]` as a person reads them (a metric holds one
+    number: the three numbers are eval/<figure>_gain{,_low,_high} metrics too)."""
+    return {GAIN_TAG_PREFIX + re.sub(r"[^\w\-. /]", "_", name.replace("[", ".").rstrip("]")): str(g["shown"])
+            for name, g in (figures.get("gains") or {}).items() if isinstance(g, dict) and "shown" in g}

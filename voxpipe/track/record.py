@@ -37,7 +37,7 @@ from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.secrets import scrub_shapes
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
-from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, headline, recipe_changes, verdict
+from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, gain_tags, headline, recipe_changes, verdict
 from voxpipe.track.plots import loss_curve
 from voxpipe.track.tracking import active_run, redact_params, scrub
 
@@ -309,6 +309,7 @@ def log_pipeline_run(
         figures = [(k, v, 0) for k, v in headline(art).items() if v is not None]
         log_metrics(client, run_id, figures)
         client.set_tag(run_id, VERDICT_TAG, verdict(art.eval))
+        log_tags(client, run_id, gain_tags(art.eval))
         if isinstance(art.eval.get("val_digest"), str):
             client.set_tag(run_id, VAL_SET_TAG, art.eval["val_digest"])
 

@@ -54,6 +54,7 @@ from voxpipe.train.fixed_seed_loss import fixed_seed_loss
 from voxpipe.train.fsdp import build_model, compute_dtype
 from voxpipe.train.identity import foreign_exports, run_identity, sign_report_identity, write_identity
 from voxpipe.train.metrics import LiveLogFactory, MetricsLog, finite_or_none
+from voxpipe.train.moves import move_check
 from voxpipe.train.plan import plan_verdict
 from voxpipe.train.resume import Refusal, result_params, why_not_resume
 from voxpipe.train.schedule import WarmupCosine
@@ -203,6 +204,7 @@ class Trainer:
         self.step = 0
         self.resumed_from: str | None = None
         self.val_curve: list[dict[str, float]] = []
+        self.moved: dict[str, Any] | None = None  # moves.move_check at the first validation after step 0
         self.last: dict[str, Any] = {}
         self.meter = Throughput(self.config, self.dtype, rt, p)
         self.stop_agreed = False  # some rank had a SIGTERM by the last step's all-reduce
@@ -347,6 +349,10 @@ class Trainer:
     def _validate(self) -> dict[str, float]:
         figures = validate(self.model, self.data, self.rt, self.p.seed)
         self.val_curve.append({"step": self.step, **figures})
+        if len(self.val_curve) == 2 and self.val_curve[0]["step"] == 0:  # the first after the base's
+            self.moved = move_check(*self.val_curve, self.schedule.lr(self.step), self.p.lora.enabled)
+            if self.moved["warning"] and self.rt.is_main:
+                logger.warning("%s", self.moved["warning"])
         return figures
 
     def _stop_requested(self) -> bool:
@@ -424,6 +430,9 @@ class Trainer:
             "samples_per_s": c.samples / c.train_seconds if c.train_seconds else 0.0,
             "final": {k: finite_or_none(self.last.get(k)) for k in ("loss", *LOSS_KEYS, "grad_norm")},
             "val_curve": self.val_curve,
+            "moved": self.moved,
+            **({} if self.moved else {"moved_null_reason": "no validation after step 0's in this run "
+                                      "(train.val_every, a val split, or a resumed run that passed it)"}),
             "skipped_steps": c.skipped_steps,
             "rows_too_long": self.data.rows_too_long,
             "world_size": self.rt.world_size,
