@@ -1,4 +1,4 @@
-"""`compare`: its settings."""
+"""`compare`'s section and step: runs side by side, and compare.html to hear them."""
 
 from __future__ import annotations
 

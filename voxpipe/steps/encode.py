@@ -1,4 +1,4 @@
-"""`encode`: its settings."""
+"""`encode`'s section and step (a `dvc repro` stage under torchrun): AudioVAE latents, once."""
 
 from __future__ import annotations
 

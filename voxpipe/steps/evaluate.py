@@ -1,4 +1,6 @@
-"""`evaluate`: its settings."""
+"""`evaluate`'s section and step (a stage): the fixed-seed gate against the base.
+
+The backends' own settings (evaluate.whisper_model, ...) are composed in from voxpipe/backends.py."""
 
 from __future__ import annotations
 

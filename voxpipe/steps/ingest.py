@@ -1,4 +1,4 @@
-"""`ingest`: its settings."""
+"""`ingest`'s section and steps (one pass as a stage, or plan / shard / merge for a fan-out)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`launch`: its settings."""
+"""`launch`'s section and the launch-train / launch-encode steps: a step run on a cluster.
+
+The launchers' own settings (launch.runtime, ...) are composed in from voxpipe/launchers.py."""
 
 from __future__ import annotations
 

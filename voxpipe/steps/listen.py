@@ -1,4 +1,4 @@
-"""`listen-record`: its settings."""
+"""`listen-record`'s section and step: a blind listening test's answers into MLflow."""
 
 from __future__ import annotations
 

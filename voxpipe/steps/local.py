@@ -1,4 +1,4 @@
-"""`local`: its settings."""
+"""`local`: this machine under `dvc repro` (no step of its own; the stages' torchrun reads it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`manifest`: its settings."""
+"""`manifest`'s section and step (a stage): raw.jsonl into train / val manifests."""
 
 from __future__ import annotations
 

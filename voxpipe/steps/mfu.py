@@ -1,4 +1,4 @@
-"""`mfu`: its settings."""
+"""`mfu`'s section and step (a stage): a training run's model FLOPs utilisation."""
 
 from __future__ import annotations
 

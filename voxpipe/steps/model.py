@@ -1,4 +1,4 @@
-"""`model`: its settings."""
+"""`model`'s section (the base checkpoint, read by most steps) and the init-model step (a stage)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`plan`: its settings."""
+"""`plan`'s section and step: will training fit, before any device is allocated."""
 
 from __future__ import annotations
 

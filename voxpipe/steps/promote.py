@@ -1,4 +1,4 @@
-"""`promote`: its settings."""
+"""`promote`'s section and step: @champion moved by hand, with who, when and why."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`register`: its settings."""
+"""`register`'s section and the registry-init and register steps (register is a stage)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`serve`: its settings."""
+"""`serve`'s section and step: OpenAI's speech API over a registered model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sweep`: its settings."""
+"""`sweep`'s section and the sweep-open / sweep-close steps around a grid of runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`synthesize`: its settings."""
+"""`synthesize`'s section (the request bounds serve and the pyfunc share too) and its step."""
 
 from __future__ import annotations
 

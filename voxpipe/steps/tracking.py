@@ -1,4 +1,4 @@
-"""`tracking`: its settings."""
+"""`tracking`: where runs and models are recorded (no step of its own; train, register, compare)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`train`: its settings."""
+"""`train`'s section (and its LoRA sub-section) and step (a stage under torchrun)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`validate`: its settings."""
+"""`validate`'s section and step (a stage): a manifest checked before accelerator time."""
 
 from __future__ import annotations
 
