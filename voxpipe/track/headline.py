@@ -32,6 +32,7 @@ HEADLINE = (
 NAMES = tuple(name for name, _, _ in HEADLINE)
 VERDICT_TAG = "voxpipe.verdict"
 VAL_SET_TAG = "voxpipe.val_digest"  # evaluate's val_digest: the val batches and seeds the losses saw
+KIND_TAG = "voxpipe.candidate_kind"  # which kind of candidate evaluate chose: live, ema or average
 RECIPE_TAG_PREFIX = "set."  # `set.<key>`: a param that differs from the schema's default (what was chosen)
 
 
