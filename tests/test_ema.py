@@ -106,6 +106,7 @@ def test_ema_exports_sit_beside_the_live_ones_load_and_verify(ema_run, encoded_s
     assert abs(saved - planned) <= 0.01 * saved
 
 
+@pytest.mark.slow
 def test_a_resume_restores_the_ema(ema_run, encoded_sample, tmp_path):
     """The reference run with its step-6 checkpoint and exports taken away resumes from step 4: its new
     step-6 EMA export is the uninterrupted run's, bit for bit (an average restarted from the live weights
@@ -123,6 +124,7 @@ def test_a_resume_restores_the_ema(ema_run, encoded_sample, tmp_path):
         assert all(torch.equal(mine[k], theirs[k]) for k in theirs), name
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_ema_starts_it_from_the_live_weights(encoded_sample, tmp_path, caplog):
     out = tmp_path / "run"
     _train(encoded_sample, out, 3, checkpoint_every=3)
@@ -160,3 +162,18 @@ def test_two_gloo_ranks_each_hold_their_ema_shard(encoded_sample, tmp_path):
     # gathered from both ranks' shards: neither the live weights nor the base
     assert not torch.equal(ema_w, live_w) and not torch.equal(ema_w, base_w)
     assert torch.isfinite(ema_w).all()
+
+
+@pytest.mark.slow
+def test_with_lora_only_the_adapters_are_averaged_and_exported(encoded_sample, tmp_path):
+    out = tmp_path / "run"
+    _train(encoded_sample, out, 2, ema_decay=DECAY, export_every=2, lora={"enabled": True, "r": 4},
+           lr=1e-2)
+    keys = FileSystemReader(str(out / "checkpoints" / "step-2")).read_metadata().state_dict_metadata
+    ema_keys = [k for k in keys if k.startswith("ema.")]
+    assert ema_keys and all("lora_" in k for k in ema_keys), ema_keys[:5]
+    live = load_file(str(out / "exports" / "step-2" / "lora" / "lora_weights.safetensors"))
+    ema = load_file(str(out / "exports" / "step-2-ema" / "lora" / "lora_weights.safetensors"))
+    assert sorted(live) == sorted(ema)
+    assert any(not torch.equal(live[k], ema[k]) for k in live)
+    from_pretrained(out / "exports" / "step-2-ema")  # the merged EMA checkpoint loads
