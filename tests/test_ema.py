@@ -177,3 +177,19 @@ def test_with_lora_only_the_adapters_are_averaged_and_exported(encoded_sample, t
     assert sorted(live) == sorted(ema)
     assert any(not torch.equal(live[k], ema[k]) for k in live)
     from_pretrained(out / "exports" / "step-2-ema")  # the merged EMA checkpoint loads
+
+
+def test_an_ema_export_is_pruned_with_its_live_sibling(tmp_path):
+    from voxpipe.train.device import Runtime
+    from voxpipe.train.exports import export_step
+
+    rt = Runtime(torch.device("cpu"), 0, 1, None)  # rank 0 of one: export_step needs no collective
+
+    def write(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+
+    for step in (1, 2, 3):
+        export_step(write, tmp_path, step, 2, rt, write)
+    assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == ["step-2", "step-2-ema", "step-3",
+                                                                       "step-3-ema"]
