@@ -125,3 +125,21 @@ def test_fewer_than_two_exports_give_no_average_and_say_why(tmp_path):
     assert candidate is None and record["path"] is None
     assert "1 export(s) of the run with a finite loss" in record["null_reason"]
     assert not (tmp_path / "eval").exists()
+
+
+def test_exports_with_other_tensors_are_not_averaged(tmp_path):
+    from voxpipe.errors import StepError
+    from voxpipe.evaluate.average import average_exports
+    from voxpipe.evaluate.exports import Candidate
+
+    sources = []
+    for step, names in ((2, ("a", "b")), (4, ("a", "c"))):
+        folder = tmp_path / "exports" / f"step-{step}"
+        folder.mkdir(parents=True)
+        save_file({n: torch.ones(2) for n in names}, str(folder / "model.safetensors"))
+        sources.append(Candidate(folder, step))
+    why = r"step-4/model.safetensors: its tensors differ .* evaluate.average_top_k=0"
+    with pytest.raises(StepError, match=why):
+        average_exports(sources, tmp_path / "eval" / "average", b"key")
+    eval_out = tmp_path / "eval"
+    assert not eval_out.exists() or not any(eval_out.iterdir())  # nothing half-written is left

@@ -44,9 +44,22 @@ def best_k(losses: dict[Candidate, float], k: int) -> tuple[list[Candidate], str
 
 
 def average_exports(sources: list[Candidate], out: Path, key: bytes) -> Path:
-    """Write the uniform average of `sources` (best first) into `out` (replaced once complete)."""
+    """Write the uniform average of `sources` (best first) into `out` (replaced once complete; on a failure
+    the partial folder is removed and the previous average stays)."""
     tmp = out.with_name(f".{out.name}-new")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_average(sources, tmp, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _write_average(sources: list[Candidate], tmp: Path, key: bytes) -> None:
     shutil.copytree(sources[0].path, tmp, ignore=shutil.ignore_patterns(WEIGHTS, IDENTITY_FILE, LORA_SUBDIR))
     with safe_open(str(sources[0].path / WEIGHTS), "pt") as first:
         metadata = first.metadata()
@@ -72,10 +85,6 @@ def average_exports(sources: list[Candidate], out: Path, key: bytes) -> Path:
         run = {k: v for k, v in identity.items() if k not in ("files", "step", "kind", "ema_decay")}
         write_identity(tmp, run, max(s.step or 0 for s in sources), key,
                        {"kind": AVERAGE, "averaged": [s.path.name for s in sources]})
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def average_candidate(losses: dict[Candidate, float], k: int, out: Path, key: bytes
