@@ -193,3 +193,20 @@ def test_an_ema_export_is_pruned_with_its_live_sibling(tmp_path):
         export_step(write, tmp_path, step, 2, rt, write)
     assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == ["step-2", "step-2-ema", "step-3",
                                                                        "step-3-ema"]
+
+
+@pytest.mark.slow
+def test_a_resume_is_exact_when_an_export_shares_the_checkpoints_step(encoded_sample, tmp_path):
+    """The export at step 3 comes after the checkpoint of step 3: building it must not draw from the
+    training RNG the checkpoint saved, or the resumed steps 4-6 differ from the uninterrupted ones."""
+    runs = {}
+    for name in ("whole", "resumed"):
+        out = tmp_path / name
+        if name == "resumed":
+            shutil.copytree(tmp_path / "whole", out)
+            for folder in ("checkpoints/step-6", "exports/step-6", "exports/step-6-ema"):
+                shutil.rmtree(out / folder)
+        report = _train(encoded_sample, out, 6, ema_decay=DECAY, checkpoint_every=3)
+        runs[name] = load_file(str(out / "exports" / "step-6-ema" / "model.safetensors"))
+    assert report["resumed_from"].endswith("step-3")
+    assert all(torch.equal(runs["whole"][k], runs["resumed"][k]) for k in runs["whole"])
