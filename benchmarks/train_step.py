@@ -269,7 +269,7 @@ def main() -> None:
                 **ratio("tokens_per_s", ours, up_lat, missing),
                 "goal": ">= 2.0",
             },
-            "ema": ema,
+            **({"ema": ema} if ema else nulls(["ema"], "no --ema-decay: only ours without EMA ran")),
             "padding_waste": {
                 "token_budget": padding_waste(budget, lengths),
                 "fixed_size": padding_waste(fixed, lengths),
