@@ -13,13 +13,15 @@ init-model small (fp32) -> encode (timed once, reported as the one-time cost). T
    the very batches our trainer saw (same sampler, same collate), vs ours. Goal: >= 2.0x
    (work not done: the local encoder on audio rows, the DiT on loss rows; one host read a step).
 3. Padding waste of token-budget batches vs fixed-size batches of the same rows.
+4. With `--ema-decay D`: a second trainer of ours with train.ema_decay=D steps in the same rotation, and
+   its step time against ours without EMA (the EMA update alone is timed too, 20 calls).
 
 The three runs advance one step each in turn, so background load hits them alike; the first
 `--warmup` steps of every run are left out. Without upstream voxcpm 2.0.3 only ours runs, and each
 ratio is null with its `*_null_reason`.
 
     .venv/bin/python benchmarks/train_step.py [--steps 12] [--warmup 2] [--max-tokens 640] [--batch-size 8]
-        [--kernels auto] [--compile] [--preset small] [--rows-per-speaker 0]
+        [--kernels auto] [--compile] [--preset small] [--rows-per-speaker 0] [--ema-decay 0.999]
     .venv/bin/python benchmarks/train_step.py --smoke   # tiny preset, 6 clips, 2 steps: seconds
 """
 
@@ -187,6 +189,19 @@ def ratio(key: str, ours: dict, theirs: dict | None, missing: str | None) -> dic
     return {f"{key}_ratio": ours[key] / theirs[key]}
 
 
+def ema_cost(runs: dict[str, list[dict]], trainer: Trainer, args: argparse.Namespace) -> dict:
+    """Step time with train.ema_decay against without, from the same rotation; the update alone."""
+    assert trainer.ema is not None
+    start = time.perf_counter()
+    for _ in range(20):
+        trainer.ema.update()
+    update_s = (time.perf_counter() - start) / 20
+    on, off = rates(runs["ours_ema"], args.warmup), rates(runs["ours"], args.warmup)
+    return {"decay": args.ema_decay, "ours_ema": on,
+            "median_step_ratio": on["median_step_s"] / off["median_step_s"],
+            "ema_update_s": update_s, "ema_bytes": trainer.ema.local_bytes()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -198,6 +213,8 @@ def main() -> None:
     parser.add_argument("--preset", default="small", choices=["tiny", "small"])
     parser.add_argument("--rows-per-speaker", type=int, default=0, help="the sample's first N rows of each "
                         "speaker (0: all of it)")
+    parser.add_argument("--ema-decay", type=float, default=0.0, help="also time a trainer with "
+                        "train.ema_decay at this value beside ours (0: not)")
     args = parse_args(parser, preset="tiny", rows_per_speaker=3, steps=2, warmup=1, batch_size=2)
     try:
         load_upstream()
@@ -221,7 +238,12 @@ def main() -> None:
                 lat = upstream_on_latents(base, encoded, args.max_tokens)
                 runners["upstream_vae_per_step"] = lambda: next(e2e)
                 runners["upstream_pre_encoded"] = lambda: next(lat)
+            if args.ema_decay:
+                with_ema = Trainer(params.model_copy(update={"train": params.train.model_copy(update={
+                    "ema_decay": args.ema_decay, "out": str(work / "ours_ema")})}), rt, flag)
+                runners["ours_ema"] = with_ema.train_step
             runs = interleaved(runners, args.steps)
+            ema = ema_cost(runs, with_ema, args) if args.ema_decay else None
         ours, up_e2e, up_lat = (rates(runs[name], args.warmup) if name in runs else None
                                 for name in ("ours", "upstream_vae_per_step", "upstream_pre_encoded"))
         lengths = EncodedDataset(encoded, "train").lengths()
@@ -247,6 +269,7 @@ def main() -> None:
                 **ratio("tokens_per_s", ours, up_lat, missing),
                 "goal": ">= 2.0",
             },
+            **({"ema": ema} if ema else nulls(["ema"], "no --ema-decay: only ours without EMA ran")),
             "padding_waste": {
                 "token_budget": padding_waste(budget, lengths),
                 "fixed_size": padding_waste(fixed, lengths),

@@ -115,11 +115,36 @@ def test_cli_prints_one_json_object_with_the_planned_figures(capsys, tmp_path):
     assert {"world_size", "device", "device_memory_gib", "peak_gib", "by_category_gib", "fits",
             "largest_max_tokens", "host_peak_gib", "host_by_phase_gib"} <= out.keys()
     assert set(out["host_by_phase_gib"]) == {"load", "export"}
-    assert set(out["by_category_gib"]) == {"params", "gradients", "optimizer", "activations", "other"}
+    assert set(out["by_category_gib"]) == {"params", "gradients", "optimizer", "activations", "other", "ema"}
+    assert out["by_category_gib"]["ema"] == 0  # train.ema_decay is off by default
     assert (out["world_size"], out["device"], out["device_memory_gib"]) == (1, "rtx-4090", 24.0)
     assert out["fits"] is True
     assert out["largest_max_tokens"] > 256
     assert out["peak_gib"] == pytest.approx(sum(out["by_category_gib"].values()), abs=0.01)
+
+
+def test_the_ema_copy_is_counted_on_the_device_and_in_the_checkpoint(capsys, tmp_path):
+    """train.ema_decay: one more copy of the trainable shards (full fine-tune: every fp32 master, so as
+    much as the params category), alive through the step and written into every checkpoint."""
+    (tmp_path / "empty.yaml").write_text("")
+    common = ["plan", "--params", str(tmp_path / "empty.yaml"), "--set", "model.base=" + str(tmp_path),
+              "--set", "model.preset=tiny", "--set", "plan.device=rtx-4090", "--set", "train.max_tokens=256",
+              "--set", "local.nproc=2", "--set", "train.dtype=float32", "--json"]
+    plans = []
+    for decay in ("0", "0.999"):
+        assert main([*common, "--set", f"train.ema_decay={decay}"]) == 0
+        plans.append(json.loads(capsys.readouterr().out))
+    off, on = plans
+    extra = on["by_category_gib"]["ema"]
+    assert extra > 0 and extra == pytest.approx(on["by_category_gib"]["params"], rel=0.02)
+    assert on["peak_gib"] == pytest.approx(off["peak_gib"] + extra, abs=0.002)
+    setup = P.Setup(preset("tiny"), 2, LoraParams(), False, "float32", 256)
+    ema_setup = P.Setup(preset("tiny"), 2, LoraParams(), False, "float32", 256, ema=True)
+    assert P.ema_bytes_per_rank(setup) == 0
+    extra_bytes = P.ema_bytes_per_rank(ema_setup)
+    assert P.checkpoint_bytes_per_rank(ema_setup) == P.checkpoint_bytes_per_rank(setup) + extra_bytes
+    lora_setup = P.Setup(preset("tiny"), 2, LoraParams(enabled=True), False, "float32", 256, ema=True)
+    assert P.ema_bytes_per_rank(lora_setup) < 0.2 * P.ema_bytes_per_rank(ema_setup)  # the adapters only
 
 
 def test_world_size_comes_from_the_launcher_the_plan_names():

@@ -6,6 +6,9 @@ them); `evaluate.model` may name that folder, and then every export is scored (f
 voice metrics against the same baseline) and the promotion rule picks one: among the exports that
 pass it the lowest loss; when none passes, the lowest loss among those that keep the voice; else
 the lowest loss. `eval.json` records the whole table and the choice; `exports.png` plots it.
+Candidates come in kinds: the exports as saved (`live`), their EMA siblings `step-N-ema/` (`ema`,
+train.ema_decay) and the average of the best k (`average`, evaluate.average_top_k: average.py); one
+rule judges them all, and `candidate_kind` says which kind won.
 Only the exports of the run in the folder are scored (`own_exports`); the others are listed, with why.
 Whose export it is, is what its signed `voxpipe-run.json` says once it verifies (voxpipe/train/identity.py):
 one copied from another export, edited or unsigned is never taken as this run's.
@@ -22,25 +25,32 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import Scores, Verdict
 from voxpipe.files import step_folders
 from voxpipe.integrity import KEY_ENV, signing_key
+from voxpipe.train.ema import EMA_SUFFIX
 from voxpipe.train.identity import IDENTITY_FILE, folder_run, identity_or_why
 from voxpipe.voxcpm2_format import is_checkpoint
 
+LIVE, EMA, AVERAGE = "live", "ema", "average"  # candidate kinds
 
-def sample_tag(step: int | None) -> str:
+
+def sample_tag(step: int | None, kind: str = LIVE) -> str:
     """What a checkpoint's sample files start with (`<tag>-<utterance>.wav`): `step-<N>` for an export of
-    step N, the historical "model" for a single checkpoint. register finds the chosen export's clips by it."""
-    return "model" if step is None else f"step-{step}"
+    step N (`step-<N>-ema` for its EMA sibling), `average` for the top-k average, the historical "model" for
+    a single checkpoint. register finds the chosen export's clips by it."""
+    if kind == AVERAGE:
+        return AVERAGE
+    return "model" if step is None else f"step-{step}{EMA_SUFFIX if kind == EMA else ''}"
 
 
 @dataclass(frozen=True)
 class Candidate:
     path: Path
     step: int | None  # None: a single checkpoint folder (which step it is, the folder does not say)
+    kind: str = LIVE  # LIVE, EMA or AVERAGE
 
     @property
     def tag(self) -> str:
         """Names its sample files (sample_tag)."""
-        return sample_tag(self.step)
+        return sample_tag(self.step, self.kind)
 
 
 def find_candidates(path: Path) -> list[Candidate]:
@@ -51,12 +61,14 @@ def find_candidates(path: Path) -> list[Candidate]:
     for step, child in step_folders(path):
         if is_checkpoint(child):
             found.append(Candidate(child, step))
+            if is_checkpoint(ema := child.with_name(child.name + EMA_SUFFIX)):
+                found.append(Candidate(ema, step, EMA))
     if not found:
         raise StepError(
             f"{path}: neither a checkpoint (no config.json) nor a folder of step-N/ exports; point "
             "evaluate.model at the train step's export/ or, with train.export_every, its exports/"
         )
-    return sorted(found, key=lambda c: c.step or 0)
+    return sorted(found, key=lambda c: (c.step or 0, c.kind != LIVE))
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class Scored:
         gain = self.verdict.gains.get("similarity") or {}
         return {
             "step": self.candidate.step,
+            "kind": self.candidate.kind,
             "path": str(self.candidate.path),
             "loss": self.scores.loss,
             "loss_std": self.scores.loss_std,
@@ -195,16 +208,19 @@ def plot_exports(path: Path, table: list[dict[str, Any]], baseline: Scores, chos
     """exports.png: fixed-seed loss (± seed std) and mean speaker similarity against the training step."""
     from matplotlib.figure import Figure
 
-    rows = table
-    steps = [r["step"] or 0 for r in rows]  # one checkpoint folder: a point at 0 (DVC expects the file)
     fig = Figure(figsize=(8, 6), layout="constrained")
     loss_ax, sim_ax = fig.subplots(2, 1, sharex=True)
-    loss_ax.errorbar(steps, [r["loss"] for r in rows], yerr=[r["loss_std"] for r in rows], fmt="o-",
-                     capsize=3, label="export")
+    for kind, marker in ((LIVE, "o-"), (EMA, "^--"), (AVERAGE, "D")):  # a line per kind of candidate
+        rows = [r for r in table if r.get("kind", LIVE) == kind]
+        if not rows:
+            continue
+        steps = [r["step"] or 0 for r in rows]  # one checkpoint folder: a point at 0 (DVC expects the file)
+        label = "export" if kind == LIVE else kind
+        loss_ax.errorbar(steps, [r["loss"] for r in rows], yerr=[r["loss_std"] for r in rows], fmt=marker,
+                         capsize=3, label=label)
+        sim_ax.plot(steps, [r["similarity_to_speaker_mean"] for r in rows], marker, label=label)
     loss_ax.axhline(baseline.loss, color="tab:gray", ls="--", label="baseline")
     loss_ax.set_ylabel("fixed-seed loss")
-    sim_ax.plot(steps, [r["similarity_to_speaker_mean"] for r in rows], "s-", color="tab:green",
-                label="export")
     base_sims = [s["mean"] for s in baseline.similarity.values() if s.get("mean") is not None]
     if base_sims:
         sim_ax.axhline(sum(base_sims) / len(base_sims), color="tab:gray", ls="--", label="baseline")

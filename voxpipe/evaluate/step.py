@@ -12,7 +12,9 @@
    over the baseline's clips with its bootstrap interval (gains.py), its tolerances the measured noise
    floor's (`evaluate.noise_runs`, noise.py) or the constants; `--require-improvement` fails the step when
    it says no. `evaluate.model` may be a folder of step-N exports: each export of the run in it is
-   scored and the rule picks one; exports of another run are skipped and listed (exports.py).
+   scored and the rule picks one; exports of another run are skipped and listed (exports.py). Their EMA
+   siblings (train.ema_decay) are candidates too, and with `evaluate.average_top_k` so is the average of
+   the k exports with the lowest loss (average.py); `candidate_kind` names the kind chosen.
 
 Checkpoints are loaded one after the other (never two in memory). Outputs in `out/`: eval.json
 (flat top-level figures for DVC, details nested), samples/*.wav (48 kHz), eval.png, exports.png,
@@ -43,6 +45,7 @@ from voxpipe.data.token_budget import TokenBudget
 from voxpipe.device import cpu_threads, resolve_device_type
 from voxpipe.errors import StepError
 from voxpipe.evaluate.asr import Recognisers
+from voxpipe.evaluate.average import average_candidate
 from voxpipe.evaluate.benchmark_set import (
     NO_BENCHMARK,
     Benchmark,
@@ -84,6 +87,7 @@ from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate
 from voxpipe.evaluate.scoring_threads import ScoringThreads
 from voxpipe.evaluate.speaker import speaker_encoder
 from voxpipe.files import DISK_ERRORS, atomic_write
+from voxpipe.integrity import signing_key
 from voxpipe.lineage import dvc_md5
 from voxpipe.model.config import VoxCPM2Config
 from voxpipe.model.io import from_pretrained
@@ -542,6 +546,16 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         # the registry while the clips are scored (the main thread only waits from here)
         champion_lookup = _look_up_champion(params, champion, champion_folder, digest, background)
         base_run, runs = finish.pop("baseline")(), {tag: done() for tag, done in finish.items()}
+        average: dict[str, Any] = {"k": 0, "path": None, "averaged": [],
+                                   "null_reason": "evaluate.average_top_k is 0 (off)"}
+        if p.average_top_k:
+            losses = {c: statistics.fmean(x.total for x in runs[c.tag].losses) for c in candidates}
+            averaged, average = average_candidate(losses, p.average_top_k, out, signing_key(Path(p.model)))
+            if averaged is not None:
+                candidates = [*candidates, averaged]
+                runs[averaged.tag] = _run_checkpoint(averaged.tag, averaged.path, p, device, batches, plans,
+                                                     pending_voices, threads, samples, params.model.kernels,
+                                                     costs, bench)()
         voices = {speaker: v.result() for speaker, v in pending_voices.items()}
         real_asr = pending_asr.result()
     # a voice the recogniser cannot hear in its real recordings gets no WER/CER (heard.py)
@@ -592,6 +606,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     real_by_language = intelligibility_by_language([r for r, _ in real_asr], [rate for _, rate in real_asr])
     figures = _flat(summary, verdict.promoted, per_tag, _rates(real_by_language))
     figures["chosen_step"] = chosen.step
+    figures["candidate_kind"] = chosen.kind
     for tag, suffix in (("model", ""), ("baseline", "_baseline")):
         for metric in ("wer", "cer"):
             if figures[f"{metric}{suffix}"] is None:
@@ -624,7 +639,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
         "scores": {"model": best.scores.as_dict(), "baseline": base_scores.as_dict()},
         "val_digest": digest,
         "champion": _rescore_champion(params, champion_lookup, batches, digest, val, device),
-        "chosen": {"path": str(chosen.path), "step": chosen.step, "md5": dvc_md5(chosen.path), "why": why},
+        "chosen": {"path": str(chosen.path), "step": chosen.step, "kind": chosen.kind, "tag": chosen.tag,
+                   "md5": dvc_md5(chosen.path), "why": why},
+        "average": average,
         "exports": table,
         "exports_of_run": exports.as_dict(),
         "languages": sorted({u.language for plan in plans for u in plan.utterances}),

@@ -104,6 +104,11 @@ class EvaluateCore(Section):
         "it fits the evaluation (val set, encoder, generation settings) the rule takes its similarity and "
         "DNSMOS tolerances from it instead of the constants. 0 = measure nothing"
     )
+    average_top_k: int = Field(
+        0, ge=0, description="also score the uniform average of the k exports with the lowest fixed-seed "
+        "loss (CosyVoice's average_model.py --val_best), written to out/average/, as one more candidate "
+        "the promotion rule may choose (0 = off)",
+    )
     rescore_champion: bool = Field(
         True, description="when the voice's registered @champion was scored on another val set (its data "
         "changed), re-score its export's fixed-seed loss on this one, so register decides on the same data",

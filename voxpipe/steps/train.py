@@ -123,6 +123,12 @@ class TrainParams(Section):
     )
     keep_exports: int = Field(3, ge=1, description="newest exports/step-N/ kept",
                               json_schema_extra={"result": False})
+    ema_decay: float = Field(
+        0.0, ge=0, lt=1, description="keep EMA weights beside the live ones (e.g. 0.999; 0 = off): sharded "
+        "like them, in the checkpoints, and exported beside each exports/step-N/ as exports/step-N-ema/, a "
+        "candidate evaluate judges by the same rule (needs export_every > 0)",
+        json_schema_extra={"weights": False},
+    )
     resume: bool = Field(
         True, description="continue from the newest verified checkpoint in out/checkpoints; it must come "
         "from the same params (only max_steps, checkpoint and logging keys may differ). false: start fresh "
@@ -165,6 +171,15 @@ class TrainParams(Section):
         1e-5 barely moves it, so LoRA gets 1e-4."""
         if self.lr is None:
             self.lr = default_lr(self.lora.enabled)
+        return self
+
+    @model_validator(mode="after")
+    def _ema_exported(self) -> TrainParams:
+        """EMA weights that are never exported would cost memory and time for nothing."""
+        if self.ema_decay and not self.export_every:
+            raise ValueError("train.ema_decay needs train.export_every > 0: the EMA weights are exported "
+                             "beside each exports/step-N/ as exports/step-N-ema/ (export/ holds the live "
+                             "weights); set train.export_every, or train.ema_decay=0")
         return self
 
 

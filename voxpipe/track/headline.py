@@ -37,6 +37,7 @@ NAMES = tuple(name for name, _, _ in HEADLINE)
 VERDICT_TAG = "voxpipe.verdict"
 GAIN_TAG_PREFIX = "voxpipe.gain."  # `voxpipe.gain.<figure>`: its paired gain as `gain [low, high]`
 VAL_SET_TAG = "voxpipe.val_digest"  # evaluate's val_digest: the val batches and seeds the losses saw
+KIND_TAG = "voxpipe.candidate_kind"  # which kind of candidate evaluate chose: live, ema or average
 RECIPE_TAG_PREFIX = "set."  # `set.<key>`: a param that differs from the schema's default (what was chosen)
 
 

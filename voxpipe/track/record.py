@@ -37,7 +37,15 @@ from voxpipe.lineage import git_commit, kfp_run_id, md5_file
 from voxpipe.params import Params
 from voxpipe.secrets import scrub_shapes
 from voxpipe.track.artifacts import DataLineage, PipelineArtifacts
-from voxpipe.track.headline import VAL_SET_TAG, VERDICT_TAG, gain_tags, headline, recipe_changes, verdict
+from voxpipe.track.headline import (
+    KIND_TAG,
+    VAL_SET_TAG,
+    VERDICT_TAG,
+    gain_tags,
+    headline,
+    recipe_changes,
+    verdict,
+)
 from voxpipe.track.plots import loss_curve
 from voxpipe.track.tracking import active_run, redact_params, scrub
 
@@ -137,13 +145,16 @@ def step_metrics(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
 
 
 def export_points(art: PipelineArtifacts) -> list[tuple[str, float, int]]:
-    """evaluate's table of scored exports as metrics against the training step (`eval/export/*`): the
-    metric-vs-step view of which checkpoint was best."""
+    """evaluate's table of scored exports as metrics against the training step (`eval/export/*`; the EMA
+    and averaged candidates `eval/export_ema/*`, `eval/export_average/*`): the metric-vs-step view of which
+    checkpoint was best."""
     points = []
     for row in art.eval.get("exports") or []:
         if isinstance(row.get("step"), int):
             scores = {k: v for k, v in row.items() if k != "step"}
-            points += [(k, v, row["step"]) for k, v in numbers(scores, "eval/export/").items()]
+            kind = row.get("kind", "live")
+            prefix = "eval/export/" if kind == "live" else f"eval/export_{kind}/"
+            points += [(k, v, row["step"]) for k, v in numbers(scores, prefix).items()]
     return points
 
 
@@ -166,9 +177,11 @@ def unheld(
 
 
 def chosen_sample_tag(evaluation: dict[str, Any]) -> str:
-    """The tag evaluate named the chosen export's samples with (`step-40`, or `model` for one checkpoint):
-    eval.json's `chosen.step`."""
+    """The tag evaluate named the chosen export's samples with (`step-40`, `step-40-ema`, `average`, or
+    `model` for one checkpoint): eval.json's `chosen.tag`, else (an older eval.json) from `chosen.step`."""
     chosen = evaluation.get("chosen")
+    if isinstance(chosen, dict) and isinstance(chosen.get("tag"), str):
+        return chosen["tag"]
     step = chosen.get("step") if isinstance(chosen, dict) else None
     return sample_tag(step if isinstance(step, int) and not isinstance(step, bool) else None)
 
@@ -310,6 +323,7 @@ def log_pipeline_run(
         log_metrics(client, run_id, figures)
         client.set_tag(run_id, VERDICT_TAG, verdict(art.eval))
         log_tags(client, run_id, gain_tags(art.eval))
+        client.set_tag(run_id, KIND_TAG, str(art.eval.get("candidate_kind", "live")))
         if isinstance(art.eval.get("val_digest"), str):
             client.set_tag(run_id, VAL_SET_TAG, art.eval["val_digest"])
 

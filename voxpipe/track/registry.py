@@ -32,6 +32,7 @@ from voxpipe.errors import StepError
 from voxpipe.evaluate.promotion import LossReference, Scores, Verdict, with_loss_reference
 from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.artifacts import PipelineArtifacts
+from voxpipe.track.headline import KIND_TAG
 from voxpipe.track.listening_gate import AWAITS_TAG, MODE_TAG, NO_CHAMPION, WAITS, listening_mode
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
@@ -339,7 +340,8 @@ def register_logged(
 ) -> Registration:
     """A new version of `name` from a model logged in `run_id`, then the promotion rule against the
     champion (`promote`); a sweep's close registers its best child this way (sweep.py)."""
-    tags = {EXPORT_TAG: model.export_md5, **extra_tags}
+    tags = {EXPORT_TAG: model.export_md5, KIND_TAG: str(evaluation.get("candidate_kind", "live")),
+            **extra_tags}
     mv = client.create_model_version(name, model.uri, run_id=run_id, tags=tags, model_id=model.model_id)
     decision = promote(client, place, name, mv.version, evaluation)
     current = client.get_model_version(name, mv.version)  # what the registry holds now, not what we meant

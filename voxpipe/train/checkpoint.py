@@ -1,7 +1,8 @@
 """Resumable training checkpoints: DCP for the sharded model + optimizer, JSON for the rest.
 
 Layout of `checkpoints/step-N/`:
-  .metadata, __*.distcp   torch.distributed.checkpoint (each rank writes its own shards)
+  .metadata, __*.distcp   torch.distributed.checkpoint (each rank writes its own shards): the model, the
+                          optimizer and, with train.ema_decay, the EMA shards (voxpipe/train/ema.py)
   rank-R.json             per rank: RNG states (torch CPU, device, python, numpy) and data sampler state
   trainer.json            step, counters, world size, the params the result depends on (rank 0)
   voxpipe-manifest.json   written last: size + sha256 of every file, HMAC-signed (voxpipe.integrity)
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 class Resumed:
     trainer: dict[str, Any]  # what rank 0 saved in trainer.json
     sampler: dict[str, Any]  # this rank's sampler state
+    ema_restored: bool = False  # the EMA shards came from the checkpoint (False: it holds none)
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -198,8 +200,10 @@ def save_checkpoint(
     sampler: dict[str, Any],
     rt: Runtime,
     keep: int,
+    ema: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the final folder; prunes all but the newest `keep`.
+    `ema`: the EMA shards by parameter name, saved beside the model's (trainer.json says so).
 
     A full or read-only disk stops the run with one paragraph naming the folder; the partial folder is
     removed and every complete checkpoint kept, so a rerun resumes from the newest one."""
@@ -211,13 +215,15 @@ def save_checkpoint(
             tmp.mkdir(parents=True)
         rt.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+        dcp.save({"model": model_sd, "optim": optim_sd, **({"ema": ema} if ema is not None else {})},
+                 checkpoint_id=tmp)
         # machine state, not a report: written as it is, since the report writer's secret scrub rewrites
         # random-looking runs, and random bytes in base64 are just that (a scrubbed RNG state cannot load)
         atomic_write_text(tmp / f"rank-{rt.rank}.json",
                           json.dumps({"rng": rng_state(rt.device), "sampler": sampler}))
         if rt.is_main:
-            write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size})
+            write_json(tmp / "trainer.json", {**trainer, "step": step, "world_size": rt.world_size,
+                                              "ema": ema is not None})
     except BaseException as e:  # torch's CheckpointException (a disk full in DCP's writer) is no Exception
         if (failed := _save_failed(e, root, step, tmp)) is e:
             raise
@@ -244,16 +250,17 @@ def save_checkpoint(
     return final
 
 
-def rank_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def rank_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: int = 0) -> int:
     """The bytes of this rank's share of a checkpoint: its local shards of the parameters and of the
-    optimizer state (what `voxpipe plan` estimates as checkpoint_gib_per_rank)."""
+    optimizer state, plus `extra` (the EMA shards' bytes): what `voxpipe plan` estimates as
+    checkpoint_gib_per_rank."""
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
 
     tensors = [local(p) for p in model.parameters()]
     tensors += [local(v) for state in optimizer.state.values() for v in state.values()
                 if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors) + extra
 
 
 def _save_failed(e: Exception, root: Path, step: int, tmp: Path) -> Exception:
@@ -304,9 +311,11 @@ def _volume_full(tmp: Path) -> bool:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime,
+    ema: dict[str, torch.Tensor] | None = None,
 ) -> Resumed:
-    """Collective: restore model + optimizer shards, this rank's RNG, and return the rest.
+    """Collective: restore model + optimizer shards (and `ema`'s in place, when the checkpoint holds
+    them), this rank's RNG, and return the rest.
 
     Only for a folder `pick_checkpoint` has verified: DCP unpickles `.metadata`.
     """
@@ -319,8 +328,11 @@ def load_checkpoint(
         )
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
+    restore_ema = ema is not None and bool(trainer.get("ema"))
+    if restore_ema:
+        state["ema"] = ema
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     per_rank = json.loads((path / f"rank-{rt.rank}.json").read_text())
     set_rng_state(per_rank["rng"], rt.device)
-    return Resumed(trainer, per_rank["sampler"])
+    return Resumed(trainer, per_rank["sampler"], restore_ema)

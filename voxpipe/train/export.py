@@ -78,7 +78,11 @@ def export_checkpoint(
     with on_meta():
         plain = VoxCPM2(config)
     load_weights_strict(plain, full, "trained weights", dtype)  # in the saved dtype: no second copy
-    vae = AudioVAE(config.audio_vae_config)
+    # built on the host, its init draws from torch's CPU generator: forked, so an export between a
+    # checkpoint and the next step leaves the training streams as the checkpoint saved them (a resume
+    # from that checkpoint then repeats the steps exactly)
+    with torch.random.fork_rng(devices=[]):
+        vae = AudioVAE(config.audio_vae_config)
     load_audiovae_weights(vae, load_audiovae_state_dict(base_dir), source=str(base_dir))
     save_pretrained(plain, vae, VoxTokenizer.from_dir(base_dir), out_dir, dtype=dtype)
     # the base's own tokenizer files, byte for byte (the tokenizer is not trained)

@@ -56,11 +56,14 @@ def run_identity(result: dict[str, Any], data: Path) -> dict[str, Any]:
     return {"run": hashlib.sha256(canonical.encode()).hexdigest()[:16], "params": params, **versions}
 
 
-def write_identity(folder: Path, identity: dict[str, Any], step: int, key: bytes) -> None:
+def write_identity(folder: Path, identity: dict[str, Any], step: int, key: bytes,
+                   kind: dict[str, Any] | None = None) -> None:
     """voxpipe-run.json: the identity, the step and every file of the export, signed with `key`. Call it
-    last, once the export's files are closed."""
+    last, once the export's files are closed. `kind`: what weights these are when not the live ones
+    (`{"kind": "ema", "ema_decay": 0.999}`, `{"kind": "average", "averaged": [...]}`), signed with the
+    rest."""
     files = hash_files(folder, [n for n in listed_files(folder) if n != IDENTITY_FILE])
-    payload = {**identity, "step": step, "files": files}
+    payload = {**identity, **(kind or {}), "step": step, "files": files}
     text = json.dumps({**payload, "hmac": signature(key, payload)}, indent=2, sort_keys=True)
     atomic_write_text(folder / IDENTITY_FILE, text)
 

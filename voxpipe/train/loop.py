@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -48,6 +49,7 @@ from voxpipe.train.checkpoint import (
 )
 from voxpipe.train.data import TrainData, check_encoded_by, move_to
 from voxpipe.train.device import Runtime, distributed_runtime
+from voxpipe.train.ema import EMA
 from voxpipe.train.export import export_checkpoint
 from voxpipe.train.exports import EXPORTS, due, export_step
 from voxpipe.train.fixed_seed_loss import fixed_seed_loss
@@ -199,6 +201,7 @@ class Trainer:
             kernels=self.kernels, compile_blocks=p.compile,
         )
         self.optimizer = build_optimizer(self.model, p, rt.device)
+        self.ema = EMA(self.model, p.ema_decay) if p.ema_decay else None  # voxpipe/train/ema.py
         self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, p.max_steps)
         self.counters = Counters()
         self.step = 0
@@ -231,7 +234,13 @@ class Trainer:
             return
         p = self.p  # the learning-rate plan of the run that wrote the checkpoint
         self.schedule = WarmupCosine(p.lr, min(p.min_lr, p.lr), p.warmup_steps, saved["schedule_steps"])
-        state = load_checkpoint(path, self.model, self.optimizer, self.rt)
+        state = load_checkpoint(path, self.model, self.optimizer, self.rt,
+                                self.ema.state_dict() if self.ema else None)
+        if self.ema is not None and not state.ema_restored:
+            self.ema.reset_to_live()  # saved before EMA was on: the average starts from the weights now
+            if self.rt.is_main:
+                logger.info("%s holds no EMA weights (saved with train.ema_decay=0): the EMA starts from its "
+                            "weights", path.name)
         self.step = state.trainer["step"]
         self.counters = Counters(**state.trainer["counters"])
         self.val_curve = state.trainer["val_curve"]
@@ -260,10 +269,11 @@ class Trainer:
         started = time.perf_counter()
         save_checkpoint(
             self.ckpt_root, self.step, self.model, self.optimizer, trainer, self.data.state_dict(),
-            self.rt, self.p.keep_checkpoints,
+            self.rt, self.p.keep_checkpoints, self.ema.state_dict() if self.ema else None,
         )
+        ema_bytes = self.ema.local_bytes() if self.ema else 0
         self.last_save = measured_save(time.perf_counter() - started,
-                                       rank_checkpoint_bytes(self.model, self.optimizer), self.rt)
+                                       rank_checkpoint_bytes(self.model, self.optimizer, ema_bytes), self.rt)
         if self.rt.is_main:
             logger.info(
                 "checkpoint step-%d saved: %.3f GiB per rank in %.1f s (slowest rank) = %.3f GB/s; the next "
@@ -316,6 +326,8 @@ class Trainer:
         finite = math.isfinite(diff) and math.isfinite(stop) and math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
             self.counters.bad_in_a_row = 0
         else:
             self.counters.skipped_steps += 1
@@ -360,14 +372,17 @@ class Trainer:
         votes travel in the step's all-reduce (`train_step`)."""
         return self.stop_agreed
 
-    def _export(self, folder: Path) -> None:
-        """Collective: every rank gathers, rank 0 writes `folder` (upstream layout)."""
-        export_checkpoint(
-            self.model, self.config, self.base, folder, self.rt, lora_params=self.p.lora,
-            dtype=torch.float32 if self.p.export_dtype == "float32" else torch.bfloat16, step=self.step,
-        )
+    def _export(self, folder: Path, ema: EMA | None = None) -> None:
+        """Collective: every rank gathers, rank 0 writes `folder` (upstream layout); with `ema`, its weights
+        are swapped in for the export and out again after it."""
+        with ema.swapped_in() if ema is not None else nullcontext():
+            export_checkpoint(
+                self.model, self.config, self.base, folder, self.rt, lora_params=self.p.lora,
+                dtype=torch.float32 if self.p.export_dtype == "float32" else torch.bfloat16, step=self.step,
+            )
         if self.rt.is_main:
-            write_identity(folder, self.identity, self.step, signing_key(self.ckpt_root))
+            write_identity(folder, self.identity, self.step, signing_key(self.ckpt_root),
+                           {"kind": "ema", "ema_decay": ema.decay} if ema is not None else None)
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -397,7 +412,8 @@ class Trainer:
                 if stopped or last or (p.checkpoint_every and self.step % p.checkpoint_every == 0):
                     self._save()
                 if not stopped and due(self.step, p.export_every, last):
-                    export_step(self._export, self.out, self.step, p.keep_exports, rt)
+                    export_step(self._export, self.out, self.step, p.keep_exports, rt,
+                                partial(self._export, ema=self.ema) if self.ema else None)
                 if stopped:
                     break
         finally:

@@ -11,7 +11,9 @@ foreach AdamW would add ~10x params of temporaries that no accelerator run has.
 
 Categories (the tracker's, grouped): params = the sharded parameters; gradients = sharded and
 unsharded gradients; optimizer = AdamW state; activations = saved activations and the backward's
-temporaries; other = the all-gathered (unsharded) parameters, communication buffers and inputs.
+temporaries; other = the all-gathered (unsharded) parameters, communication buffers and inputs;
+ema = the EMA copy of the trainable parameters' shards (train.ema_decay; 0 when off), counted on the meta
+model rather than traced: it is alive through the whole step, so it adds to the peak as it is.
 
 Cost: fake tensors cost per op, not per byte, so a plan of the real shape (60 blocks) takes
 minutes on a small CPU whatever the memory it describes. Each plan is kept on disk, keyed by its
@@ -80,6 +82,7 @@ class Setup:
     activation_checkpointing: bool
     dtype: str  # "float32" | "bfloat16": the compute dtype
     max_tokens: int
+    ema: bool = False  # train.ema_decay > 0: a copy of the trainable shards (voxpipe/train/ema.py)
 
     def micro_batch(self) -> tuple[int, int]:
         """(rows, positions) of the largest micro-batch train.max_tokens allows (TokenBudget), a row at
@@ -88,7 +91,7 @@ class Setup:
 
     def with_max_tokens(self, max_tokens: int) -> Setup:
         return Setup(self.config, self.world_size, self.lora, self.activation_checkpointing, self.dtype,
-                     max_tokens)
+                     max_tokens, self.ema)
 
 
 @dataclass
@@ -362,7 +365,18 @@ def checkpoint_bytes_per_rank(setup: Setup) -> int:
     model = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return -(-(weights + moments) // setup.world_size)
+    return -(-(weights + moments) // setup.world_size) + ema_bytes_per_rank(setup)
+
+
+def ema_bytes_per_rank(setup: Setup) -> int:
+    """The EMA copy on one rank (0 without train.ema_decay): its shard of every trainable parameter, in the
+    parameters' own dtype (the fp32 masters; LoRA: the adapters only). It sits in device memory beside
+    them and is written into every checkpoint."""
+    if not setup.ema:
+        return 0
+    model = prepare_model(setup.config, DTYPES[setup.dtype], setup.lora)
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return -(-trained // setup.world_size)
 
 
 def checkpoint_save_seconds(setup: Setup, write_gbps: float) -> float:
@@ -437,18 +451,19 @@ def device_memory_bytes(params: Params) -> int:
 def setup_of(params: Params) -> Setup:
     t = params.train
     return Setup(model_config(params), world_size(params), t.lora, t.activation_checkpointing,
-                 compute_dtype_name(params), t.max_tokens)
+                 compute_dtype_name(params), t.max_tokens, t.ema_decay > 0)
 
 
 def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dtype: str,
               write_gbps: float) -> Plan:
     usable = int(memory * (1 - headroom))
-    peak = fake_peak(setup)
+    ema = ema_bytes_per_rank(setup)
+    peak = {**fake_peak(setup), "ema": ema}
     total = sum(peak.values())
     # on the CPU the model is in host memory: filled while loading (the step's peak is the device
     # plan); the trained model and its optimizer state stay beside the export
     on_cpu = device == "cpu"
-    trained = peak["params"] + peak["optimizer"]
+    trained = peak["params"] + peak["optimizer"] + ema
     phases = {"load": host_load_bytes(setup) + on_cpu * peak["params"],
               "export": host_export_bytes(setup, export_dtype) + on_cpu * trained}
     host = max(*phases.values(), on_cpu * total)
@@ -459,7 +474,7 @@ def make_plan(setup: Setup, device: str, memory: int, headroom: float, export_dt
         peak_gib=round(total / GIB, 3),
         by_category_gib={k: round(v / GIB, 3) for k, v in peak.items()},
         fits=total <= usable,
-        largest_max_tokens=largest_max_tokens(setup, usable),
+        largest_max_tokens=largest_max_tokens(setup, usable - ema),
         host_peak_gib=round(host / GIB, 3),
         host_by_phase_gib={k: round(v / GIB, 3) for k, v in phases.items()},
         max_tokens=setup.max_tokens,
