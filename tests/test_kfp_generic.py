@@ -46,7 +46,7 @@ def count(params: ToyParams) -> None:
 
 ORDER = 1000
 SECTIONS = {"toy": ToyParams}
-STEPS = (Step("toy", "add to a count", "voxpipe.steps.toy:count", "toy", ("toy",)),)
+STEPS = (Step("toy", "add to a count", target="voxpipe.steps.toy:count", reads=("toy",), section="toy"),)
 '''
 # voxpipe/steps/ finds its modules on the package's path: the tasks' interpreters get the toy's folder there
 SITECUSTOMIZE = '''

@@ -36,7 +36,8 @@ class ToyParams(Section):
 
 ORDER = 25
 SECTIONS = {"toy": ToyParams}
-STEPS = (Step("toy", "write the greeting into out/greeting.txt", "voxpipe.data.toy:toy", "toy", ("toy",),
+STEPS = (Step("toy", "write the greeting into out/greeting.txt", target="voxpipe.data.toy:toy",
+              reads=("toy",), section="toy",
               stage=Stage(deps=("${manifest.out}",), outs=(Out("${toy.out}"),))),)
 '''
 

@@ -16,6 +16,7 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -130,6 +131,13 @@ def _overview() -> str:
     return "steps, in pipeline order:\n" + "\n".join(lines) + "\n\n`voxpipe <step> --help`: its flags."
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help lines wrapped at spaces only: a path (exports/step-N-ema/) or a flag name stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: a prefix is no flag (`encode --model X` would mean --model-base)
     parser = argparse.ArgumentParser(prog="voxpipe", description=__doc__.splitlines()[0], epilog=_overview(),
@@ -138,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"voxpipe {__version__}")
     sub = parser.add_subparsers(dest="step", required=True, metavar="<step>")
     for step in STEPS:
-        sp = sub.add_parser(step.name, description=step.help, allow_abbrev=False)
+        sp = sub.add_parser(step.name, description=step.help, allow_abbrev=False,
+                            formatter_class=_HelpFormatter)
         _common(sp)
         for flag in step_flags(step):
             sp.add_argument(flag.name, dest=flag.key.key, default=None, help=_help(flag.key), **flag.kwargs)

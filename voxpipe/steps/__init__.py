@@ -55,8 +55,8 @@ class Step:
     name: str
     help: str
     target: str  # "module:function"
-    section: str | None  # the function gets this section; None: the whole Params (it reads several)
     reads: tuple[str, ...]  # what becomes flags: a section (all its keys), a sub-section or one key
+    section: str | None = None  # the function gets this section; None: the whole Params (it reads several)
     hide: tuple[str, ...] = ()  # keys of `reads` left to `--set` (wired by an orchestrator)
     out_folder: bool = True  # `--out` is a folder to lock for one writer (synthesize: one WAV file)
     # keyword -> "module:attr" the step function gets, imported on first call: a part from a higher layer

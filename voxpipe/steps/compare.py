@@ -35,5 +35,6 @@ SECTIONS = {"compare": CompareParams}
 
 STEPS = (
     Step("compare", "runs side by side (differing settings, headline figures, verdict) + compare.html to "
-         "hear the same sentence from each", "voxpipe.track.compare:compare", None, ("compare", "tracking")),
+         "hear the same sentence from each", target="voxpipe.track.compare:compare",
+         reads=("compare", "tracking")),
 )

@@ -42,11 +42,11 @@ SECTIONS = {"encode": EncodeParams}
 
 STEPS = (
     Step("encode", "manifests → AudioVAE latents + token ids in safetensors shards (resumable, done once)",
-         "voxpipe.data.encode.step:encode", None, ("encode", "model.base"),
+         target="voxpipe.data.encode.step:encode", reads=("encode", "model.base"),
          stage=Stage(
-        deps=("${manifest.out}", "${ingest.out}", "${validate.out}", "${model.base}"), torchrun=True,
-        outs=(Out("${encode.out}", persist=True,
-                  note="a rerun (or a resumed one) reuses every shard already written"),),
-        notes=(("${ingest.out}", "the audio the manifests point at"),
-               ("${validate.out}", "runs after a usable manifest only")))),
+             deps=("${manifest.out}", "${ingest.out}", "${validate.out}", "${model.base}"), torchrun=True,
+             outs=(Out("${encode.out}", persist=True,
+                       note="a rerun (or a resumed one) reuses every shard already written"),),
+             notes=(("${ingest.out}", "the audio the manifests point at"),
+                    ("${validate.out}", "runs after a usable manifest only")))),
 )

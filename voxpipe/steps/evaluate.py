@@ -132,19 +132,19 @@ SECTIONS = {"evaluate": EvaluateParams}
 
 STEPS = (
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
-         "eval.png", "voxpipe.evaluate.step:evaluate", None,
-         ("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
+         "eval.png", target="voxpipe.evaluate.step:evaluate",
+         reads=("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
           "ingest.input", "tracking.uri", "tracking.work"),
          # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
          wires=(("champion", "voxpipe.track.champion:champion_export"),),
          untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
          stage=Stage(
-        deps=("${evaluate.model}", "${model.base}", "${evaluate.data}", "${ingest.out}"),
-        outs=(Out("${evaluate.out}/samples"), Out("${evaluate.out}/eval.png"),
-              Out("${evaluate.out}/exports.png"), Out("${evaluate.out}/report.json")),
-        metrics=(Out("${evaluate.out}/eval.json", cache=False),
-                 Out("${evaluate.out}/noise.json", persist=True, cache=False,
-                     note="evaluate.noise_runs' noise floor: kept until measured again")),
-        notes=(("${ingest.out}", "the speakers' real clips"),
-               ("train.max_tokens", "the val batches are the trainer's")))),
+             deps=("${evaluate.model}", "${model.base}", "${evaluate.data}", "${ingest.out}"),
+             outs=(Out("${evaluate.out}/samples"), Out("${evaluate.out}/eval.png"),
+                   Out("${evaluate.out}/exports.png"), Out("${evaluate.out}/report.json")),
+             metrics=(Out("${evaluate.out}/eval.json", cache=False),
+                      Out("${evaluate.out}/noise.json", persist=True, cache=False,
+                          note="evaluate.noise_runs' noise floor: kept until measured again")),
+             notes=(("${ingest.out}", "the speakers' real clips"),
+                    ("train.max_tokens", "the val batches are the trainer's")))),
 )

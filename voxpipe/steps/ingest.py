@@ -153,19 +153,20 @@ SECTIONS = {"ingest": IngestParams}
 
 STEPS = (
     Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
-         "quarantined", "voxpipe.data.ingest_step:ingest", "ingest", ("ingest",), SHARD_KEYS,
+         "quarantined", target="voxpipe.data.ingest_step:ingest", section="ingest", reads=("ingest",),
+         hide=SHARD_KEYS,
          stage=Stage(
-        deps=("${ingest.input[0]}",),
-        outs=(Out("${ingest.out}", persist=True, note="a rerun reuses the audio already written"),),
-        notes=(("${ingest.input[0]}", "more than one ingest.input: list the others here too"),))),
+             deps=("${ingest.input[0]}",),
+             outs=(Out("${ingest.out}", persist=True, note="a rerun reuses the audio already written"),),
+             notes=(("${ingest.input[0]}", "more than one ingest.input: list the others here too"),))),
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
-         "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
-         ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
+         "out/plan.json", target="voxpipe.data.ingest_shards:plan", section="ingest",
+         reads=("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
           "ingest.speaker_column")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
-         "voxpipe.data.ingest_shards:ingest_shard", "ingest",
-         ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
+         target="voxpipe.data.ingest_shards:ingest_shard", section="ingest",
+         reads=("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
     Step("ingest-merge", "sharded ingest, 3/3: merge the shards into one output, as `voxpipe ingest` "
-         "writes it", "voxpipe.data.ingest_shards:merge", "ingest",
-         ("ingest.plan", "ingest.shard_dirs", "ingest.out")),
+         "writes it", target="voxpipe.data.ingest_shards:merge", section="ingest",
+         reads=("ingest.plan", "ingest.shard_dirs", "ingest.out")),
 )

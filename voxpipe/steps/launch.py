@@ -135,8 +135,9 @@ SECTIONS = {"launch": LaunchParams}
 STEPS = (
     Step("launch-train", "run the train section on a cluster as gang-scheduled pods (launch.backend: a "
          "Volcano Job or a Kubeflow Trainer TrainJob; torchrun per pod) and watch it",
-         "voxpipe.launch.step:launch_train", None, ("launch", "train.out", *GRACE_PLAN), ("train.out",)),
+         target="voxpipe.launch.step:launch_train", reads=("launch", "train.out", *GRACE_PLAN),
+         hide=("train.out",)),
     Step("launch-encode", "run the encode section on a cluster (launch.backend) on launch.encode_devices "
-         "accelerators (torchrun per pod) and watch it", "voxpipe.launch.step:launch_encode", None,
-         ("launch", "encode.out", *GRACE_PLAN), ("encode.out",)),
+         "accelerators (torchrun per pod) and watch it", target="voxpipe.launch.step:launch_encode",
+         reads=("launch", "encode.out", *GRACE_PLAN), hide=("encode.out",)),
 )

@@ -32,6 +32,6 @@ STEPS = (
     Step("listen-record", "check a listener's answers to listen.html against its sealed key and log them to "
          "the registered run: preference rate with its binomial interval, mean CMOS with a Wilcoxon p-value; "
          "tags the version (with evaluate.listening required, a passing test moves @champion)",
-         "voxpipe.track.listen:listen_record", None,
-         ("listen", "register.lock_timeout_s", "tracking"), out_folder=False),
+         target="voxpipe.track.listen:listen_record",
+         reads=("listen", "register.lock_timeout_s", "tracking"), out_folder=False),
 )

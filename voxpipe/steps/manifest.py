@@ -40,6 +40,6 @@ SECTIONS = {"manifest": ManifestParams}
 
 STEPS = (
     Step("manifest", "raw.jsonl → train.jsonl / val.jsonl in the upstream VoxCPM format",
-         "voxpipe.data.manifest:build_manifest", "manifest", ("manifest",),
+         target="voxpipe.data.manifest:build_manifest", section="manifest", reads=("manifest",),
          stage=Stage(deps=("${ingest.out}",), outs=(Out("${manifest.out}"),))),
 )

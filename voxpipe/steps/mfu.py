@@ -33,12 +33,12 @@ SECTIONS = {"mfu": MfuParams}
 
 STEPS = (
     Step("mfu", "model FLOPs utilisation of a training run: mfu.json (DVC metric) + mfu.md",
-         "voxpipe.mfu.report:mfu", None, ("mfu", "model.base"),
+         target="voxpipe.mfu.report:mfu", reads=("mfu", "model.base"),
          stage=Stage(
-        deps=("${model.base}", "${mfu.train_report}", "${train.out}/metrics.jsonl"),
-        outs=(Out("${mfu.out}/mfu.md", cache=False,
-                  note="figures of this run's timings: a record, not cached"),
-              Out("${mfu.out}/report.json", cache=False)),
-        metrics=(Out("${mfu.out}/mfu.json", cache=False),),
-        notes=(("${train.out}/metrics.jsonl", "mfu.metrics: null = next to the train report"),))),
+             deps=("${model.base}", "${mfu.train_report}", "${train.out}/metrics.jsonl"),
+             outs=(Out("${mfu.out}/mfu.md", cache=False,
+                       note="figures of this run's timings: a record, not cached"),
+                   Out("${mfu.out}/report.json", cache=False)),
+             metrics=(Out("${mfu.out}/mfu.json", cache=False),),
+             notes=(("${train.out}/metrics.jsonl", "mfu.metrics: null = next to the train report"),))),
 )

@@ -41,10 +41,10 @@ SECTIONS = {"model": ModelParams}
 
 STEPS = (
     Step("init-model", "write a random-init VoxCPM2 checkpoint (upstream layout) with its own small "
-         "tokenizer", "voxpipe.train.init_model:init_model", "model",
-         ("model.preset", "model.out", "model.seed", "model.dtype"),
+         "tokenizer", target="voxpipe.train.init_model:init_model", section="model",
+         reads=("model.preset", "model.out", "model.seed", "model.dtype"),
          stage=Stage(
-        outs=(Out("${model.out}"),),
-        note="the random-init base model; a real checkpoint: set model.base to its folder "
-             "(docs/pipeline.md)")),
+             outs=(Out("${model.out}"),),
+             note="the random-init base model; a real checkpoint: set model.base to its folder "
+                  "(docs/pipeline.md)")),
 )

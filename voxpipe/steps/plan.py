@@ -55,8 +55,8 @@ SECTIONS = {"plan": PlanParams}
 
 STEPS = (
     Step("plan", "will train fit? per-device peak memory by category on fake tensors, the largest "
-         "train.max_tokens that fits (no device needed)", "voxpipe.train.plan:plan", None,
-         ("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora",
+         "train.max_tokens that fits (no device needed)", target="voxpipe.train.plan:plan",
+         reads=("plan", "train.max_tokens", "train.dtype", "train.activation_checkpointing", "train.lora",
           "train.export_dtype", "model.base", "model.preset", "local.nproc", "launch.pods",
           "launch.devices_per_pod"),
          out_folder=False),

@@ -21,7 +21,7 @@ SECTIONS = {"promote": PromoteParams}
 
 STEPS = (
     Step("promote", "move @champion to a version by hand (the rule decides only on the same data); who, when "
-         "and why become tags of the version", "voxpipe.track.promote:promote", None,
-         ("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),
-         ("register.model_name", "ingest.input"), out_folder=False),
+         "and why become tags of the version", target="voxpipe.track.promote:promote",
+         reads=("promote", "register.model_name", "register.lock_timeout_s", "ingest.input", "tracking"),
+         hide=("register.model_name", "ingest.input"), out_folder=False),
 )

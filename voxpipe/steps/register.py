@@ -46,24 +46,27 @@ SECTIONS = {"register": RegisterParams}
 STEPS = (
     Step("registry-init", "create the MLflow experiment and registered model as the pipeline's account, "
          "others READ only (once per deployment, before the first register)",
-         "voxpipe.track.registry_init:registry_init", None,
-         ("register.model_name", "ingest.input", "tracking"),
+         target="voxpipe.track.registry_init:registry_init",
+         reads=("register.model_name", "ingest.input", "tracking"),
          out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
-         "promotion rule passes)", "voxpipe.track.register:register", None,
-         ("register", "ingest.input", "tracking", "launch.env", "launch.secret_env", "launch.env_not_secret"),
+         "promotion rule passes)", target="voxpipe.track.register:register",
+         reads=("register", "ingest.input", "tracking", "launch.env", "launch.secret_env",
+                "launch.env_not_secret"),
          # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
-         ("launch.env", "launch.secret_env", "launch.env_not_secret"),
+         hide=("launch.env", "launch.secret_env", "launch.env_not_secret"),
          untracked=("launch.env", "launch.secret_env", "launch.env_not_secret"),
          stage=Stage(
-        deps=("${evaluate.model}", "${register.eval}", "${evaluate.out}/samples", "${register.mfu}",
-              "${register.train}/report.json", "${register.train}/metrics.jsonl", "${register.ingest}"),
-        outs=(Out("${register.out}", cache=False,
-                  note="MLflow's version numbers: a record of this registration"),),
-        plots=(("${register.out}/loss_curve.png", {}),),
-        note="also writes the MLflow store (work/mlflow.db, work/mlruns): kept across runs, not an output",
-        notes=(("${evaluate.model}", "register.model: null = the export evaluate chose"),
-               ("tracking.uri", "where the model is registered: changing it registers again, never retrains"),
-               ("${register.out}/loss_curve.png",
-                "training loss per step, fixed-seed val loss and learning rate")))),
+             deps=("${evaluate.model}", "${register.eval}", "${evaluate.out}/samples", "${register.mfu}",
+                   "${register.train}/report.json", "${register.train}/metrics.jsonl", "${register.ingest}"),
+             outs=(Out("${register.out}", cache=False,
+                       note="MLflow's version numbers: a record of this registration"),),
+             plots=(("${register.out}/loss_curve.png", {}),),
+             note="also writes the MLflow store (work/mlflow.db, work/mlruns): kept across runs, not an "
+                  "output",
+             notes=(("${evaluate.model}", "register.model: null = the export evaluate chose"),
+                    ("tracking.uri",
+                     "where the model is registered: changing it registers again, never retrains"),
+                    ("${register.out}/loss_curve.png",
+                     "training loss per step, fixed-seed val loss and learning rate")))),
 )

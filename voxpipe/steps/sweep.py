@@ -28,11 +28,12 @@ SECTIONS = {"sweep": SweepParams}
 STEPS = (
     Step("sweep-open", "open a sweep: its MLflow parent run, the grid recorded on it; the id in "
          "sweep.out/sweep.json (each point then runs with --set tracking.parent_run=ID)",
-         "voxpipe.track.sweep:sweep_open", None, ("sweep", "tracking", "register.model_name", "ingest.input"),
-         ("ingest.input", "sweep.workers", "tracking.parent_run")),
+         target="voxpipe.track.sweep:sweep_open",
+         reads=("sweep", "tracking", "register.model_name", "ingest.input"),
+         hide=("ingest.input", "sweep.workers", "tracking.parent_run")),
     Step("sweep-close", "close a sweep: rank its children by the promotion rule then loss, tag the best on "
          "the parent and register only it (@champion only by beating the current one)",
-         "voxpipe.track.sweep:sweep_close", None,
-         ("sweep", "tracking", "register.model_name", "register.lock_timeout_s", "ingest.input"),
-         ("ingest.input", "sweep.grid", "sweep.workers")),
+         target="voxpipe.track.sweep:sweep_close",
+         reads=("sweep", "tracking", "register.model_name", "register.lock_timeout_s", "ingest.input"),
+         hide=("ingest.input", "sweep.grid", "sweep.workers")),
 )

@@ -64,7 +64,8 @@ SECTIONS = {"synthesize": SynthesizeParams}
 
 STEPS = (
     Step("synthesize", "say --text with a registered model (models:/NAME@champion) or a checkpoint folder "
-         "into a WAV file, optionally in the voice of --reference", "voxpipe.serve.synthesize:synthesize",
-         None, ("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
+         "into a WAV file, optionally in the voice of --reference",
+         target="voxpipe.serve.synthesize:synthesize",
+         reads=("synthesize", "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
          out_folder=False),
 )

@@ -188,34 +188,35 @@ SECTIONS = {"train": TrainParams}
 
 STEPS = (
     Step("train", "FSDP2 fine-tuning on encoded data (plain or under torchrun): checkpoints/, export/, "
-         "metrics.jsonl", "voxpipe.train.loop:train", None,
-         ("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
+         "metrics.jsonl", target="voxpipe.train.loop:train",
+         reads=("train", "model.base", "model.kernels", "tracking", "plan.headroom"),
          # plan.headroom: the memory check before allocating refuses or goes on, it changes no weights
          wires=(("live", "voxpipe.track.live:LiveRun"),), untracked=("tracking", "plan.headroom"),
          stage=Stage(
-        deps=("${train.data}", "${model.base}"), torchrun=True, args="--set train.fresh_on_change=true",
-        params=("train.max_steps",),
-        outs=(Out("${train.out}/export"),
-              Out("${train.out}/exports", persist=True,
-                  note="train.export_every: the step-N exports evaluate chooses from; those written before a "
-                  "kill are kept: a resumed run does not write them again"),
-              Out("${train.out}/checkpoints", persist=True, cache=False,
-                  note="a killed or repeated `dvc repro` resumes from the newest good checkpoint"),
-              Out("${train.out}/train_curve.csv"),
-              Out("${train.out}/report.json", cache=False,
-                  note="the run's record (timings per step, resume, MLflow run): new on every run"),
-              Out("${train.out}/metrics.jsonl", persist=True, cache=False,
-                  note="a resumed run keeps the lines up to its checkpoint and appends")),
-        plots=(("val_loss", {"x": "step", "y": {"${train.out}/report.json": "val/loss"}}),
-               ("train_loss", {"x": "step",
-                               "y": {"${train.out}/train_curve.csv": ["loss", "loss/diff", "loss/stop"]}})),
-        note="voxpipe.launch.torchrun: torchrun's arguments, without its traceback over a rank's error. "
-             "--standalone: a free rendezvous port, so two runs on one machine never meet. fresh_on_change: "
-             "a rerun for changed params or data moves the old checkpoints aside and starts fresh; one with "
-             "the same inputs resumes",
-        notes=(("train.max_steps", "grown: training continues from the last checkpoint"),
-               ("local.nproc", "the world size changes the data order"),
-               ("val_loss", "the trainer's fixed-seed validation curve"),
-               ("train_loss",
-                "training loss per optimizer step (the raw flow-matching loss is noisy by nature)")))),
+             deps=("${train.data}", "${model.base}"), torchrun=True, args="--set train.fresh_on_change=true",
+             params=("train.max_steps",),
+             outs=(Out("${train.out}/export"),
+                   Out("${train.out}/exports", persist=True,
+                       note="train.export_every: the step-N exports evaluate chooses from; those written "
+                       "before a kill are kept: a resumed run does not write them again"),
+                   Out("${train.out}/checkpoints", persist=True, cache=False,
+                       note="a killed or repeated `dvc repro` resumes from the newest good checkpoint"),
+                   Out("${train.out}/train_curve.csv"),
+                   Out("${train.out}/report.json", cache=False,
+                       note="the run's record (timings per step, resume, MLflow run): new on every run"),
+                   Out("${train.out}/metrics.jsonl", persist=True, cache=False,
+                       note="a resumed run keeps the lines up to its checkpoint and appends")),
+             plots=(("val_loss", {"x": "step", "y": {"${train.out}/report.json": "val/loss"}}),
+                    ("train_loss", {"x": "step",
+                                    "y": {"${train.out}/train_curve.csv":
+                                          ["loss", "loss/diff", "loss/stop"]}})),
+             note="voxpipe.launch.torchrun: torchrun's arguments, without its traceback over a rank's "
+                  "error. --standalone: a free rendezvous port, so two runs on one machine never meet. "
+                  "fresh_on_change: a rerun for changed params or data moves the old checkpoints aside and "
+                  "starts fresh; one with the same inputs resumes",
+             notes=(("train.max_steps", "grown: training continues from the last checkpoint"),
+                    ("local.nproc", "the world size changes the data order"),
+                    ("val_loss", "the trainer's fixed-seed validation curve"),
+                    ("train_loss",
+                     "training loss per optimizer step (the raw flow-matching loss is noisy by nature)")))),
 )

@@ -25,10 +25,10 @@ SECTIONS = {"validate": ValidateParams}
 
 STEPS = (
     Step("validate", "check a manifest before spending accelerator time: files exist, decode, durations in "
-         "ingest's bounds", "voxpipe.data.validate:validate_manifest", None,
-         ("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds"),
+         "ingest's bounds", target="voxpipe.data.validate:validate_manifest",
+         reads=("validate", "ingest.sample_rate", "ingest.min_seconds", "ingest.max_seconds"),
          stage=Stage(
-        deps=("${manifest.out}", "${ingest.out}"), outs=(Out("${validate.out}"),),
-        note="the train manifest against ingest's bounds, before encode spends accelerator time",
-        notes=(("${ingest.out}", "the audio the manifest points at"),))),
+             deps=("${manifest.out}", "${ingest.out}"), outs=(Out("${validate.out}"),),
+             note="the train manifest against ingest's bounds, before encode spends accelerator time",
+             notes=(("${ingest.out}", "the audio the manifest points at"),))),
 )
