@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -338,8 +339,8 @@ def publish_cards(
         model_id = _model_id(client, reg)
         if model_id is not None:
             client.log_model_artifacts(model_id, str(folder))
-        lora = bool(art.train_report.get("lora"))
-        client.update_model_version(reg.name, reg.version, description=summary(name, art, lora))
+        description = card_summary((folder / MODEL_CARD).read_text(encoding="utf-8"))
+        client.update_model_version(reg.name, reg.version, description=description)
     return {"model": folder / MODEL_CARD, "data": folder / DATA_CARD}
 
 
@@ -348,3 +349,25 @@ def _model_id(client: MlflowClient, reg: Registration) -> str | None:
     version = client.get_model_version(reg.name, reg.version)
     return getattr(version, "model_id", None) or (
         version.source.removeprefix("models:/") if version.source.startswith("models:/m-") else None)
+
+
+def card_summary(card: str) -> str:
+    """The model card's Summary paragraph (what the version's description says)."""
+    match = re.search(r"^## Summary\n+(.+?)\n", card, re.MULTILINE)
+    return match.group(1) if match else ""
+
+
+def carry_cards(client: MlflowClient, uri: str, run_id: str, reg: Registration, model_id: str) -> None:
+    """A sweep's best child's cards (its run's `cards/`, which its register wrote) into the version
+    `sweep-close` made of it: the registered model's files and the version's description, as register
+    does."""
+    import mlflow
+
+    if not client.list_artifacts(run_id, CARDS_DIR):  # the child's register predates the cards
+        return
+    with tempfile.TemporaryDirectory(prefix="voxpipe-cards-") as tmp:
+        folder = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=CARDS_DIR,
+                                                          dst_path=tmp, tracking_uri=uri))
+        client.log_model_artifacts(model_id, str(folder))
+        description = card_summary((folder / MODEL_CARD).read_text(encoding="utf-8"))
+    client.update_model_version(reg.name, reg.version, description=description)
