@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -134,3 +135,17 @@ def test_a_card_missing_a_required_part_fails_the_check(carded, break_it, says):
     card = Path(reg["cards"]["model"]).read_text()
     with pytest.raises(StepError, match=re.escape(says)):
         check_card(break_it(card), MODEL_SECTIONS, MODEL_KEYS, "model card")
+
+
+def test_a_lora_run_and_a_base_not_at_hand(carded, tmp_path):
+    """The adapter and its rank from the train report; a base folder absent where register ran: its sha256
+    is `none recorded` with the reason, and the card still passes the check."""
+    _, params, _ = carded
+    art = load_artifacts(params.register_)
+    lora = replace(art, train_report={**art.train_report, "lora": True, "params": {"lora": {"r": 16}}})
+    elsewhere = params.model_copy(update={"model": params.model.model_copy(update={"base": str(tmp_path)})})
+    card = model_card(NAME, elsewhere, lora, {})
+    check_card(card, MODEL_SECTIONS, MODEL_KEYS, "model card")
+    assert "A LoRA adapter (`lora/`, rank 16)" in card and "- step: 6; kind: LoRA" in card
+    assert f"sha256: `none recorded (no model.safetensors or pytorch_model.bin in {tmp_path} " in card
+    assert "lora" in front_matter(card)["tags"]
