@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 from test_track import NAME, ROOT, write_eval, write_mfu, write_training
@@ -31,6 +32,7 @@ from voxpipe.steps.ingest import IngestParams
 from voxpipe.steps.model import ModelParams
 from voxpipe.track.register import register
 from voxpipe.track.sweep import BEST_TAG, GRID_TAG, PARENT_TAG, SWEEP_FILE, grid_points, parse_grid
+from voxpipe.track.tracking import session
 from voxpipe.train.init_model import init_model
 
 
@@ -177,6 +179,13 @@ def test_a_sweep_is_one_parent_its_points_children_and_only_the_best_is_register
     champion = client.get_model_version_by_alias(NAME, "champion")  # no champion before: the rule's verdict
     assert champion.version == versions[0].version
     assert champion.tags["voxpipe.locale"] == "en-US"  # the best point's data's, as register tags a version
+    # the best point's cards (its register wrote them into its run) in the version's files and description
+    card = (Path(runs["a"]["out"]) / "cards" / "README.md").read_text()
+    assert champion.description and champion.description in card
+    with session(server):
+        model_files = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}/{champion.version}",
+                                                               dst_path=str(root / "dl")))
+    assert (model_files / "README.md").read_text() == card
     record = json.loads((Path(root) / "sweep" / SWEEP_FILE).read_text())
     assert record["registered"]["promoted"] and record["ranking"][0] == children["a"]["run_id"]
 

@@ -3,12 +3,12 @@
 Reads the run's artifacts (export, train report + metrics, eval.json + samples, mfu.json, ingest
 folder), finds or creates the pipeline's MLflow run (tracking.py; with `train.track` the run the
 trainer logged into live), logs what is not logged yet (record.py), registers the export
-(registry.py) and writes `registered.json`. Before it writes anything, it checks that nobody but the
-pipeline's account (and MLflow admins) can edit the experiment or the registered model
-(ownership.py). In a sweep (`tracking.parent_run` set) the run is logged as the parent's child and
-its export as a model in it, but no model version is made: `sweep-close` registers the sweep's best
-(sweep.py). Rank-free: it runs once, after training (the trainer's live logging is over by
-then), so one process writes the run at a time.
+(registry.py), writes its model card and dataset card (cards.py) and `registered.json`. Before it
+writes anything, it checks that nobody but the pipeline's account (and MLflow admins) can edit the
+experiment or the registered model (ownership.py). In a sweep (`tracking.parent_run` set) the run is
+logged as the parent's child and its export as a model in it, but no model version is made:
+`sweep-close` registers the sweep's best (sweep.py). Rank-free: it runs once, after training (the
+trainer's live logging is over by then), so one process writes the run at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
+from voxpipe.track.cards import publish_cards
 from voxpipe.track.kfp_runs import kfp_task, link_task_runs
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
@@ -107,12 +108,14 @@ def _register(params: Params) -> RegisterResult:
             child = child_record(client, ref.run_id, tracking.parent_run, art, logged_params)
         else:
             reg = register_export(client, Place(uri, locks, p.lock_timeout_s), name, ref.run_id, art, extra)
+        version = None if tracking.parent_run else reg
+        cards = publish_cards(client, params, art, out, ref.run_id, version, name, extra)
         client.set_tag(ref.run_id, NOTE_TAG, scrub(run_note(art), secrets))  # the run page's description
         if locale is not None:  # the run's too: sweep-close tags the version of its best child with it
             client.set_tag(ref.run_id, LOCALE_TAG, locale)
         client.set_terminated(ref.run_id, "FINISHED")
     common = {"run_id": ref.run_id, "experiment_id": ref.experiment_id, "tracking_uri": redact_uri(uri),
-              "logged": logged}
+              "logged": logged, "cards": {k: str(v) for k, v in cards.items()}}
     if tracking.parent_run:  # a sweep's child: sweep-close registers the best
         registered = {"name": name, "sweep": child, **common}
     else:

@@ -30,6 +30,7 @@ from voxpipe.errors import StepError, quoted
 from voxpipe.params import Params, load_params
 from voxpipe.paramspec import keys
 from voxpipe.report import write_json
+from voxpipe.track.cards import carry_cards
 from voxpipe.track.headline import VERDICT_TAG, promoted
 from voxpipe.track.kfp_runs import kfp_task
 from voxpipe.track.ownership import check_owned
@@ -245,6 +246,7 @@ def sweep_close(params: Params) -> SweepResult:
             carried = {LOCALE_TAG: best.data.tags[LOCALE_TAG]} if LOCALE_TAG in best.data.tags else {}
             reg = register_logged(client, place, name, best.info.run_id, model, evaluation,
                                   {"voxpipe.sweep": parent, **carried})
+            carry_cards(client, uri, best.info.run_id, reg, model.model_id)
             registered = {"name": reg.name, "version": reg.version, "aliases": reg.aliases,
                           "promoted": reg.decision.promoted, "reason": reg.decision.reason,
                           "model_uri": f"models:/{reg.name}/{reg.version}"}
