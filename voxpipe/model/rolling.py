@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from voxpipe.model.minicpm import KVCache
-
-if TYPE_CHECKING:
-    from voxpipe.model.voxcpm2 import VoxCPM2
 
 
 @dataclass
@@ -68,7 +65,7 @@ class RollingBatch:
     """The running rows, and what they carry from one patch to the next (caches, hidden states, the last
     patch)."""
 
-    def __init__(self, model: VoxCPM2) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:  # a VoxCPM2 (which imports this module)
         self.model = model
         self.rows: list[Row] = []
         self.base: KVCache | None = None
