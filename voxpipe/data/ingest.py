@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.cores import usable_cores
+from voxpipe.data.consent import FILE as CONSENT_FILE
+from voxpipe.data.consent import load_records, records_file, today
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -297,7 +299,41 @@ def too_many_bad(result: IngestResult, max_bad_fraction: float, out: Path) -> St
         f"more than max_bad_fraction={max_bad_fraction}; "
         f"reasons: {dict((r, n) for r, n in result.reasons.items() if n)}. "
         f"See {out / 'quarantine.jsonl'} for each row's file, row and reason."
+        + (f" no_consent: add or renew the speaker's record in the {CONSENT_FILE} of its input folder "
+           "(docs/responsible-release.md)." if result.reasons["no_consent"] else "")
     )
+
+
+def consent_checks(p: IngestParams) -> tuple[tuple[str, str], ...] | None:
+    """(speaker, why not: "" = may be trained on) per consent record of the inputs; None when consent is
+    not required. An input without a voices.yaml stops the run here, before anything is decoded."""
+    if p.consent == "not_required":
+        return None
+    missing = [i for i in p.input if not records_file(i).is_file()]
+    if missing:
+        raise StepError(
+            f"ingest.input {missing[0][:80]} has no consent records: {records_file(missing[0])} does not "
+            f"exist, and ingest.consent is required. Add a {CONSENT_FILE} there with one record per "
+            "speaker (id, speaker, subject, kind: person, scope: [tts], granted, licence, recording and "
+            "recording_sha256 of the consent statement read aloud; docs/responsible-release.md), or, for "
+            "data whose licence covers training, set ingest.consent: not_required with "
+            "ingest.consent_reason"
+        )
+    now = today()
+    return tuple(sorted((speaker, r.problem(now)) for speaker, (r, _) in load_records(p.input).items()))
+
+
+def consent_report(p: IngestParams) -> dict[str, Any]:
+    """report.json's `consent`: whether it was required (and if not, why), and the records it relied on,
+    for the cards and for `consent-revoke` to find a voice's data."""
+    if p.consent == "not_required":
+        return {"required": False, "reason": p.consent_reason, "records": []}
+    now = today()
+    return {"required": True, "reason": None, "records": [
+        {"id": r.id, "speaker": speaker, "kind": r.kind, "scope": list(r.scope), "licence": r.licence,
+         "expires": r.expires.isoformat() if r.expires else None, "valid": not r.problem(now),
+         "file": str(path)}
+        for speaker, (r, path) in sorted(load_records(p.input).items())]}
 
 
 def row_checks(p: IngestParams, out: Path) -> RowChecks:
@@ -310,6 +346,7 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
+        consent=consent_checks(p),
     )
 
 
@@ -359,7 +396,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
         error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": sources[i].path.as_posix(), "rows": stop - first} for i, first, stop in ranges]
     try:
-        result.save(inputs, str(error) if error else None, **extra)
+        result.save(inputs, str(error) if error else None, consent=consent_report(p), **extra)
         if whole_run and (out / "raw.jsonl").is_file():  # a shard's page would show a part: the merge's
             write_data_report(out)
     except OSError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from voxpipe.section import Section
 from voxpipe.steps import Out, Stage, Step
@@ -114,6 +114,15 @@ class IngestParams(Section):
         "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "
         "of at most max_seconds says a few hundred)"
     )
+    consent: Literal["required", "not_required"] = Field(
+        "required", description="required: a speaker's rows are kept only with a valid consent record (not "
+        "expired or revoked, scope tts) in the voices.yaml of its input folder, else quarantined "
+        "(no_consent); not_required: no check, and consent_reason says why (report.json, the cards)"
+    )
+    consent_reason: str = Field(
+        "", max_length=500, description="why consent is not required (e.g. a licensed corpus whose "
+        "licence covers training); needed with consent: not_required, recorded in report.json"
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
@@ -141,6 +150,14 @@ class IngestParams(Section):
             raise ValueError(f"{str(bad[0])[:40]!r} is not a locale: give one of {', '.join(known)}, or a "
                              "mapping {speaker or input: locale}")
         return value
+
+    @model_validator(mode="after")
+    def _a_reason_without_consent(self) -> IngestParams:
+        if self.consent == "not_required" and not self.consent_reason.strip():
+            raise ValueError("ingest.consent is not_required but ingest.consent_reason is empty: say why "
+                             "these voices may be trained on without a consent record (it goes into the "
+                             "report and the cards), or set ingest.consent: required")
+        return self
 
 
 # the per-shard keys (marked `shard`): set by ingest-shard / ingest-merge, no flag of `voxpipe ingest`

@@ -1,0 +1,138 @@
+"""Consent records (voxpipe/data/consent.py): ingest keeps a speaker's rows only with a valid record in the
+voices.yaml beside the data; everything else is quarantined `no_consent` with the speaker named, or stops
+in one paragraph that says how to add the record. Real ingest on a few rows of the shipped sample."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from small_sample import SAMPLE, write_small_sample
+
+from voxpipe.data.ingest_step import ingest
+from voxpipe.errors import StepError
+from voxpipe.steps.ingest import IngestParams
+
+
+def sample_records() -> dict:
+    return yaml.safe_load((SAMPLE / "voices.yaml").read_text())
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    folder = write_small_sample(tmp_path / "data", per_speaker=2)
+    shutil.copy(SAMPLE / "voices.yaml", folder)
+    return folder
+
+
+def write_records(folder: Path, records: dict) -> None:
+    (folder / "voices.yaml").write_text(yaml.safe_dump(records))
+
+
+def run(folder: Path, tmp_path: Path, **kw) -> tuple[dict, list[dict]]:
+    out = tmp_path / "out"
+    kw = {"workers": 1, "score_quality": False, "max_bad_fraction": 1.0, **kw}
+    ingest(IngestParams(input=[str(folder)], out=str(out), **kw))
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    return json.loads((out / "report.json").read_text()), quarantine
+
+
+def test_the_shipped_sample_carries_synthetic_records_for_its_voices(data, tmp_path):
+    report, quarantine = run(data, tmp_path)
+    assert report["rows_kept"] == 4 and quarantine == []
+    consent = report["consent"]
+    assert consent["required"] is True
+    assert {(r["speaker"], r["kind"], r["valid"]) for r in consent["records"]} == {
+        ("spk_m", "synthetic", True), ("spk_f", "synthetic", True)}
+
+
+@pytest.mark.parametrize("change, detail", [
+    ({"revoked": True, "revoked_reason": "asked to withdraw"}, "was revoked (asked to withdraw)"),
+    ({"expires": "2020-01-01"}, "expired on 2020-01-01"),
+    ({"granted": "2999-01-01"}, "after today"),
+    ({"scope": ["voice_clone"]}, "does not include tts"),
+])
+def test_an_invalid_record_quarantines_its_speakers_rows_no_consent(data, tmp_path, change, detail):
+    records = sample_records()
+    records["voices"][0].update(change)  # spk_m
+    write_records(data, records)
+    report, quarantine = run(data, tmp_path)
+    assert report["rows_kept"] == 2 and report["reasons"]["no_consent"] == 2
+    assert {q["reason"] for q in quarantine} == {"no_consent"}
+    assert all(q["detail"].startswith("speaker 'spk_m': ") and detail in q["detail"] for q in quarantine)
+    assert set(report["speakers"]) == {"spk_f"}
+
+
+def test_a_speaker_without_a_record_is_quarantined_and_named(data, tmp_path):
+    records = sample_records()
+    del records["voices"][1]  # spk_f
+    write_records(data, records)
+    report, quarantine = run(data, tmp_path)
+    assert report["reasons"]["no_consent"] == 2 and set(report["speakers"]) == {"spk_m"}
+    assert "no consent record for speaker 'spk_f'" in quarantine[0]["detail"]
+
+
+def test_all_voices_without_consent_stop_saying_how_to_add_a_record(data, tmp_path):
+    records = sample_records()
+    for r in records["voices"]:
+        r["revoked"] = True
+    write_records(data, records)
+    with pytest.raises(StepError, match="no_consent: add or renew the speaker's record in the voices.yaml"):
+        run(data, tmp_path, max_bad_fraction=0.5)
+
+
+def test_data_without_voices_yaml_stops_before_decoding(data, tmp_path):
+    (data / "voices.yaml").unlink()
+    with pytest.raises(StepError) as e:
+        run(data, tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and f"{data / 'voices.yaml'} does not exist" in message
+    assert "consent_reason" in message and "recording_sha256" in message
+    assert not (tmp_path / "out" / "raw.jsonl").exists()
+
+
+def test_not_required_needs_a_reason_and_records_it(data, tmp_path):
+    (data / "voices.yaml").unlink()
+    with pytest.raises(ValidationError, match="consent_reason is empty"):
+        IngestParams(input=[str(data)], consent="not_required")
+    report, _ = run(data, tmp_path, consent="not_required", consent_reason="LibriTTS, CC-BY-4.0")
+    assert report["rows_kept"] == 4
+    assert report["consent"] == {"required": False, "reason": "LibriTTS, CC-BY-4.0", "records": []}
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda r: r["voices"][0].pop("licence"), "voices.0.licence"),
+    (lambda r: r["voices"][1].update(kind="robot"), "voices.1.kind"),
+    (lambda r: r["voices"][0].update(kind="person"), "voices.0"),  # a person needs the recording
+    (lambda r: r["voices"][1].update(id="sample-spk_m"), "voices.1.id"),  # ids are unique
+])
+def test_a_bad_record_is_one_paragraph_naming_the_file_and_key(data, tmp_path, edit, key):
+    records = sample_records()
+    edit(records)
+    write_records(data, records)
+    with pytest.raises(StepError) as e:
+        run(data, tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{data / 'voices.yaml'}: key {key}")
+
+
+def test_a_person_record_checks_its_consent_recording(data, tmp_path):
+    recording = data / "consent-anna.flac"
+    recording.write_bytes(b"the statement, read aloud")
+    records = sample_records()
+    records["voices"][0].update(kind="person", subject="Anna Example", recording=recording.name,
+                                recording_sha256=hashlib.sha256(recording.read_bytes()).hexdigest())
+    write_records(data, records)
+    report, _ = run(data, tmp_path)
+    assert report["rows_kept"] == 4
+    recording.write_bytes(b"another statement")
+    with pytest.raises(StepError, match="key voices.0.recording_sha256 does not match"):
+        run(data, tmp_path)
+    recording.unlink()
+    with pytest.raises(StepError, match="key voices.0.recording: 'consent-anna.flac' is not a file"):
+        run(data, tmp_path)
