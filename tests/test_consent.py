@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,7 @@ def sample_records() -> dict:
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
-    folder = write_small_sample(tmp_path / "data", per_speaker=2)
-    shutil.copy(SAMPLE / "voices.yaml", folder)
-    return folder
+    return write_small_sample(tmp_path / "data", per_speaker=2)  # with the sample's voices.yaml
 
 
 def write_records(folder: Path, records: dict) -> None:
@@ -136,3 +133,15 @@ def test_a_person_record_checks_its_consent_recording(data, tmp_path):
     recording.unlink()
     with pytest.raises(StepError, match="key voices.0.recording: 'consent-anna.flac' is not a file"):
         run(data, tmp_path)
+
+
+def test_a_sharded_run_checks_consent_as_one_pass_does(data, tmp_path):
+    """The plan carries the consent read from the inputs to each shard (a KFP shard task sees only the
+    plan)."""
+    records = sample_records()
+    records["voices"][0]["revoked"] = True  # spk_m
+    write_records(data, records)
+    report, quarantine = run(data, tmp_path, shards=2)
+    assert report["rows_kept"] == 2 and report["reasons"]["no_consent"] == 2
+    assert {r["speaker"]: r["valid"] for r in report["consent"]["records"]} == {"spk_m": False, "spk_f": True}
+    assert all("spk_m" in q["detail"] for q in quarantine)

@@ -336,7 +336,15 @@ def consent_report(p: IngestParams) -> dict[str, Any]:
         for speaker, (r, path) in sorted(load_records(p.input).items())]}
 
 
-def row_checks(p: IngestParams, out: Path) -> RowChecks:
+def consent_of(p: IngestParams) -> dict[str, Any]:
+    """The consent a run checks rows against ("checks": consent_checks' pairs, "report": report.json's), read
+    once: a sharded run's plan carries it to every shard, which may not see the inputs' voices.yaml."""
+    checks = consent_checks(p)
+    return {"checks": None if checks is None else [list(c) for c in checks], "report": consent_report(p)}
+
+
+def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks:
+    pairs = consent["checks"]
     return RowChecks(
         p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()),
         trim_silence=p.trim_silence, max_edge_silence=p.max_edge_silence,
@@ -346,17 +354,19 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
-        consent=consent_checks(p),
+        consent=None if pairs is None else tuple((speaker, why) for speaker, why in pairs),
     )
 
 
 def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
-                  notices: list[str], whole_run: bool = True, **extra: Any) -> IngestResult:
+                  notices: list[str], whole_run: bool = True, consent: dict[str, Any] | None = None,
+                  **extra: Any) -> IngestResult:
     """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
     (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
-    which sees every row."""
+    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now)."""
+    consent = consent_of(p) if consent is None else consent
     (out / "audio").mkdir(parents=True, exist_ok=True)
-    checks = row_checks(p, out)
+    checks = row_checks(p, out, consent)
     workers = decode_workers(p.workers)
     result = IngestResult(out=out, workers=workers, notices=notices)
     writer = _Writer(out)
@@ -396,7 +406,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
         error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": sources[i].path.as_posix(), "rows": stop - first} for i, first, stop in ranges]
     try:
-        result.save(inputs, str(error) if error else None, consent=consent_report(p), **extra)
+        result.save(inputs, str(error) if error else None, consent=consent["report"], **extra)
         if whole_run and (out / "raw.jsonl").is_file():  # a shard's page would show a part: the merge's
             write_data_report(out)
     except OSError as e:

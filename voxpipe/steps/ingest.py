@@ -178,7 +178,7 @@ STEPS = (
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", "voxpipe.data.ingest_shards:plan", "ingest",
          ("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
-          "ingest.speaker_column")),
+          "ingest.speaker_column", "ingest.consent", "ingest.consent_reason")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
          "voxpipe.data.ingest_shards:ingest_shard", "ingest",
          ("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
