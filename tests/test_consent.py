@@ -8,6 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -118,20 +119,57 @@ def test_a_bad_record_is_one_paragraph_naming_the_file_and_key(data, tmp_path, e
     assert "\n" not in message and message.startswith(f"{data / 'voices.yaml'}: key {key}")
 
 
+def held_out_clip(speaker: str, dest: Path) -> Path:
+    """A clip of `speaker` from the sample's second file (write_small_sample takes the first's): the consent
+    statement "read aloud" by that voice, not one of the clips trained on."""
+    table = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[1]).to_pylist()
+    dest.write_bytes(next(r for r in table if r["speaker"] == speaker)["audio"]["bytes"])
+    return dest
+
+
+def as_person(records: dict, index: int, recording: Path) -> None:
+    records["voices"][index].update(kind="person", subject="Anna Example", recording=recording.name,
+                                    recording_sha256=hashlib.sha256(recording.read_bytes()).hexdigest())
+
+
 def test_a_person_record_checks_its_consent_recording(data, tmp_path):
-    recording = data / "consent-anna.flac"
-    recording.write_bytes(b"the statement, read aloud")
+    recording = held_out_clip("spk_m", data / "consent-spk_m.flac")
     records = sample_records()
-    records["voices"][0].update(kind="person", subject="Anna Example", recording=recording.name,
-                                recording_sha256=hashlib.sha256(recording.read_bytes()).hexdigest())
+    as_person(records, 0, recording)  # spk_m, recorded by spk_m
     write_records(data, records)
     report, _ = run(data, tmp_path)
     assert report["rows_kept"] == 4
-    recording.write_bytes(b"another statement")
+    recording.write_bytes(recording.read_bytes() + b"\0")
     with pytest.raises(StepError, match="key voices.0.recording_sha256 does not match"):
         run(data, tmp_path)
     recording.unlink()
-    with pytest.raises(StepError, match="key voices.0.recording: 'consent-anna.flac' is not a file"):
+    with pytest.raises(StepError, match="key voices.0.recording: 'consent-spk_m.flac' is not a file"):
+        run(data, tmp_path)
+
+
+def test_a_consent_recorded_by_another_voice_quarantines_the_speaker(data, tmp_path):
+    """spk_f's record carries a recording of spk_m: below consent_voice_threshold (0.72, measured on the
+    sample: same voice >= 0.816, other voice <= 0.618), spk_f's rows are consent_voice_mismatch."""
+    records = sample_records()
+    as_person(records, 1, held_out_clip("spk_m", data / "consent-spk_f.flac"))
+    write_records(data, records)
+    report, quarantine = run(data, tmp_path)
+    assert report["rows_kept"] == 2 and set(report["speakers"]) == {"spk_m"}
+    assert report["reasons"]["consent_voice_mismatch"] == 2
+    assert {q["reason"] for q in quarantine} == {"consent_voice_mismatch"}
+    detail = quarantine[0]["detail"]
+    assert "speaker 'spk_f': the consent recording consent-spk_f.flac is another voice" in detail
+    kept = [json.loads(line) for line in (tmp_path / "out" / "raw.jsonl").read_text().splitlines()]
+    assert {r["speaker"] for r in kept} == {"spk_m"}
+
+
+def test_a_consent_recording_that_is_not_audio_is_one_paragraph(data, tmp_path):
+    recording = data / "consent.flac"
+    recording.write_bytes(b"not audio")
+    records = sample_records()
+    as_person(records, 0, recording)
+    write_records(data, records)
+    with pytest.raises(StepError, match="the consent recording .*consent.flac cannot be read as audio"):
         run(data, tmp_path)
 
 

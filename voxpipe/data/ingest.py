@@ -30,6 +30,7 @@ from typing import Any
 from voxpipe.cores import usable_cores
 from voxpipe.data.consent import FILE as CONSENT_FILE
 from voxpipe.data.consent import load_records, records_file, today
+from voxpipe.data.consent_voice import mismatched
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -340,7 +341,41 @@ def consent_of(p: IngestParams) -> dict[str, Any]:
     """The consent a run checks rows against ("checks": consent_checks' pairs, "report": report.json's), read
     once: a sharded run's plan carries it to every shard, which may not see the inputs' voices.yaml."""
     checks = consent_checks(p)
-    return {"checks": None if checks is None else [list(c) for c in checks], "report": consent_report(p)}
+    now = today()
+    recordings = {} if checks is None else {
+        speaker: str(path.parent / r.recording) for speaker, (r, path) in load_records(p.input).items()
+        if r.kind == "person" and r.recording and not r.problem(now)}
+    return {"checks": None if checks is None else [list(c) for c in checks], "report": consent_report(p),
+            "recordings": recordings}
+
+
+def drop_mismatched_voices(out: Path, result: IngestResult, recordings: dict[str, str], threshold: float
+                           ) -> None:
+    """Move the kept rows of a speaker whose consent recording is another voice (consent_voice.py) from
+    raw.jsonl to quarantine.jsonl, and count the kept rows again."""
+    raw = [json.loads(line) for line in (out / "raw.jsonl").read_text(encoding="utf-8").splitlines()]
+    clips: dict[str, list[Path]] = {}
+    for row in raw:
+        clips.setdefault(row["speaker"], []).append(out / row["audio"])
+    bad = mismatched(recordings, clips, threshold)
+    if not bad:
+        return
+    kept = [row for row in raw if row["speaker"] not in bad]
+    with open(out / "quarantine.jsonl", "a", encoding="utf-8") as quarantine:
+        for row in raw:
+            if row["speaker"] in bad:
+                quarantine.write(json_line({"source": row["source"], "reason": "consent_voice_mismatch",
+                                            "detail": bad[row["speaker"]]}))
+    tmp = out / ".raw.jsonl.tmp"
+    tmp.write_text("".join(json_line(row) for row in kept), encoding="utf-8")
+    os.replace(tmp, out / "raw.jsonl")
+    moved = len(raw) - len(kept)
+    result.rows_quarantined += moved
+    result.reasons["consent_voice_mismatch"] += moved
+    result.rows_kept, result.seconds_kept, result.text_changes = 0, 0.0, []
+    result.speakers, result.languages, result.conditioning = Counter(), Counter(), Counter()
+    for row in kept:
+        result.count_kept(row)
 
 
 def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks:
@@ -399,6 +434,13 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     except OSError as e:
         writer.discard()
         error = error or write_failed(e, out, result)
+    if whole_run and error is None and consent.get("recordings"):
+        try:
+            drop_mismatched_voices(out, result, consent["recordings"], p.consent_voice_threshold)
+        except OSError as e:
+            error = write_failed(e, out, result)
+        except StepError as e:
+            error = e
     if whole_run and error is None and result.rows_in == 0:
         names = ", ".join(s.path.as_posix() for s in sources.values())
         error = StepError(f"the input files hold no rows: {names}")

@@ -50,6 +50,7 @@ REASONS = (
     "clipped",
     "low_quality",
     "duplicate",
+    "consent_voice_mismatch",  # judged after the pass, over each speaker's kept clips (consent_voice.py)
 )
 FLAGS = ("long_pause", "peak_limited")  # kept rows, marked for a look: raw.jsonl `flags`
 

@@ -123,6 +123,12 @@ class IngestParams(Section):
         "", max_length=500, description="why consent is not required (e.g. a licensed corpus whose "
         "licence covers training); needed with consent: not_required, recorded in report.json"
     )
+    consent_voice_threshold: float = Field(
+        0.72, ge=-1, le=1, description="a consent record of kind person: its recording's speaker embedding "
+        "(Resemblyzer GE2E) must match the mean of the speaker's clips at least this well (cosine), else "
+        "the speaker's rows are quarantined (consent_voice_mismatch). 0.72: midway between same voice "
+        "(>= 0.816) and other voice (<= 0.618) on the shipped sample"
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
