@@ -147,13 +147,14 @@ def test_a_person_record_checks_its_consent_recording(data, tmp_path):
         run(data, tmp_path)
 
 
-def test_a_consent_recorded_by_another_voice_quarantines_the_speaker(data, tmp_path):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_consent_recorded_by_another_voice_quarantines_the_speaker(data, tmp_path, shards):
     """spk_f's record carries a recording of spk_m: below consent_voice_threshold (0.72, measured on the
     sample: same voice >= 0.816, other voice <= 0.618), spk_f's rows are consent_voice_mismatch."""
     records = sample_records()
     as_person(records, 1, held_out_clip("spk_m", data / "consent-spk_f.flac"))
     write_records(data, records)
-    report, quarantine = run(data, tmp_path)
+    report, quarantine = run(data, tmp_path, shards=shards)
     assert report["rows_kept"] == 2 and set(report["speakers"]) == {"spk_m"}
     assert report["reasons"]["consent_voice_mismatch"] == 2
     assert {q["reason"] for q in quarantine} == {"consent_voice_mismatch"}

@@ -42,6 +42,7 @@ from voxpipe.data.ingest import (
     IngestResult,
     columns_of,
     consent_of,
+    drop_mismatched_voices,
     duplicate_detail,
     ingest_ranges,
     json_line,
@@ -399,6 +400,8 @@ def _merge(p: IngestParams, start: float) -> IngestResult:
             f"the shards report {result.rows_in} rows but hold {result.rows_kept} kept and "
             f"{result.rows_quarantined} quarantined: a shard folder was changed after it finished"
         )
+    if recordings := (data.get("consent") or {}).get("recordings"):  # needs every shard's clips of a voice
+        drop_mismatched_voices(out, result, recordings, p.consent_voice_threshold)
     result.wall_seconds = time.perf_counter() - start
     error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]
