@@ -64,16 +64,17 @@ class ConsentRecord(BaseModel):
                              "statement read aloud by that person, and its sha256)")
         return self
 
-    def problem(self, today: datetime.date) -> str:
-        """Why this record does not allow training today, or ""."""
+    def problem(self, today: datetime.date, need: Scope = "tts") -> str:
+        """Why this record does not allow `need` (tts: training a voice) today, or ""."""
         if self.revoked:
             return f"consent {self.id} was revoked ({self.revoked_reason[:80] or 'no reason given'})"
         if self.granted > today:
             return f"consent {self.id} is granted from {self.granted}, after today ({today})"
         if self.expires is not None and self.expires < today:
             return f"consent {self.id} expired on {self.expires}"
-        if "tts" not in self.scope:
-            return f"consent {self.id}'s scope {self.scope} does not include tts (training a voice)"
+        if need not in self.scope:
+            what = "training a voice" if need == "tts" else "cloning a voice"
+            return f"consent {self.id}'s scope {self.scope} does not include {need} ({what})"
         return ""
 
 
