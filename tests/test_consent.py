@@ -184,3 +184,17 @@ def test_a_sharded_run_checks_consent_as_one_pass_does(data, tmp_path):
     assert report["rows_kept"] == 2 and report["reasons"]["no_consent"] == 2
     assert {r["speaker"]: r["valid"] for r in report["consent"]["records"]} == {"spk_m": False, "spk_f": True}
     assert all("spk_m" in q["detail"] for q in quarantine)
+
+
+def test_each_registered_voice_carries_its_consent_record(data, tmp_path):
+    """register's voices artifact (track/voices.py) holds each voice's consent {id, scope}, so serve shows
+    it (GET /v1/audio/voices) without the data's voices.yaml at hand."""
+    from voxpipe.track.voices import voice_consent, write_training_voices
+
+    report, _ = run(data, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "raw.jsonl").read_text().splitlines()]
+    write_training_voices(tmp_path / "out", rows, tmp_path / "voices", voice_consent(report))
+    voices = json.loads((tmp_path / "voices" / "voices.json").read_text())
+    assert {v["speaker"]: v["consent"] for v in voices} == {
+        "spk_f": {"id": "sample-spk_f", "scope": ["tts", "voice_clone"]},
+        "spk_m": {"id": "sample-spk_m", "scope": ["tts", "voice_clone"]}}

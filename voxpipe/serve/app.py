@@ -193,8 +193,9 @@ def build_app(service: Service) -> FastAPI:
             names.add(name)
             listed.append({"id": v.id, "name": name, "origin": v.origin, "text": v.text,
                            "seconds": v.seconds, "locale": v.locale or served.locale,  # text read in it
-                           "consent": service.cloning.scope_of(v.speaker) if v.origin == "model"
-                           else service.cloning.scope_of_id(v.consent)})
+                           # recorded with the voice, else (a version registered before) ingest.input's
+                           "consent": v.consent or (service.cloning.scope_of(v.speaker)
+                                                    if v.origin == "model" else None)})
         return {"object": "list", "voices": listed}
 
     @app.post("/v1/audio/voices")
@@ -205,8 +206,8 @@ def build_app(service: Service) -> FastAPI:
             raise ApiError(400, "send a JSON object {name, audio (the clip's bytes in base64), text "
                            f"(what the clip says), {FIELD} (the consent record's id)}}")
         try:
-            def consent() -> str | None:
-                return service.cloning.allow(body.get(FIELD), "audio")
+            def consent() -> dict[str, Any] | None:
+                return service.cloning.scope_of_id(service.cloning.allow(body.get(FIELD), "audio"))
 
             voice = await run_in_threadpool(voices.add, body.get("name"), body.get("audio"), body.get("text"),
                                             service.limits, consent)
@@ -214,7 +215,7 @@ def build_app(service: Service) -> FastAPI:
             raise ApiError(400, str(e), str(e).split(":")[0].split()[0]) from None
         return JSONResponse({"id": voice.id, "name": voice.speaker, "origin": voice.origin,
                              "text": voice.text, "seconds": voice.seconds,
-                             "consent": service.cloning.scope_of_id(voice.consent)}, status_code=201)
+                             "consent": voice.consent}, status_code=201)
 
     @app.delete("/v1/audio/voices/{vid}")
     async def delete_voice(vid: str) -> dict[str, Any]:

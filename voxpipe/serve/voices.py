@@ -46,7 +46,7 @@ class Voice:
     seconds: float
     origin: str = "model"  # "model": the training data's; "added": a client's
     locale: str | None = None  # how the speaker's training text was read (track/voices.py); None: the model's
-    consent: str | None = None  # an added voice's consent record id (serve.cloning); None: cloning open
+    consent: dict[str, Any] | None = None  # {id, scope} of the voice's consent record; None: none known
 
     def clip_base64(self, folder: Path) -> str:
         return base64.b64encode((folder / self.file).read_bytes()).decode()
@@ -112,8 +112,9 @@ def _voice(row: Any, folder: Path, origin: str, max_seconds: float) -> Voice:
     if locale is not None and locale not in LOCALES:
         raise ValueError(f"locale: {str(locale)[:40]!r} is not one of {', '.join(LOCALES)}")
     consent = row.get("consent")
-    if consent is not None and not isinstance(consent, str):
-        raise ValueError("consent: not a consent record id")
+    if consent is not None and not (isinstance(consent, dict) and isinstance(consent.get("id"), str)
+                                    and isinstance(consent.get("scope"), list)):
+        raise ValueError("consent: not a consent record's {id, scope}")
     return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin, locale, consent)
 
 
@@ -143,9 +144,9 @@ class VoiceStore:
         return sum((self.added / v.file).stat().st_size for v in self._added.values())
 
     def add(self, name: Any, audio: Any, text: Any, limits: Limits,
-            consent: Callable[[], str | None] = lambda: None) -> Voice:
+            consent: Callable[[], dict[str, Any] | None] = lambda: None) -> Voice:
         """Add a client's voice; `consent` (serve.cloning's check), asked once the clip is known to be
-        well-formed, gives the consent record id kept with it or refuses (RequestError)."""
+        well-formed, gives the consent record's {id, scope} kept with it or refuses (RequestError)."""
         if not isinstance(name, str) or not name.strip() or len(name) > 64:
             raise RequestError("name: give the voice a name of 1-64 characters")
         check_unicode(name, "name")
