@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+import yaml
 
 ESPEAK = shutil.which("espeak-ng")
 VOICE = "en-gb-x-gbcwmd+m4"
@@ -108,4 +109,15 @@ def write_voice(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "train-00000-of-00001.parquet"
     dataset.to_parquet(str(out))
+    write_consent(folder)
     return out
+
+
+def write_consent(folder: Path) -> Path:
+    """folder/voices.yaml, as the README tells a user to write it: the folder's one voice (named after the
+    folder) with a consent record; of kind synthetic, since these voices are made, not anyone's."""
+    record = {"id": f"{folder.name}-consent", "speaker": folder.name, "subject": "a test's made voice",
+              "kind": "synthetic", "scope": ["tts"], "granted": "2026-01-01", "licence": "CC0-1.0"}
+    path = folder / "voices.yaml"
+    path.write_text(yaml.safe_dump({"voices": [record]}, sort_keys=False), encoding="utf-8")
+    return path

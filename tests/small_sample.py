@@ -4,6 +4,7 @@ grows with the rows)."""
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+# ingest settings for test data that is nobody's voice (tones, noise, made-up rows): no consent record
+TEST_CONSENT = {"consent": "not_required", "consent_reason": "test signals: nobody's voice"}
+TEST_CONSENT_FLAGS = ["--consent", "not_required", "--consent-reason", "test signals: nobody's voice"]
 
 
 def speech_16k(first: int, last: int = 0) -> list[np.ndarray]:
@@ -30,10 +34,12 @@ def speech_16k(first: int, last: int = 0) -> list[np.ndarray]:
 
 
 def write_small_sample(dest: Path, per_speaker: int = 6) -> Path:
-    """dest/train.parquet: the first `per_speaker` rows of each speaker, in the sample's schema."""
+    """dest/train.parquet: the first `per_speaker` rows of each speaker, in the sample's schema, with the
+    sample's consent records (dest/voices.yaml)."""
     table = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0])
     parts = [table.filter(pc.equal(table["speaker"], s)).slice(0, per_speaker)
              for s in sorted(set(table["speaker"].to_pylist()))]
     dest.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.concat_tables(parts), dest / "train.parquet")
+    shutil.copy(SAMPLE / "voices.yaml", dest)
     return dest

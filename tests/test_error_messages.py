@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from small_sample import write_small_sample
+from small_sample import TEST_CONSENT, write_small_sample
 
 from voxpipe.errors import StepError
 from voxpipe.steps.ingest import IngestParams
@@ -115,7 +115,7 @@ def test_full_or_read_only_disk_during_ingest_keeps_what_it_has(tmp_path, monkey
     monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
     from voxpipe.data.ingest_step import ingest
 
-    params = IngestParams(input=[str(source)], out=str(out), workers=1, max_bad_fraction=1.0)
+    params = IngestParams(**TEST_CONSENT, input=[str(source)], out=str(out), workers=1, max_bad_fraction=1.0)
     with pytest.raises(StepError, match=rf"writing into {out} failed \({os.strerror(code)}") as err:
         ingest(params)
     assert "no temp file is left" in str(err.value)

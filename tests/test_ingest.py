@@ -18,6 +18,7 @@ import pytest
 import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small_sample import TEST_CONSENT, TEST_CONSENT_FLAGS
 
 from voxpipe import cli
 from voxpipe.data.ingest_row import REASONS, normalize_text
@@ -64,7 +65,7 @@ def run(tmp_path: Path, inputs: list[Path], **kw) -> tuple[list[dict], list[dict
     # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
     kw = {"workers": 1, "max_bad_fraction": 1.0, "score_quality": False, **kw}
     out = tmp_path / "out"
-    ingest(IngestParams(input=[str(i) for i in inputs], out=str(out), **kw))
+    ingest(IngestParams(**TEST_CONSENT, input=[str(i) for i in inputs], out=str(out), **kw))
     return read_outputs(out)
 
 
@@ -316,7 +317,8 @@ def test_normalize_text():
 
 def _cli(tmp_path: Path, *args: str) -> int:
     out = str(tmp_path / "out")
-    return cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--out", out, *args])
+    return cli.main(["ingest", *TEST_CONSENT_FLAGS,
+                     "--params", str(tmp_path / "none.yaml"), "--out", out, *args])
 
 
 @pytest.fixture
@@ -356,8 +358,8 @@ def test_cli_too_many_bad_rows_fails_but_writes_the_reports(tmp_path):
     rows = [_row(good_bytes(), "good")] + [_row(None, f"bad {i}") for i in range(3)]
     f = write_parquet(tmp_path / "d.parquet", rows)
     voxpipe = Path(sys.executable).with_name("voxpipe")
-    r = subprocess.run([str(voxpipe), "ingest", "--params", os.devnull, "--input", str(f),
-                        "--out", str(tmp_path / "out"), "--workers", "1",
+    r = subprocess.run([str(voxpipe), "ingest", *TEST_CONSENT_FLAGS, "--params", os.devnull, "--input",
+                        str(f), "--out", str(tmp_path / "out"), "--workers", "1",
                         "--set", "ingest.score_quality=false"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "3 of 4 rows quarantined" in r.stderr and "max_bad_fraction=0.5" in r.stderr
@@ -371,7 +373,8 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
     rows = [{"audio": struct(good_bytes(f)), "text": f"tone {f}"} for f in (300, 400, 500)]
     rows.append({"audio": struct(b"junk"), "text": "bad"})
     f = write_parquet(tmp_path / "d.parquet", rows)
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
+    params = IngestParams(**TEST_CONSENT,
+                          input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     first = {n: (tmp_path / "out" / n).read_bytes() for n in ("raw.jsonl", "quarantine.jsonl")}
     files = sorted((tmp_path / "out" / "audio").rglob("*.flac"))
@@ -385,7 +388,8 @@ def test_rerun_is_byte_identical_and_reuses_audio_files(tmp_path):
 
 def test_a_damaged_audio_file_from_an_earlier_run_is_rewritten(tmp_path):
     f = write_parquet(tmp_path / "d.parquet", [_row(good_bytes(), "tone")])
-    params = IngestParams(input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
+    params = IngestParams(**TEST_CONSENT,
+                          input=[str(f)], out=str(tmp_path / "out"), workers=1, score_quality=False)
     ingest(params)
     (clip,) = (tmp_path / "out" / "audio").rglob("*.flac")
     original = clip.read_bytes()
@@ -432,7 +436,7 @@ def test_accounting_every_row_is_kept_or_quarantined(kinds):
 
 @pytest.mark.slow  # the whole sample, twice
 def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(tmp_path):
-    pool = IngestParams(input=[str(SAMPLE)], out=str(tmp_path / "pool"), workers=2)
+    pool = IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "pool"), workers=2)
     result = ingest(pool)
     assert "64 kept" in result.summary() and result.workers == 2
     raw, bad, report = read_outputs(tmp_path / "pool")
@@ -443,7 +447,7 @@ def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(t
     for r in raw[:: max(1, len(raw) // 8)]:
         info = sf.info(tmp_path / "pool" / r["audio"])
         assert (info.format, info.subtype, info.samplerate, info.channels) == ("FLAC", "PCM_16", 16000, 1)
-    ingest(IngestParams(input=[str(SAMPLE)], out=str(tmp_path / "one"), workers=1))
+    ingest(IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "one"), workers=1))
     assert (tmp_path / "one" / "raw.jsonl").read_bytes() == (tmp_path / "pool" / "raw.jsonl").read_bytes()
 
 

@@ -14,7 +14,7 @@ import pyloudnorm
 import pytest
 import soundfile as sf
 import soxr
-from small_sample import SAMPLE
+from small_sample import SAMPLE, TEST_CONSENT
 from test_ingest import encode, read_outputs, struct, write_parquet
 
 from voxpipe.data.conditioning import find_trim
@@ -57,7 +57,8 @@ def ingested(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, dict], 
             for name, (x, text) in clips.items()]
     write_parquet(folder / "in" / "clips.parquet", rows)
     out = folder / "out"
-    ingest(IngestParams(input=[str(folder / "in")], out=str(out), workers=1, max_bad_fraction=1.0))
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(folder / "in")], out=str(out), workers=1, max_bad_fraction=1.0))
     raw, bad, report = read_outputs(out)
     names = list(clips)
     return (out, {r["speaker"]: r for r in raw}, {names[b["source"]["row"]]: b for b in bad}, report)
@@ -137,7 +138,8 @@ def test_each_step_switches_off_and_the_language_can_be_named(tmp_path):
     x, text = _clips()["padded"][0], "I paid $12.50."
     write_parquet(tmp_path / "in" / "a.parquet", [{"audio": struct(encode(x, SR)), "text": text}])
     out = tmp_path / "out"
-    ingest(IngestParams(input=[str(tmp_path / "in")], out=str(out), workers=1, trim_silence=False,
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(tmp_path / "in")], out=str(out), workers=1, trim_silence=False,
                         normalize_loudness=False, score_quality=False, normalize_text=False, language="fr"))
     (row,), _, report = read_outputs(out)
     assert row["text"] == row["text_raw"] == text and row["language"] == "fr"
@@ -155,7 +157,8 @@ def test_the_locale_reads_the_date_and_the_unsure_rows_are_marked(tmp_path):
     texts = ["We met on 12/05/2026.", "Acme Inc. is owed 55231 pounds."]
     write_parquet(tmp_path / "in" / "a.parquet", [{"audio": struct(encode(x, SR)), "text": t} for t in texts])
     out = tmp_path / "out"
-    ingest(IngestParams(input=[str(tmp_path / "in")], out=str(out), workers=1, trim_silence=False,
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(tmp_path / "in")], out=str(out), workers=1, trim_silence=False,
                         normalize_loudness=False, score_quality=False, locale="en-GB"))
     rows, _, report = read_outputs(out)
     assert [r["text"] for r in rows] == [
@@ -180,7 +183,8 @@ def test_a_locale_per_source_and_per_speaker_reads_each_voice_as_its_speaker_say
     write_parquet(tmp_path / "gb" / "a.parquet", [row(1.0, "ann")])
     write_parquet(tmp_path / "us" / "a.parquet", [row(1.0, "sam"), row(0.5, "li")])
     out = tmp_path / "out"
-    ingest(IngestParams(input=[str(tmp_path / "gb"), str(tmp_path / "us")], out=str(out), workers=1,
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(tmp_path / "gb"), str(tmp_path / "us")], out=str(out), workers=1,
                         trim_silence=False, normalize_loudness=False, score_quality=False,
                         locale={str(tmp_path / "gb"): "en-GB", "li": "zh-CN"}))
     rows, _, _ = read_outputs(out)
@@ -195,7 +199,8 @@ def test_a_long_pause_inside_a_clip_is_flagged_not_cut(tmp_path):
     x = np.concatenate([speech(0), _silence(1.5), speech(1)])
     write_parquet(tmp_path / "in" / "a.parquet", [{"audio": struct(encode(x, SR)), "text": "two parts"}])
     out = tmp_path / "out"
-    ingest(IngestParams(input=[str(tmp_path / "in")], out=str(out), workers=1, score_quality=False))
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(tmp_path / "in")], out=str(out), workers=1, score_quality=False))
     (row,), _, report = read_outputs(out)
     assert row["flags"] == ["long_pause"] and report["conditioning"]["long_pause"] == 1
     assert row["duration"] >= 1.5 + (speech(0).size + speech(1).size) / SR - 1.0
@@ -206,8 +211,10 @@ def test_rerun_and_two_shards_give_the_same_bytes(tmp_path, ingested):
     out = ingested[0]
     src = out.parent / "in"
     again, sharded = tmp_path / "again", tmp_path / "sharded"
-    ingest(IngestParams(input=[str(src)], out=str(again), workers=2, max_bad_fraction=1.0))
-    ingest(IngestParams(input=[str(src)], out=str(sharded), workers=1, shards=2, max_bad_fraction=1.0))
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(src)], out=str(again), workers=2, max_bad_fraction=1.0))
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(src)], out=str(sharded), workers=1, shards=2, max_bad_fraction=1.0))
     for name in ("raw.jsonl", "quarantine.jsonl"):
         assert (again / name).read_bytes() == (out / name).read_bytes()
         assert (sharded / name).read_bytes() == (out / name).read_bytes()

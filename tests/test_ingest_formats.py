@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from small_sample import TEST_CONSENT_FLAGS
 
 from tests.test_ingest import read_outputs, tone
 from voxpipe import cli
@@ -25,7 +26,7 @@ def ingest_cli(tmp_path: Path, *args: str) -> int:
     # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
     (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")
     return cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "out"),
-                     "--workers", "1", "--max-bad-fraction", "1", *args])
+                     "--workers", "1", "--max-bad-fraction", "1", *TEST_CONSENT_FLAGS, *args])
 
 
 def make_ljspeech(folder: Path, n: int = 4) -> list[str]:

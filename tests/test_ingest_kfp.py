@@ -3,6 +3,7 @@
 
 # no `from __future__ import annotations`: KFP reads the pipeline's annotations at import time
 import hashlib
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -39,6 +40,7 @@ def test_fanned_out_ingest_under_kfp_local_matches_a_single_ingest(tmp_path, mon
     data.mkdir(parents=True)
     rows = pq.read_table(sorted(SAMPLE.glob("*.parquet"))[0]).slice(0, 8)
     pq.write_table(rows, data / "train.parquet", row_group_size=2)  # 4 row groups: room for 2 shards
+    shutil.copy(SAMPLE / "voices.yaml", data)  # the voices' consent records, read by the plan task
     with monkeypatch.context() as m:  # in the workspace, as the tasks run: raw.jsonl names inputs as given
         m.chdir(workspace)
         single = ingest(IngestParams(input=["datasets/sample"], out=str(tmp_path / "single"), workers=1))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from small_sample import TEST_CONSENT, TEST_CONSENT_FLAGS
 
 from tests.test_ingest import HF_AUDIO, encode, good_bytes, read_outputs, struct, tone
 from tests.test_ingest_formats import make_ljspeech, wav, write_table
@@ -49,7 +50,7 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def _single(dataset: Path, out: Path) -> Path:
-    ingest(IngestParams(input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0,
+    ingest(IngestParams(**TEST_CONSENT, input=[str(dataset)], out=str(out), workers=1, max_bad_fraction=1.0,
                         score_quality=False))
     return out
 
@@ -65,7 +66,8 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
     (tmp_path / "params.yaml").write_text(f"ingest:\n  shards: {shards}\n  max_bad_fraction: 1.0\n"
                                          "  score_quality: false\n")
     # as `dvc repro` runs it: `voxpipe ingest`, the shard count from params.yaml
-    assert cli.main(["ingest", "--params", str(tmp_path / "params.yaml"), "--input", str(dataset), "--out",
+    assert cli.main(["ingest", *TEST_CONSENT_FLAGS,
+                     "--params", str(tmp_path / "params.yaml"), "--input", str(dataset), "--out",
                      str(out), "--workers", "1"]) == 0
     assert f"in {shards} shards" in capsys.readouterr().out
     for name in OUTPUTS:
@@ -83,8 +85,8 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
 def test_duplicates_across_shards_are_quarantined_where_a_single_run_puts_them(dataset, single, tmp_path):
     (tmp_path / "none.yaml").write_text("ingest:\n  score_quality: false\n")  # tones: not speech
     base = ["--params", str(tmp_path / "none.yaml")]
-    assert cli.main(["ingest-plan", *base, "--input", str(dataset), "--shards", "3", "--out",
-                     str(tmp_path / "plan")]) == 0
+    assert cli.main(["ingest-plan", *TEST_CONSENT_FLAGS, *base, "--input", str(dataset), "--shards", "3",
+                     "--out", str(tmp_path / "plan")]) == 0
     plan_file = tmp_path / "plan" / "plan.json"
     shards = json.loads(plan_file.read_text())["shards"]
     assert len(shards) == 3 and sum(s["rows"] for s in shards) == 25
@@ -119,7 +121,8 @@ def test_merge_refuses_missing_foreign_or_stale_shards(dataset, tmp_path):
     dataset = Path(shutil.copytree(dataset, tmp_path / "data"))
 
     def params(**kw) -> IngestParams:
-        return IngestParams(input=[str(dataset)], workers=1, max_bad_fraction=1.0, score_quality=False,
+        return IngestParams(**TEST_CONSENT,
+                            input=[str(dataset)], workers=1, max_bad_fraction=1.0, score_quality=False,
                             **kw)
 
     first = plan(params(shards=2, out=str(tmp_path / "p1")))
@@ -153,10 +156,11 @@ def test_too_many_bad_rows_is_judged_over_all_shards(tmp_path):
     pq.write_table(pa.Table.from_pylist(good, schema=schema), tmp_path / "a.parquet", row_group_size=2)
     pq.write_table(pa.Table.from_pylist(bad, schema=schema), tmp_path / "b.parquet", row_group_size=2)
     # shard 2 is all bad rows; the data set as a whole is within max_bad_fraction=0.5
-    ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
+    ingest(IngestParams(**TEST_CONSENT, input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
                         score_quality=False))
     with pytest.raises(StepError, match="4 of 8 rows quarantined"):
-        ingest(IngestParams(input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
+        ingest(IngestParams(**TEST_CONSENT,
+                            input=[str(tmp_path)], out=str(tmp_path / "out"), workers=1, shards=2,
                             max_bad_fraction=0.4, score_quality=False))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["rows_in"] == 8 and "4 of 8 rows quarantined" in report["error"]
@@ -170,12 +174,13 @@ def test_a_manifest_is_cut_in_row_blocks_of_equal_audio_volume(tmp_path):
     make_ljspeech(data, 200)
     for i in range(100, 200):  # the second half: clips 4x as long
         wav(data / "wavs" / f"LJ001-{i:04d}.wav", 200 + 50 * (i % 4) + i, seconds=4.0)
-    planned = plan(IngestParams(input=[str(data)], out=str(tmp_path / "plan"), shards=2))
+    planned = plan(IngestParams(**TEST_CONSENT, input=[str(data)], out=str(tmp_path / "plan"), shards=2))
     shards = json.loads(planned.path.read_text())["shards"]
     assert [s["ranges"] for s in shards] == [[[0, 0, 128]], [[0, 128, 200]]]  # cut on 64-row blocks
     assert 0.5 < shards[0]["audio_bytes"] / shards[1]["audio_bytes"] < 2
     single = _single(data, tmp_path / "single")
-    ingest(IngestParams(input=[str(data)], out=str(tmp_path / "out"), workers=1, max_bad_fraction=1.0,
+    ingest(IngestParams(**TEST_CONSENT,
+                        input=[str(data)], out=str(tmp_path / "out"), workers=1, max_bad_fraction=1.0,
                         shards=2, score_quality=False))
     for name in OUTPUTS:
         assert (tmp_path / "out" / name).read_bytes() == (single / name).read_bytes(), name

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from small_sample import TEST_CONSENT, TEST_CONSENT_FLAGS
 from test_ingest import encode, read_outputs, struct, tone, write_parquet
 from test_ingest_formats import write_table
 
@@ -24,7 +25,8 @@ from voxpipe.steps.ingest import IngestParams
 
 def _params(data: Path, **kw) -> IngestParams:
     # tones are not speech: DNSMOS rightly scores them low_quality (tests/test_ingest_conditioning.py)
-    return IngestParams(input=[str(data)], workers=1, max_bad_fraction=1.0, score_quality=False, **kw)
+    return IngestParams(**TEST_CONSENT,
+                        input=[str(data)], workers=1, max_bad_fraction=1.0, score_quality=False, **kw)
 
 
 def _dataset(folder: Path, files: int = 2) -> Path:
@@ -113,7 +115,8 @@ def test_an_oversized_csv_field_quarantines_only_its_row(tmp_path):
 def test_workers_above_the_cores_are_refused_in_one_paragraph(tmp_path, capsys):
     _dataset(tmp_path / "data", files=1)
     (tmp_path / "none.yaml").write_text("{}\n")
-    code = cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--input", str(tmp_path / "data"),
+    code = cli.main(["ingest", *TEST_CONSENT_FLAGS,
+                     "--params", str(tmp_path / "none.yaml"), "--input", str(tmp_path / "data"),
                      "--out", str(tmp_path / "out"), "--workers", "100000"])
     err = capsys.readouterr().err
     assert code != 0 and "ingest.workers=100000" in err and f"{usable_cores()} cores" in err
@@ -134,7 +137,8 @@ def test_a_full_disk_in_ingest_names_the_folder(tmp_path, tiny_disk, capsys):
             for i, x in enumerate(noise)]  # ~3 MB of FLAC (noise does not compress): more than the disk holds
     write_parquet(data / "big.parquet", rows)
     out = tiny_disk / "ingest"
-    code = cli.main(["ingest", "--params", str(tmp_path / "none.yaml"), "--input", str(data),
+    code = cli.main(["ingest", *TEST_CONSENT_FLAGS,
+                     "--params", str(tmp_path / "none.yaml"), "--input", str(data),
                      "--out", str(out), "--workers", "1", "--set", "ingest.score_quality=false"])
     err = capsys.readouterr().err
     assert code != 0 and f"writing into {out} failed (No space left on device" in err, err

@@ -37,7 +37,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
-from hf_voice import TEXTS, write_voice
+from hf_voice import TEXTS, write_consent, write_voice
 from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +146,7 @@ def test_the_readme_shows_every_command_this_test_runs():
     recipe = [c for c in path.own_folder if c.startswith("voxpipe params --recipe demo-cpu")]
     assert recipe and "dvc repro" in path.own_folder, path.own_folder
     assert "ingest.input=data/my-voice" in recipe[0]  # where the voice is written
+    assert "data/my-voice/voices.yaml" in (ROOT / "README.md").read_text()  # its consent (write_consent)
     assert "<parent run id>" in path.compare and path.synthesize
     stand_in("two sweep points", path.sweep)
     stand_in("a free port", path.openai_line, port="1")
@@ -392,6 +393,7 @@ def write_ljspeech(folder: Path, speaker: str = "spk_f") -> int:
         sf.write(folder / "wavs" / f"MV-{i:04d}.wav", audio, rate, subtype="PCM_16")
         lines.append(f"MV-{i:04d}|{row['text']}|{row['text']}")
     (folder / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_consent(folder)
     return len(rows)
 
 

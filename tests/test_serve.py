@@ -38,6 +38,7 @@ from voxpipe.train.init_model import init_model
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-Zr81-serve"
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 NAME = "voxpipe-served"
 FAST = {"inference_timesteps": 1, "max_len": 6}  # a few patches: the tiny model's audio, quickly
 THREE = "The first sentence is here. A second one follows it. And the third ends the text."
@@ -76,7 +77,8 @@ def voxpipe_serve(root: Path, *flags: str, log: str = "serve.log") -> Iterator[s
     args = [str(Path(sys.executable).with_name("voxpipe")), "serve", "--port", str(port),
             "--voices", str(root / "voices"), "--device", "cpu", "--concurrency", "1", "--queue", "4", *flags,
             "--set", f"register.model_name={NAME}", "--set", f"tracking.uri={uri}",
-            "--set", f"tracking.work={root / 'work'}"]
+            "--set", f"tracking.work={root / 'work'}",
+            "--set", f"ingest.input=[{SAMPLE}]"]  # its voices.yaml: the consent records cloning checks
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update({"VOXPIPE_API_KEY": KEY, "OMP_NUM_THREADS": "1"})
     with serving(args, f"{url}/health", root / log, env, cwd=root):
@@ -144,12 +146,20 @@ def test_voices_are_the_training_speakers_and_added_ones(voxpipe_server):
     trained = [v for v in voices[1:] if v["origin"] == "model"]  # the sample's speakers
     assert status == 200 and voices[0]["id"] == "default" and len(trained) >= 1, voices
     assert all(v["text"] and v["seconds"] > 0 for v in trained)
+    # each voice's consent scope, from the sample's voices.yaml
+    assert all(v["consent"]["id"].startswith("sample-spk_") and v["consent"]["scope"] ==
+               ["tts", "voice_clone"] for v in trained), trained
     one = trained[0]["id"]
     speech = client(url).audio.speech.create(model=NAME, voice=one, input="In that voice.", extra_body=FAST)
     assert sf.read(io.BytesIO(speech.read()))[1] == 48000
     added = {"name": "My Voice", "audio": clip_b64(2.0), "text": "a sine tone for two seconds"}
     status, body, _ = get(url, "/v1/audio/voices", method="POST", body=json.dumps(added).encode())
+    error = json.loads(body)["error"]  # an uploaded voice needs a consent record too
+    assert status == 400 and error["param"] == "consent_attestation", error
+    added["consent_attestation"] = "sample-spk_f"
+    status, body, _ = get(url, "/v1/audio/voices", method="POST", body=json.dumps(added).encode())
     assert status == 201 and json.loads(body)["id"] == "my-voice", body
+    assert json.loads(body)["consent"] == {"id": "sample-spk_f", "scope": ["tts", "voice_clone"]}
     assert (root / "voices" / "voices.json").is_file()  # persisted in the named folder
     status, body, _ = get(url, "/v1/audio/voices", method="POST", body=json.dumps(added).encode())
     assert status == 400 and "exists" in json.loads(body)["error"]["message"]
@@ -157,6 +167,26 @@ def test_voices_are_the_training_speakers_and_added_ones(voxpipe_server):
     assert get(url, "/v1/audio/voices/my-voice", method="DELETE")[0] == 200
     assert get(url, "/v1/audio/voices/my-voice", method="DELETE")[0] == 404
     assert get(url, f"/v1/audio/voices/{one}", method="DELETE")[0] == 400  # the version's own stay
+
+
+def test_voice_by_id_and_cloning_by_consent(voxpipe_server):
+    """`voice` as OpenAI's {"id": ...}; reference_audio is cloned only with a consent_attestation naming a
+    record with scope voice_clone (serve.cloning: attested, the default), else a 400 naming the field."""
+    url, _ = voxpipe_server
+    one = json.loads(get(url, "/v1/audio/voices")[1])["voices"][1]["id"]
+    by_id = client(url).audio.speech.create(model=NAME, voice={"id": one}, input="By id.", extra_body=FAST)
+    by_name = client(url).audio.speech.create(model=NAME, voice=one, input="By id.", extra_body=FAST)
+    assert by_id.read() == by_name.read()
+    clip = {"reference_audio": clip_b64(1.0), **FAST}
+    for attestation, message in ((None, r"^consent_attestation: reference_audio clones a person's voice"),
+                                 ("nobody", r"'nobody': no consent record of that id")):
+        extra = {**clip, **({"consent_attestation": attestation} if attestation else {})}
+        with pytest.raises(openai.BadRequestError) as e:
+            client(url).audio.speech.create(model=NAME, voice="default", input="Hi.", extra_body=extra)
+        assert e.value.body["param"] == "consent_attestation" and re.search(message, e.value.body["message"])
+    cloned = client(url).audio.speech.create(model=NAME, voice="default", input="Hi.",
+                                             extra_body={**clip, "consent_attestation": "sample-spk_m"})
+    assert sf.read(io.BytesIO(cloned.read()))[1] == 48000
 
 
 BAD = {  # what: (create() kwargs, the param named, the message)

@@ -1,4 +1,4 @@
-"""`Step.reads` (voxpipe/cli.py) against the keys each step's code reads.
+"""`Step.reads` (voxpipe/steps/) against the keys each step's code reads.
 
 Step.reads makes a step's flags and, through voxpipe/dvcgen.py, its stage's DVC params, so a key the code
 reads but the list lacks is a flag that is missing and a param DVC does not track. The keys read are found
@@ -164,8 +164,8 @@ def covered(key: str, specs: tuple[str, ...]) -> bool:
 def test_a_step_reads_only_keys_of_its_step_reads(step):
     missing = sorted(k for k in step_reads(step)
                      if not covered(k, step.reads) and not covered(k, NOT_THE_STEPS.get(step.name, ())))
-    assert not missing, (f"`voxpipe {step.name}` reads {missing}, not in its Step.reads (voxpipe/cli.py "
-                         "STEPS): add them there (untracked or hide, when they change no result), then "
+    assert not missing, (f"`voxpipe {step.name}` reads {missing}, not in its Step.reads (its voxpipe/steps "
+                         "module): add them there (untracked or hide, when they change no result), then "
                          "`make generate`")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
+import yaml
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_RATE = 22050
@@ -147,6 +148,17 @@ def hf_metadata() -> dict[bytes, bytes]:
     return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
 
 
+def consent_records() -> dict:
+    """voices.yaml: a consent record of kind synthetic per espeak voice (nobody's voice: no recording),
+    so the demo passes ingest's consent check as a user's data must."""
+    return {"voices": [
+        {"id": f"sample-{speaker}", "speaker": speaker, "subject": f"espeak-ng voice {voice} (synthetic)",
+         "kind": "synthetic", "scope": ["tts", "voice_clone"], "granted": "2026-01-01", "expires": None,
+         "licence": "CC0-1.0", "recording": None, "recording_sha256": None, "revoked": False,
+         "revoked_reason": ""}
+        for speaker, (voice, _, _) in VOICES.items()]}
+
+
 def main() -> None:
     schema = pa.schema(
         [
@@ -163,6 +175,7 @@ def main() -> None:
         path = HERE / f"train-{k:05d}-of-{N_FILES:05d}.parquet"
         pq.write_table(pa.Table.from_pylist(chunk, schema=schema), path, row_group_size=ROW_GROUP_ROWS)
         print(f"{path.name}: {len(chunk)} rows, {path.stat().st_size / 1e6:.2f} MB")
+    (HERE / "voices.yaml").write_text(yaml.safe_dump(consent_records(), sort_keys=False), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from voxpipe.cores import usable_cores
+from voxpipe.data.consent import FILE as CONSENT_FILE
+from voxpipe.data.consent import load_records, records_file, today
+from voxpipe.data.consent_voice import mismatched
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -297,10 +300,86 @@ def too_many_bad(result: IngestResult, max_bad_fraction: float, out: Path) -> St
         f"more than max_bad_fraction={max_bad_fraction}; "
         f"reasons: {dict((r, n) for r, n in result.reasons.items() if n)}. "
         f"See {out / 'quarantine.jsonl'} for each row's file, row and reason."
+        + (f" no_consent: add or renew the speaker's record in the {CONSENT_FILE} of its input folder "
+           "(docs/responsible-release.md)." if result.reasons["no_consent"] else "")
     )
 
 
-def row_checks(p: IngestParams, out: Path) -> RowChecks:
+def consent_checks(p: IngestParams) -> tuple[tuple[str, str], ...] | None:
+    """(speaker, why not: "" = may be trained on) per consent record of the inputs; None when consent is
+    not required. An input without a voices.yaml stops the run here, before anything is decoded."""
+    if p.consent == "not_required":
+        return None
+    missing = [i for i in p.input if not records_file(i).is_file()]
+    if missing:
+        raise StepError(
+            f"ingest.input {missing[0][:80]} has no consent records: {records_file(missing[0])} does not "
+            f"exist, and ingest.consent is required. Add a {CONSENT_FILE} there with one record per "
+            "speaker (id, speaker, subject, kind: person, scope: [tts], granted, licence, recording and "
+            "recording_sha256 of the consent statement read aloud; docs/responsible-release.md), or, for "
+            "data whose licence covers training, set ingest.consent: not_required with "
+            "ingest.consent_reason"
+        )
+    now = today()
+    return tuple(sorted((speaker, r.problem(now)) for speaker, (r, _) in load_records(p.input).items()))
+
+
+def consent_report(p: IngestParams) -> dict[str, Any]:
+    """report.json's `consent`: whether it was required (and if not, why), and the records it relied on,
+    for the cards and for `consent-revoke` to find a voice's data."""
+    if p.consent == "not_required":
+        return {"required": False, "reason": p.consent_reason, "records": []}
+    now = today()
+    return {"required": True, "reason": None, "records": [
+        {"id": r.id, "speaker": speaker, "kind": r.kind, "scope": list(r.scope), "licence": r.licence,
+         "expires": r.expires.isoformat() if r.expires else None, "valid": not r.problem(now),
+         "file": str(path)}
+        for speaker, (r, path) in sorted(load_records(p.input).items())]}
+
+
+def consent_of(p: IngestParams) -> dict[str, Any]:
+    """The consent a run checks rows against ("checks": consent_checks' pairs, "report": report.json's), read
+    once: a sharded run's plan carries it to every shard, which may not see the inputs' voices.yaml."""
+    checks = consent_checks(p)
+    now = today()
+    recordings = {} if checks is None else {
+        speaker: str(path.parent / r.recording) for speaker, (r, path) in load_records(p.input).items()
+        if r.kind == "person" and r.recording and not r.problem(now)}
+    return {"checks": None if checks is None else [list(c) for c in checks], "report": consent_report(p),
+            "recordings": recordings}
+
+
+def drop_mismatched_voices(out: Path, result: IngestResult, recordings: dict[str, str], threshold: float
+                           ) -> None:
+    """Move the kept rows of a speaker whose consent recording is another voice (consent_voice.py) from
+    raw.jsonl to quarantine.jsonl, and count the kept rows again."""
+    raw = [json.loads(line) for line in (out / "raw.jsonl").read_text(encoding="utf-8").splitlines()]
+    clips: dict[str, list[Path]] = {}
+    for row in raw:
+        clips.setdefault(row["speaker"], []).append(out / row["audio"])
+    bad = mismatched(recordings, clips, threshold)
+    if not bad:
+        return
+    kept = [row for row in raw if row["speaker"] not in bad]
+    with open(out / "quarantine.jsonl", "a", encoding="utf-8") as quarantine:
+        for row in raw:
+            if row["speaker"] in bad:
+                quarantine.write(json_line({"source": row["source"], "reason": "consent_voice_mismatch",
+                                            "detail": bad[row["speaker"]]}))
+    tmp = out / ".raw.jsonl.tmp"
+    tmp.write_text("".join(json_line(row) for row in kept), encoding="utf-8")
+    os.replace(tmp, out / "raw.jsonl")
+    moved = len(raw) - len(kept)
+    result.rows_quarantined += moved
+    result.reasons["consent_voice_mismatch"] += moved
+    result.rows_kept, result.seconds_kept, result.text_changes = 0, 0.0, []
+    result.speakers, result.languages, result.conditioning = Counter(), Counter(), Counter()
+    for row in kept:
+        result.count_kept(row)
+
+
+def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks:
+    pairs = consent["checks"]
     return RowChecks(
         p.sample_rate, p.min_seconds, p.max_seconds, p.silence_threshold, str(out.resolve()),
         trim_silence=p.trim_silence, max_edge_silence=p.max_edge_silence,
@@ -310,16 +389,19 @@ def row_checks(p: IngestParams, out: Path) -> RowChecks:
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
+        consent=None if pairs is None else tuple((speaker, why) for speaker, why in pairs),
     )
 
 
 def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
-                  notices: list[str], whole_run: bool = True, **extra: Any) -> IngestResult:
+                  notices: list[str], whole_run: bool = True, consent: dict[str, Any] | None = None,
+                  **extra: Any) -> IngestResult:
     """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
     (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
-    which sees every row."""
+    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now)."""
+    consent = consent_of(p) if consent is None else consent
     (out / "audio").mkdir(parents=True, exist_ok=True)
-    checks = row_checks(p, out)
+    checks = row_checks(p, out, consent)
     workers = decode_workers(p.workers)
     result = IngestResult(out=out, workers=workers, notices=notices)
     writer = _Writer(out)
@@ -352,6 +434,13 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     except OSError as e:
         writer.discard()
         error = error or write_failed(e, out, result)
+    if whole_run and error is None and consent.get("recordings"):
+        try:
+            drop_mismatched_voices(out, result, consent["recordings"], p.consent_voice_threshold)
+        except OSError as e:
+            error = write_failed(e, out, result)
+        except StepError as e:
+            error = e
     if whole_run and error is None and result.rows_in == 0:
         names = ", ".join(s.path.as_posix() for s in sources.values())
         error = StepError(f"the input files hold no rows: {names}")
@@ -359,7 +448,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
         error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": sources[i].path.as_posix(), "rows": stop - first} for i, first, stop in ranges]
     try:
-        result.save(inputs, str(error) if error else None, **extra)
+        result.save(inputs, str(error) if error else None, consent=consent["report"], **extra)
         if whole_run and (out / "raw.jsonl").is_file():  # a shard's page would show a part: the merge's
             write_data_report(out)
     except OSError as e:

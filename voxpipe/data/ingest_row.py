@@ -37,6 +37,7 @@ REASONS = (
     "missing_text",
     "text_too_long",
     "missing_speaker",
+    "no_consent",
     "no_audio",
     "empty_audio",
     "unsafe_path",
@@ -49,6 +50,7 @@ REASONS = (
     "clipped",
     "low_quality",
     "duplicate",
+    "consent_voice_mismatch",  # judged after the pass, over each speaker's kept clips (consent_voice.py)
 )
 FLAGS = ("long_pause", "peak_limited")  # kept rows, marked for a look: raw.jsonl `flags`
 
@@ -88,6 +90,8 @@ class RowChecks:
     locale: str = "en-US"  # text normalization's locale for this source (ingest.locale)
     speaker_locales: tuple[tuple[str, str], ...] = ()  # (speaker, locale): ingest.locale's speaker keys
     max_text_chars: int = 2000
+    # (speaker, why its rows may not be trained on; "" = a valid consent record); None: consent not required
+    consent: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +273,11 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     speaker = raw.speaker.strip() if raw.speaker is not None else ""
     if not speaker:
         return Rejected(raw.row, "missing_speaker", "the speaker is null or blank")
+    if checks.consent is not None:  # before decoding: a voice without consent is never even written
+        problem = dict(checks.consent).get(speaker, f"no consent record for speaker {speaker[:80]!r} in "
+                                                    "the voices.yaml of its input")
+        if problem:
+            return Rejected(raw.row, "no_consent", f"speaker {speaker[:80]!r}: {problem}")
     decoded, bad = _judge_audio(raw, batch)
     if bad is not None:
         return bad

@@ -41,6 +41,8 @@ from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest import (
     IngestResult,
     columns_of,
+    consent_of,
+    drop_mismatched_voices,
     duplicate_detail,
     ingest_ranges,
     json_line,
@@ -134,6 +136,7 @@ def plan(p: IngestParams) -> PlanResult:
         "inputs": [{"file": s.path.as_posix(), "root": s.root.as_posix(), "kind": s.kind, "rows": s.num_rows,
                     **_fingerprint(s)} for s in sources],
         "notices": notices,
+        "consent": consent_of(p),
         "shards": shards,
     }, indent=1) + "\n")
     return PlanResult(out / PLAN, len(shards), sum(s.num_rows for s in sources))
@@ -224,7 +227,8 @@ def ingest_shard(p: IngestParams) -> IngestResult:
     shard = {"index": p.shard, "of": len(shards), "plan": digest}
     out = Path(p.out)
     (out / OUTPUT_HASHES).unlink(missing_ok=True)  # present only once this run of the shard finished
-    result = ingest_ranges(p, sources, ranges, out, [], whole_run=False, shard=shard)
+    result = ingest_ranges(p, sources, ranges, out, [], whole_run=False, consent=data.get("consent"),
+                           shard=shard)
     try:
         write_output_hashes(out)
     except OSError as e:
@@ -396,11 +400,14 @@ def _merge(p: IngestParams, start: float) -> IngestResult:
             f"the shards report {result.rows_in} rows but hold {result.rows_kept} kept and "
             f"{result.rows_quarantined} quarantined: a shard folder was changed after it finished"
         )
+    if recordings := (data.get("consent") or {}).get("recordings"):  # needs every shard's clips of a voice
+        drop_mismatched_voices(out, result, recordings, p.consent_voice_threshold)
     result.wall_seconds = time.perf_counter() - start
     error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]
     try:
-        result.save(inputs, str(error) if error else None, run={"shards": shard_runs})
+        result.save(inputs, str(error) if error else None, run={"shards": shard_runs},
+                    consent=(data.get("consent") or {}).get("report"))
         write_data_report(out)
     except OSError as e:
         raise write_failed(e, out, result) from e

@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from voxpipe.errors import quoted
 from voxpipe.serve.admission import Admission, Busy
+from voxpipe.serve.cloning import FIELD, Cloning
 from voxpipe.serve.deadline import ClientGone, Deadline, RequestStopped
 from voxpipe.serve.formats import encode, pcm16, streamed_wav_header
 from voxpipe.serve.metrics import Metrics
@@ -67,6 +68,7 @@ class Service:
     served: ServedModel | None = None  # set once the model is loaded (/ready)
     batcher: Batcher | None = None  # generation's one thread, with the model
     voices: VoiceStore | None = None
+    cloning: Cloning = field(default_factory=Cloning)  # attested, with no records: no clip is cloned
     load_error: str | None = None
 
     def loaded(self) -> tuple[ServedModel, VoiceStore]:
@@ -190,23 +192,30 @@ def build_app(service: Service) -> FastAPI:
             name = v.speaker if v.speaker not in names else v.id  # is named by its id, unique
             names.add(name)
             listed.append({"id": v.id, "name": name, "origin": v.origin, "text": v.text,
-                           "seconds": v.seconds, "locale": v.locale or served.locale})  # text read in it
+                           "seconds": v.seconds, "locale": v.locale or served.locale,  # text read in it
+                           # recorded with the voice, else (a version registered before) ingest.input's
+                           "consent": v.consent or (service.cloning.scope_of(v.speaker)
+                                                    if v.origin == "model" else None)})
         return {"object": "list", "voices": listed}
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request) -> JSONResponse:
         _, voices = service.loaded()
         body = await _read_body(request, limit, service.body_timeout_s)
-        if not isinstance(body, dict) or set(body) - {"name", "audio", "text"}:
+        if not isinstance(body, dict) or set(body) - {"name", "audio", "text", FIELD}:
             raise ApiError(400, "send a JSON object {name, audio (the clip's bytes in base64), text "
-                           "(what the clip says)}")
+                           f"(what the clip says), {FIELD} (the consent record's id)}}")
         try:
+            def consent() -> dict[str, Any] | None:
+                return service.cloning.scope_of_id(service.cloning.allow(body.get(FIELD), "audio"))
+
             voice = await run_in_threadpool(voices.add, body.get("name"), body.get("audio"), body.get("text"),
-                                            service.limits)
+                                            service.limits, consent)
         except RequestError as e:
             raise ApiError(400, str(e), str(e).split(":")[0].split()[0]) from None
         return JSONResponse({"id": voice.id, "name": voice.speaker, "origin": voice.origin,
-                             "text": voice.text, "seconds": voice.seconds}, status_code=201)
+                             "text": voice.text, "seconds": voice.seconds,
+                             "consent": voice.consent}, status_code=201)
 
     @app.delete("/v1/audio/voices/{vid}")
     async def delete_voice(vid: str) -> dict[str, Any]:
@@ -224,7 +233,8 @@ def build_app(service: Service) -> FastAPI:
         deadline = Deadline(service.deadline_s)
         served, voices = service.loaded()
         raw = await _read_body(request, limit, service.body_timeout_s)
-        speech = await run_in_threadpool(parse_body, raw, voices, service.limits, served.locale)
+        speech = await run_in_threadpool(parse_body, raw, voices, service.limits, served.locale,
+                                         service.cloning)
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from voxpipe.errors import StepError
+from voxpipe.track.consent_revoke import REVOKED_TAG
 
 REGISTRY_SCHEMES = ("models:/", "runs:/")
 _VERSION = re.compile(r"^v?(\d+)$")
@@ -76,4 +77,10 @@ def check_registered(client, uri: str, key: str = "synthesize.model") -> str:
             "--model @candidate (an alias), --model N (a version number) or --model FOLDER (a checkpoint "
             "folder such as work/train/export)"
         ) from None
+    if revoked := found.tags.get(REVOKED_TAG):
+        raise StepError(
+            f"{key} {uri}: version {found.version} of {name!r} was trained on a voice whose consent was "
+            f"revoked ({revoked[:80]}), and is not served or spoken with. Choose another version with "
+            f"--model N or @champion (consent-revoke moved it off this one); {_listing(client, name)}"
+        )
     return f"models:/{name}/{found.version}"

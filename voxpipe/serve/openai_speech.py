@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from voxpipe.errors import quoted
 from voxpipe.serve.admission import Admission
+from voxpipe.serve.cloning import Cloning
 from voxpipe.serve.deadline import Deadline
 from voxpipe.serve.formats import FORMATS, STREAMED, sentences
 from voxpipe.serve.request import (
@@ -75,6 +76,7 @@ class SpeechBody(BaseModel):
     locale: Any = None
     reference_audio: Any = None
     reference_text: Any = None
+    consent_attestation: Any = None  # the consent record that allows cloning reference_audio (cloning.py)
 
 
 def shown(name: str) -> str:
@@ -86,7 +88,7 @@ def _param_of(message: str) -> str | None:
     """The body field a schema message names ("params.cfg_value=...", "reference_audio of row 0: ...")."""
     if m := re.match(r"params\.(\w+)", message):
         return m.group(1)
-    if m := re.match(r"(reference_audio|reference_text|input|voice)\b", message):
+    if m := re.match(r"(reference_audio|reference_text|input|voice|consent_attestation|audio)\b", message):
         return m.group(1)
     return "input" if message.startswith("text of row") else None
 
@@ -109,8 +111,10 @@ class Speech:
         return FORMATS[self.response_format][2]
 
 
-def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = ASSUMED_LOCALE) -> Speech:
-    """`locale`: the served model's, for a voice that recorded none."""
+def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = ASSUMED_LOCALE,
+               cloning: Cloning | None = None) -> Speech:
+    """`locale`: the served model's, for a voice that recorded none. `cloning`: whose reference_audio may be
+    cloned (serve.cloning; None: attested, with no records)."""
     for key in raw if isinstance(raw, dict) else ():
         if shown(key) != key[:80]:
             raise ApiError(400, f"{shown(key)}: a field name with a lone UTF-16 surrogate; send valid "
@@ -145,6 +149,8 @@ def parse_body(raw: Any, voices: VoiceStore, limits: Limits, locale: str = ASSUM
     try:
         request = parse_request([body.input], [reference], params, limits, reference_text,
                                 voice_locale or locale)
+        if label == REFERENCE_VOICE:  # a well-formed clip: whether it may be cloned
+            (cloning or Cloning()).allow(body.consent_attestation, "reference_audio")
     except RequestError as e:
         raise bad_request(e) from None
     streamed = body.stream_format == "audio" or body.response_format == "pcm"

@@ -29,6 +29,7 @@ from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
 from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.batcher import DECODING_STREAMS, Batcher
+from voxpipe.serve.cloning import Cloning
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits, model_locale
@@ -132,7 +133,7 @@ def serve(params: Params) -> ServeResult:
     check_file_limit(p.max_connections)
     service = Service(Limits(params.synthesize.max_reference_seconds), params.synthesize.deadline_s,
                       Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key,
-                      p.body_timeout_s)
+                      p.body_timeout_s, cloning=Cloning.read(p.cloning, params.ingest.input))
     guard = Guard(p.header_timeout_s, p.max_connections, p.stall_timeout_s)
     server = uvicorn.Server(uvicorn.Config(build_app(service), host=p.host, port=p.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=5,

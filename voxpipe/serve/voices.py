@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class Voice:
     seconds: float
     origin: str = "model"  # "model": the training data's; "added": a client's
     locale: str | None = None  # how the speaker's training text was read (track/voices.py); None: the model's
+    consent: dict[str, Any] | None = None  # {id, scope} of the voice's consent record; None: none known
 
     def clip_base64(self, folder: Path) -> str:
         return base64.b64encode((folder / self.file).read_bytes()).decode()
@@ -109,7 +111,11 @@ def _voice(row: Any, folder: Path, origin: str, max_seconds: float) -> Voice:
     locale = row.get("locale")
     if locale is not None and locale not in LOCALES:
         raise ValueError(f"locale: {str(locale)[:40]!r} is not one of {', '.join(LOCALES)}")
-    return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin, locale)
+    consent = row.get("consent")
+    if consent is not None and not (isinstance(consent, dict) and isinstance(consent.get("id"), str)
+                                    and isinstance(consent.get("scope"), list)):
+        raise ValueError("consent: not a consent record's {id, scope}")
+    return Voice(row["id"], row["speaker"], row["text"], row["file"], float(seconds), origin, locale, consent)
 
 
 class VoiceStore:
@@ -137,7 +143,10 @@ class VoiceStore:
     def _bytes(self) -> int:
         return sum((self.added / v.file).stat().st_size for v in self._added.values())
 
-    def add(self, name: Any, audio: Any, text: Any, limits: Limits) -> Voice:
+    def add(self, name: Any, audio: Any, text: Any, limits: Limits,
+            consent: Callable[[], dict[str, Any] | None] = lambda: None) -> Voice:
+        """Add a client's voice; `consent` (serve.cloning's check), asked once the clip is known to be
+        well-formed, gives the consent record's {id, scope} kept with it or refuses (RequestError)."""
         if not isinstance(name, str) or not name.strip() or len(name) > 64:
             raise RequestError("name: give the voice a name of 1-64 characters")
         check_unicode(name, "name")
@@ -146,6 +155,7 @@ class VoiceStore:
         if not isinstance(audio, str) or not audio.strip():
             raise RequestError("audio: send the clip's bytes in base64")
         wav = reference_waveform(audio, "audio", limits)
+        consent_id = consent()
         buf = io.BytesIO()
         sf.write(buf, np.clip(wav, -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_16")
         data = buf.getvalue()
@@ -161,7 +171,7 @@ class VoiceStore:
                                    "bytes kept for added voices (serve.max_voice_bytes); delete one or send "
                                    "a shorter clip")
             voice = Voice(vid, name.strip(), text, f"{CLIPS}/{vid}.flac", round(wav.size / SAMPLE_RATE, 3),
-                          "added")
+                          "added", consent=consent_id)
             (self.added / CLIPS).mkdir(parents=True, exist_ok=True)
             atomic_write(self.added / voice.file, lambda tmp: Path(tmp).write_bytes(data), ".flac")
             self._added[vid] = voice

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from voxpipe.section import Section
 from voxpipe.steps import Out, Stage, Step
@@ -114,6 +114,21 @@ class IngestParams(Section):
         "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "
         "of at most max_seconds says a few hundred)"
     )
+    consent: Literal["required", "not_required"] = Field(
+        "required", description="required: a speaker's rows are kept only with a valid consent record (not "
+        "expired or revoked, scope tts) in the voices.yaml of its input folder, else quarantined "
+        "(no_consent); not_required: no check, and consent_reason says why (report.json, the cards)"
+    )
+    consent_reason: str = Field(
+        "", max_length=500, description="why consent is not required (e.g. a licensed corpus whose "
+        "licence covers training); needed with consent: not_required, recorded in report.json"
+    )
+    consent_voice_threshold: float = Field(
+        0.72, ge=-1, le=1, description="a consent record of kind person: its recording's speaker embedding "
+        "(Resemblyzer GE2E) must match the mean of the speaker's clips at least this well (cosine), else "
+        "the speaker's rows are quarantined (consent_voice_mismatch). 0.72: midway between same voice "
+        "(>= 0.816) and other voice (<= 0.618) on the shipped sample"
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
@@ -142,6 +157,14 @@ class IngestParams(Section):
                              "mapping {speaker or input: locale}")
         return value
 
+    @model_validator(mode="after")
+    def _a_reason_without_consent(self) -> IngestParams:
+        if self.consent == "not_required" and not self.consent_reason.strip():
+            raise ValueError("ingest.consent is not_required but ingest.consent_reason is empty: say why "
+                             "these voices may be trained on without a consent record (it goes into the "
+                             "report and the cards), or set ingest.consent: required")
+        return self
+
 
 # the per-shard keys (marked `shard`): set by ingest-shard / ingest-merge, no flag of `voxpipe ingest`
 SHARD_KEYS = tuple(f"ingest.{name}" for name, info in IngestParams.model_fields.items()
@@ -162,7 +185,7 @@ STEPS = (
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", target="voxpipe.data.ingest_shards:plan", section="ingest",
          reads=("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
-          "ingest.speaker_column")),
+                "ingest.speaker_column", "ingest.consent", "ingest.consent_reason")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
          target="voxpipe.data.ingest_shards:ingest_shard", section="ingest",
          reads=("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),

@@ -25,6 +25,10 @@ class ServeParams(Section):
                              "model's lora/ adapter applied unmerged (None: the model's merged weights)")
     voices: str = Field("work/serve/voices", description="the folder the voices that clients add "
                         "(POST /v1/audio/voices) are kept in, across restarts")
+    cloning: Literal["off", "attested", "open"] = Field(
+        "attested", description="voice cloning from a clip (reference_audio, POST /v1/audio/voices): "
+        "attested = the request's consent_attestation names a voices.yaml record of ingest.input with scope "
+        "voice_clone; off = refused; open = any clip (docs/responsible-release.md)")
     max_voices: int = Field(32, ge=0, le=1000, description="most voices clients may add")
     max_voice_bytes: int = Field(64 * 2**20, ge=0, le=2**34, description="most bytes of added voice clips "
                                  "together")

@@ -24,6 +24,7 @@ from voxpipe.report import write_json, write_report
 from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
 from voxpipe.track.cards import publish_cards
+from voxpipe.track.consent_revoke import CONSENT_IDS_TAG, trained_consent_ids
 from voxpipe.track.kfp_runs import kfp_task, link_task_runs
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.ownership import check_owned
@@ -91,6 +92,7 @@ def _register(params: Params) -> RegisterResult:
     extra = {"voxpipe.pipeline_key": key}
     if art.data is not None:
         extra["voxpipe.data_version"] = art.data.version
+        extra[CONSENT_IDS_TAG] = ",".join(trained_consent_ids(art.data.report, art.data.rows))
     locale = training_locale(art.data.rows) if art.data is not None else None
     if locale is not None:
         extra[LOCALE_TAG] = locale

@@ -36,7 +36,7 @@ from voxpipe.track.headline import KIND_TAG
 from voxpipe.track.listening_gate import AWAITS_TAG, MODE_TAG, NO_CHAMPION, WAITS, listening_mode
 from voxpipe.track.reglock import register_lock
 from voxpipe.track.tracking import active_run
-from voxpipe.track.voices import training_locale, write_training_voices
+from voxpipe.track.voices import training_locale, voice_consent, write_training_voices
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -174,7 +174,8 @@ def log_model(run_id: str, art: PipelineArtifacts) -> tuple[str, str]:
     artifacts = {"checkpoint": str(art.export.resolve())}
     with tempfile.TemporaryDirectory(prefix="voxpipe-voices-") as tmp, active_run(run_id), \
             warnings.catch_warnings():
-        if art.data is not None and write_training_voices(art.data.folder, art.data.rows, Path(tmp)):
+        if art.data is not None and write_training_voices(art.data.folder, art.data.rows, Path(tmp),
+                                                            voice_consent(art.data.report)):
             artifacts["voices"] = tmp  # the speakers `voxpipe serve` lists, with no data folder at hand
         # no input example on purpose: validating one would load and run the full model at log time
         warnings.filterwarnings("ignore", message=".*input example was not provided.*")

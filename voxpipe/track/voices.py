@@ -2,9 +2,9 @@
 training data, logged with the model (the artifact "voices") so that `voxpipe serve` lists and uses them
 with no data folder at hand.
 
-The folder holds `voices.json` (a list of {id, speaker, text, file, seconds, locale}: locale is how the
-speaker's training text was read, `ingest.locale`; absent for data ingested before it was recorded) and the
-clips under `clips/`;
+The folder holds `voices.json` (a list of {id, speaker, text, file, seconds, locale, consent}: locale is how
+the speaker's training text was read, `ingest.locale`; absent for data ingested before it was recorded;
+consent the {id, scope} of the speaker's consent record, absent without one) and the clips under `clips/`;
 `voxpipe serve` keeps the voices a client adds (POST /v1/audio/voices) in the same layout.
 """
 
@@ -44,9 +44,17 @@ def training_locale(rows: list[dict[str, Any]]) -> str | None:
     return min(counts, key=lambda locale: (-counts[locale], locale)) if counts else None
 
 
-def write_training_voices(ingest: Path, rows: list[dict[str, Any]], out: Path) -> Path | None:
+def voice_consent(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{speaker: {id, scope}} of the consent records ingest relied on (its report.json `consent`)."""
+    records = (report.get("consent") or {}).get("records") or []
+    return {r["speaker"]: {"id": r["id"], "scope": r["scope"]} for r in records if r.get("valid")}
+
+
+def write_training_voices(ingest: Path, rows: list[dict[str, Any]], out: Path,
+                          consent: dict[str, dict[str, Any]] | None = None) -> Path | None:
     """out/voices.json + out/clips/: per speaker the kept clip nearest PREFERRED_SECONDS (at most the served
-    reference limit); None when the rows name no speaker."""
+    reference limit), with its consent record's {id, scope} (`consent`); None when the rows name no
+    speaker."""
     chosen: dict[str, dict[str, Any]] = {}
     for row in rows:
         speaker, seconds = row.get("speaker"), row.get("duration")
@@ -72,6 +80,7 @@ def write_training_voices(ingest: Path, rows: list[dict[str, Any]], out: Path) -
         shutil.copyfile(source, out / clip)
         voices.append({"id": vid, "speaker": speaker, "text": row.get("text", ""), "file": clip.as_posix(),
                        "seconds": round(float(row["duration"]), 3),
-                       **({"locale": row["locale"]} if isinstance(row.get("locale"), str) else {})})
+                       **({"locale": row["locale"]} if isinstance(row.get("locale"), str) else {}),
+                       **({"consent": (consent or {})[speaker]} if speaker in (consent or {}) else {})})
     (out / VOICES_FILE).write_text(json.dumps(voices, ensure_ascii=False, indent=1) + "\n")
     return out
