@@ -64,6 +64,7 @@ from voxpipe.evaluate.figure import plot
 from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.heard import real_rates_by_voice, unheard, voice_report, without_unheard
 from voxpipe.evaluate.listen_page import listening_pairs, write_listening_test
+from voxpipe.evaluate.marks import marker
 from voxpipe.evaluate.metrics import (
     PROTOCOL_BACKEND,
     SIMILARITY_DEFINITIONS,
@@ -154,7 +155,8 @@ class CheckpointRun:
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
     plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], threads: ScoringThreads, samples: Path,
-    kernels: KernelsChoice, costs: Costs, bench: tuple[Benchmark, list[Prompt]] | None = None,
+    kernels: KernelsChoice, costs: Costs, bench: tuple[Benchmark, list[Prompt]] | None,
+    mark: Callable[[Any, int], Any],
 ) -> Callable[[], CheckpointRun]:
     """Load the checkpoint, its loss and its clips; the clips are queued on the scoring threads, and the
     returned call waits for their scores. The model is gone before this returns, so the next checkpoint
@@ -176,7 +178,9 @@ def _run_checkpoint(
                 mine = synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
                                   inference_timesteps=p.inference_timesteps, seed=p.generation_seed)
             for g in mine:
-                write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
+                # the clip that leaves is marked (marks.py); its scores are the model's own, unmarked
+                write_sample(samples / f"{tag}-{g.utterance.name}.wav", mark(g.audio, g.sample_rate),
+                             g.sample_rate)
                 pending.append(threads.clip(g, voices))
             generated += mine
             bar.update(len(plan.utterances))
@@ -488,8 +492,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     with ScoringThreads(scorers, costs) as threads:
         pending_voices = {plan.speaker: threads.voice(_real_voice, plan, scorers, costs) for plan in plans}
         pending_asr = threads.asr(_real_asr, plans, scorers.recognisers, costs)
+        mark = marker(params.synthesize.watermark)
         finish = {tag: _run_checkpoint(tag, path, p, device, batches, plans, pending_voices, threads, samples,
-                                       params.model.kernels, costs, bench)
+                                       params.model.kernels, costs, bench, mark)
                   for tag, path in [("baseline", base_path), *((c.tag, c.path) for c in candidates)]}
         # the registry while the clips are scored (the main thread only waits from here)
         champion_lookup = _look_up_champion(params, champion, champion_folder, digest, background)
