@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from voxpipe.section import Section
 from voxpipe.steps import Step
@@ -63,8 +63,8 @@ class SynthesizeParams(Section):
         "reads back; off needs watermark_off_reason, which the model card records"
     )
     watermark_off_reason: str = Field(
-        "", max_length=500, description="why the clips go unmarked (required with watermark: off; recorded "
-        "in the model card)"
+        "", max_length=500, validate_default=True, description="why the clips go unmarked (required with "
+        "watermark: off; recorded in the model card)"
     )
     c2pa_key: str = Field(
         "", description="the team's C2PA signing key (PEM) by reference, never its value: a file path, or "
@@ -77,16 +77,22 @@ class SynthesizeParams(Section):
         "env:NAME", json_schema_extra={"result": False}
     )
 
-    @model_validator(mode="after")
-    def _off_says_why(self) -> SynthesizeParams:
-        if self.watermark == "off" and not self.watermark_off_reason.strip():
-            raise ValueError(
-                "synthesize.watermark is off but synthesize.watermark_off_reason is empty: an unmarked clip "
-                "cannot be told from a real recording, so turning the watermark off needs its reason on "
-                "record (the model card shows it). Set synthesize.watermark_off_reason, or leave "
-                "synthesize.watermark at perth")
-        return self
+    @field_validator("watermark", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `off` as false: it means "off" here."""
+        return "off" if value is False else value
 
+    @field_validator("watermark_off_reason")
+    @classmethod
+    def _off_says_why(cls, reason: str, info: ValidationInfo) -> str:
+        if info.data.get("watermark") == "off" and not reason.strip():
+            raise ValueError(
+                "synthesize.watermark is off but watermark_off_reason is empty: an unmarked clip cannot be "
+                "told from a real recording, so turning the watermark off needs its reason on record (the "
+                "model card shows it). Set synthesize.watermark_off_reason, or leave synthesize.watermark "
+                "at perth")
+        return reason
 
 ORDER = 150
 SECTIONS = {"synthesize": SynthesizeParams}
