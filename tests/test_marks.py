@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +20,8 @@ import pytest
 import soundfile as sf
 
 from tests.marks_chain import SIGNER, signing_chain
+from tests.servers import free_port, serving
+from tests.test_serve import KEY, get
 from voxpipe.cli import main
 from voxpipe.errors import StepError
 from voxpipe.evaluate import marks
@@ -128,3 +135,55 @@ def test_a_mark_keeps_the_clip_length_and_rate():
     audio = (0.1 * rng.standard_normal(48000)).astype(np.float32)
     marked = marks.mark(audio, 48000)
     assert marked.shape == audio.shape and marked.dtype == np.float32
+
+
+@contextmanager
+def _served(root: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`voxpipe serve` of the demo checkpoint on a free port; yields its URL once /ready."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [str(Path(sys.executable).with_name("voxpipe")), "serve", "--model", str(DEMO),
+            "--port", str(port), "--voices", str(root / "voices"), "--device", "cpu", *flags]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "VOXPIPE_API_KEY": KEY,
+           **(env or {})}
+    with serving(args, f"{url}/health", root / "serve.log", env, cwd=root):
+        for _ in range(800):
+            if get(url, "/ready")[0] == 200:
+                break
+            time.sleep(0.3)
+        yield url
+
+
+def _speech(url: str, response_format: str, stream: bool = False) -> tuple[bytes, dict[str, str]]:
+    body = {"model": "m", "voice": "default", "input": "The first sentence is here. A second one follows it.",
+            "response_format": response_format, "inference_timesteps": 2, "max_len": 40,
+            **({"stream_format": "audio"} if stream else {})}
+    status, data, headers = get(url, "/v1/audio/speech", method="POST", body=json.dumps(body).encode())
+    assert status == 200, data[:500]
+    return data, {k.lower(): v for k, v in headers.items()}
+
+
+@pytest.mark.slow
+def test_served_clips_are_marked_streamed_or_whole_and_signed_when_whole(tmp_path, capsys):
+    """Whole WAV and MP3 carry a manifest naming the served version; streamed PCM is marked sentence by
+    sentence; a server without the team's key says so in X-Voxpipe-C2PA."""
+    key, chain = signing_chain()
+    (tmp_path / "chain.pem").write_bytes(chain)
+    with _served(tmp_path, "--synthesize-c2pa-key", "env:VOXPIPE_TEST_C2PA_KEY",
+                 "--synthesize-c2pa-cert", str(tmp_path / "chain.pem"),
+                 env={"VOXPIPE_TEST_C2PA_KEY": key.decode()}) as url:
+        for fmt in ("wav", "mp3"):
+            data, headers = _speech(url, fmt)
+            assert headers["x-voxpipe-c2pa"] == "signed" and headers["x-voxpipe-watermark"] == "perth"
+            (tmp_path / f"served.{fmt}").write_bytes(data)
+        pcm, headers = _speech(url, "pcm", stream=True)
+        assert headers["x-voxpipe-c2pa"].startswith("unsigned (streamed")
+        sf.write(tmp_path / "streamed.wav", np.frombuffer(pcm, "<i2"), 48000, subtype="PCM_16")
+    found = _detect(capsys, tmp_path / "served.wav", tmp_path / "served.mp3", tmp_path / "streamed.wav")
+    assert [f["watermark"] for f in found] == [True, True, True]
+    assert [f["c2pa"].get("model_version") for f in found[:2]] == [headers["x-voxpipe-model-version"]] * 2
+    assert all(f["c2pa"]["valid"] and f["c2pa"]["signer"] == SIGNER for f in found[:2])
+    (tmp_path / "nokey").mkdir()
+    with _served(tmp_path / "nokey") as url:
+        data, headers = _speech(url, "wav")
+    assert headers["x-voxpipe-c2pa"] == "unsigned (no key)"
