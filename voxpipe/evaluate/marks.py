@@ -33,7 +33,6 @@ THRESHOLD = 0.5  # the decoder's confidence above which a clip counts as marked
 # the mark is written in the magnitude and kept with the clip's own phase: on noise-like audio one pass
 # does not survive the inverse STFT (the spectrum is not consistent), a second, on the marked clip, does
 MAX_PASSES = 3
-MAX_DB = 10 * 20  # magphase_to_cx's clip: magnitudes above 10^10 are clamped, as perth does
 NAME = "perth"
 
 
