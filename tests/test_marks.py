@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -84,6 +85,8 @@ def test_without_a_key_the_clip_is_marked_but_carries_no_manifest(tmp_path, caps
     assert "C2PA unsigned (no key)" in capsys.readouterr().out
     (found,) = _detect(capsys, tmp_path / "out.wav")
     assert found["watermark"] and found["c2pa"] == {"present": False, "why": "no C2PA manifest in the file"}
+    assert main(["detect", "--files", str(tmp_path / "out.wav")]) == 0  # the table: one line per file
+    assert re.search(r"out\.wav\s+yes\s+[01]\.\d{3}\s+none$", capsys.readouterr().out, re.M)
 
 
 def test_real_recordings_test_negative(tmp_path, capsys):
