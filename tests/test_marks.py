@@ -190,3 +190,18 @@ def test_served_clips_are_marked_streamed_or_whole_and_signed_when_whole(tmp_pat
     with _served(tmp_path / "nokey") as url:
         data, headers = _speech(url, "wav")
     assert headers["x-voxpipe-c2pa"] == "unsigned (no key)"
+
+
+def test_detect_names_a_file_that_is_not_audio(tmp_path, capsys):
+    (tmp_path / "notes.wav").write_text("not audio")
+    assert main(["detect", "--files", str(tmp_path / "notes.wav")]) != 0
+    err = capsys.readouterr().err
+    assert "notes.wav is not audio soundfile reads" in err and "Traceback" not in err
+
+
+def test_a_key_reference_to_an_unset_variable_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VOXPIPE_NO_SUCH_KEY", raising=False)
+    (tmp_path / "chain.pem").write_bytes(signing_chain()[1])
+    assert main(["synthesize", "--model", str(tmp_path / "no-model"), "--text", "hi", "--c2pa-key",
+                 "env:VOXPIPE_NO_SUCH_KEY", "--c2pa-cert", str(tmp_path / "chain.pem")]) != 0
+    assert "names the environment variable VOXPIPE_NO_SUCH_KEY, which is unset" in capsys.readouterr().err
