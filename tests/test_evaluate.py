@@ -264,6 +264,10 @@ def test_evaluate_step_writes_metrics_samples_and_figure_then_gates(encoded_samp
     wavs = sorted((out / "samples").glob("*.wav"))
     assert len(wavs) == 8  # both checkpoints
     assert {sf.info(str(w)).samplerate for w in wavs} == {48000}
+    # every sample leaves marked (synthesize.watermark: perth, voxpipe/evaluate/marks.py)
+    from voxpipe.evaluate.marks import THRESHOLD, watermark_score
+
+    assert all(watermark_score(*sf.read(w, dtype="float32")) > THRESHOLD for w in wavs)
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the blind listening test (evaluate.listening advisory): a trial per text spoken with a reference
     key = json.loads((out / "listen-key.json").read_text())

@@ -26,3 +26,10 @@ def quoted(value: Any, limit: int = QUOTE_CHARS) -> str:
         return text
     size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(text):,} characters written out"
     return f"{text[:limit]}... ({size})"
+
+
+def quoted_path(path: Any, limit: int = QUOTE_CHARS) -> str:
+    """A path as an error message names it: whole up to `limit` characters, else its end (the file's
+    name is what the reader needs)."""
+    text = str(path)
+    return text if len(text) <= limit else "…" + text[-(limit - 1):]

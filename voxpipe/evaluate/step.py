@@ -70,6 +70,7 @@ from voxpipe.evaluate.gains import FIGURES, GAIN_METHOD, flat_gains
 from voxpipe.evaluate.generation import Generated, SpeakerPlan, plan_speakers, synthesize
 from voxpipe.evaluate.heard import real_rates_by_voice, unheard, voice_report, without_unheard
 from voxpipe.evaluate.listen_page import listening_pairs, write_listening_test
+from voxpipe.evaluate.marks import marker
 from voxpipe.evaluate.metrics import (
     PROTOCOL_BACKEND,
     SIMILARITY_DEFINITIONS,
@@ -162,7 +163,8 @@ class CheckpointRun:
 def _run_checkpoint(
     tag: str, path: Path, p: EvaluateParams, device: torch.device, batches: list[LossBatch],
     plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], threads: ScoringThreads, samples: Path,
-    kernels: KernelsChoice, costs: Costs, bench: tuple[Benchmark, list[Prompt]] | None = None,
+    kernels: KernelsChoice, costs: Costs, mark: Callable[[Any, int], Any],
+    bench: tuple[Benchmark, list[Prompt]] | None = None,
     seeds: list[int] | None = None, generation_seed: int | None = None,
 ) -> Callable[[], CheckpointRun]:
     """Load the checkpoint, its loss (over `seeds`, evaluate.seeds unless given) and its clips (seeded by
@@ -188,7 +190,9 @@ def _run_checkpoint(
                 mine = synthesize(model, plan, max_len=p.max_len, cfg_value=p.cfg_value,
                                   inference_timesteps=p.inference_timesteps, seed=generation_seed)
             for g in mine:
-                write_sample(samples / f"{tag}-{g.utterance.name}.wav", g.audio, g.sample_rate)
+                # the clip that leaves is marked (marks.py); its scores are the model's own, unmarked
+                write_sample(samples / f"{tag}-{g.utterance.name}.wav", mark(g.audio, g.sample_rate),
+                             g.sample_rate)
                 pending.append(threads.clip(g, voices))
             generated += mine
             bar.update(len(plan.utterances))
@@ -398,6 +402,11 @@ def _judge(candidates: list[Candidate], scores: dict[str, Scores], base: Scores,
                                             p.mos_tolerance, p.forget_tolerance, floor)) for c in candidates]
 
 
+def _unmarked(audio: Any, sample_rate: int) -> Any:
+    """A noise run's clips are scored and thrown away: nothing leaves to be marked."""
+    return audio
+
+
 def _noise_runs(chosen: Candidate, seeds: list[int], p: EvaluateParams, device: torch.device,
                 plans: list[SpeakerPlan], voices: dict[str, Future[Voice]], scorers: Scorers, costs: Costs,
                 kernels: KernelsChoice, unheard_voices: dict[tuple[str, str], str]
@@ -409,7 +418,7 @@ def _noise_runs(chosen: Candidate, seeds: list[int], p: EvaluateParams, device: 
             ScoringThreads(scorers, costs) as threads:
         for seed in seeds:
             run = _run_checkpoint(f"noise-seed-{seed}", chosen.path, p, device, [], plans, voices, threads,
-                                  Path(folder), kernels, costs, seeds=[], generation_seed=seed)()
+                                  Path(folder), kernels, costs, _unmarked, seeds=[], generation_seed=seed)()
             out.append(paired_figures([c.record for c in without_unheard(run.clips, unheard_voices)], None))
     return out
 
@@ -540,8 +549,9 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     with ScoringThreads(scorers, costs) as threads:
         pending_voices = {plan.speaker: threads.voice(_real_voice, plan, scorers, costs) for plan in plans}
         pending_asr = threads.asr(_real_asr, plans, scorers.recognisers, costs)
+        mark = marker(params.synthesize.watermark)
         finish = {tag: _run_checkpoint(tag, path, p, device, batches, plans, pending_voices, threads, samples,
-                                       params.model.kernels, costs, bench)
+                                       params.model.kernels, costs, mark, bench)
                   for tag, path in [("baseline", base_path), *((c.tag, c.path) for c in candidates)]}
         # the registry while the clips are scored (the main thread only waits from here)
         champion_lookup = _look_up_champion(params, champion, champion_folder, digest, background)
@@ -555,7 +565,7 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
                 candidates = [*candidates, averaged]
                 runs[averaged.tag] = _run_checkpoint(averaged.tag, averaged.path, p, device, batches, plans,
                                                      pending_voices, threads, samples, params.model.kernels,
-                                                     costs, bench)()
+                                                     costs, mark, bench)()
         voices = {speaker: v.result() for speaker, v in pending_voices.items()}
         real_asr = pending_asr.result()
     # a voice the recogniser cannot hear in its real recordings gets no WER/CER (heard.py)

@@ -26,6 +26,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from voxpipe.errors import quoted
+from voxpipe.evaluate.marks import marker
+from voxpipe.evaluate.provenance import MIME, UNSIGNED, Credentials, sign
 from voxpipe.serve.admission import Admission, Busy
 from voxpipe.serve.cloning import FIELD, Cloning
 from voxpipe.serve.deadline import ClientGone, Deadline, RequestStopped
@@ -70,6 +72,8 @@ class Service:
     voices: VoiceStore | None = None
     cloning: Cloning = field(default_factory=Cloning)  # attested, with no records: no clip is cloned
     load_error: str | None = None
+    watermark: str = "perth"  # synthesize.watermark: every sentence is marked as it is made (marks.py)
+    c2pa: Credentials | None = None  # the key that signs non-streamed WAV and MP3 (provenance.py)
 
     def loaded(self) -> tuple[ServedModel, VoiceStore]:
         if self.served is None or self.voices is None or self.batcher is None:
@@ -238,7 +242,7 @@ def build_app(service: Service) -> FastAPI:
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line
-        chunks = say(service.batcher, speech, service.admission, deadline, said)
+        chunks = say(service.batcher, speech, service.admission, deadline, said, marker(service.watermark))
         watcher = asyncio.create_task(_watch(request, deadline))
         start = time.perf_counter()
         try:
@@ -248,7 +252,9 @@ def build_app(service: Service) -> FastAPI:
             raise _refusal(e) from None
         headers = {"X-Sample-Rate": str(served.sample_rate), "X-Voxpipe-Model-Version": served.version,
                    "X-Voxpipe-Adapter": served.adapter_label, "X-Voxpipe-Voice": speech.voice,
-                   "X-Voxpipe-Locale": speech.request.locale}  # the input was read in it
+                   "X-Voxpipe-Locale": speech.request.locale,  # the input was read in it
+                   "X-Voxpipe-Watermark": service.watermark,
+                   "X-Voxpipe-C2PA": _c2pa_state(service, speech)}
         metrics.first_byte.labels(**labels).observe(time.perf_counter() - start)
         if speech.streamed:
             def done() -> None:
@@ -273,6 +279,9 @@ def build_app(service: Service) -> FastAPI:
         audio = np.concatenate([a for a in (first, *rest) if a is not None])
         metrics.spoken(labels, said.audio_seconds, time.perf_counter() - start)
         data = await run_in_threadpool(encode, audio, served.sample_rate, speech.response_format)
+        if headers["X-Voxpipe-C2PA"] == "signed":
+            data = await run_in_threadpool(sign, data, speech.response_format, service.c2pa, "speech",
+                                           served.version, None, service.watermark)
         return Response(data, media_type=speech.media_type, headers=headers)
 
     KNOWN = {r.path for r in app.routes}  # noqa: N806 - the routes' own paths label the metrics
@@ -348,6 +357,15 @@ class Stoppable:
             self.finished = True
             self.chunks.close()
             self.finish()
+
+
+def _c2pa_state(service: Service, speech: Speech) -> str:
+    """What the X-Voxpipe-C2PA header says: "signed", or why the answer carries no manifest."""
+    if speech.streamed:
+        return "unsigned (streamed: the watermark marks it)"
+    if speech.response_format not in MIME:
+        return f"unsigned ({speech.response_format}: manifests go in wav and mp3)"
+    return "signed" if service.c2pa is not None else UNSIGNED
 
 
 def _stream(first: np.ndarray | None, chunks: Iterator[np.ndarray], speech: Speech, rate: int,

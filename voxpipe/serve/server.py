@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from voxpipe.cores import use_cores
 from voxpipe.errors import StepError
+from voxpipe.evaluate.provenance import credentials
 from voxpipe.params import Params
 from voxpipe.serve.adapter import adapter_sha256
 from voxpipe.serve.admission import Admission
@@ -133,7 +134,9 @@ def serve(params: Params) -> ServeResult:
     check_file_limit(p.max_connections)
     service = Service(Limits(params.synthesize.max_reference_seconds), params.synthesize.deadline_s,
                       Admission(p.concurrency, p.queue), Path(p.voices), p.max_voices, p.max_voice_bytes, key,
-                      p.body_timeout_s, cloning=Cloning.read(p.cloning, params.ingest.input))
+                      p.body_timeout_s, cloning=Cloning.read(p.cloning, params.ingest.input),
+                      watermark=params.synthesize.watermark,
+                      c2pa=credentials(params.synthesize.c2pa_key, params.synthesize.c2pa_cert))
     guard = Guard(p.header_timeout_s, p.max_connections, p.stall_timeout_s)
     server = uvicorn.Server(uvicorn.Config(build_app(service), host=p.host, port=p.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=5,

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 from voxpipe.errors import StepError, quoted
+from voxpipe.evaluate.marks import marker
+from voxpipe.evaluate.provenance import UNSIGNED, credentials, sign
 from voxpipe.files import atomic_write
 from voxpipe.params import Params
+from voxpipe.serve.formats import encode
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import (
     GENERATION_KEYS,
@@ -50,11 +52,14 @@ class SynthesizeResult:
     source: str
     spoken: str  # the text the model was given
     how: str  # how that text came from --text: "normalized", "as written"
+    watermark: str  # "perth", or "off (REASON)"
+    c2pa: str  # "signed", or why not
 
     def summary(self) -> str:
         stop = "; no stop predicted within max_len (raise --max-len)" if self.hit_length_limit else ""
         return (f"synthesize: {self.seconds:.2f} s of audio at {self.sample_rate} Hz from {self.source}"
-                f"{stop} -> {self.out}; said ({self.how}): {self.spoken!r}")
+                f"{stop} -> {self.out}; said ({self.how}): {self.spoken!r}; watermark {self.watermark}, "
+                f"C2PA {self.c2pa}")
 
 
 def _request_params(p: SynthesizeParams) -> dict[str, int | float | bool | str]:
@@ -124,6 +129,7 @@ def synthesize(params: Params) -> SynthesizeResult:
         parse_request([p.text], [None], _request_params(p), limits)
     except RequestError as e:
         raise StepError(f"synthesize: {e}") from None
+    creds = credentials(p.c2pa_key, p.c2pa_cert)  # a bad reference fails before any model loads
     uri = model_uri(p.model, params.registered_model_name())
     with _sized_threads():
         if uri is not None:
@@ -136,9 +142,16 @@ def synthesize(params: Params) -> SynthesizeResult:
     if spoken is None:
         spoken, how = p.text, "as written: this model version predates text normalization"
     out = Path(p.out)
-    atomic_write(out, lambda tmp: sf.write(tmp, np.clip(audio, -1.0, 1.0), rate, subtype="PCM_16"), ".wav")
+    audio = marker(p.watermark)(audio, rate)
+    fmt = "mp3" if out.suffix.lower() == ".mp3" else "wav"
+    data, signed = encode(audio, rate, fmt), UNSIGNED
+    if creds is not None:
+        version = pinned if uri is not None else p.model
+        data, signed = sign(data, fmt, creds, out.name, version, None, p.watermark), "signed"
+    atomic_write(out, lambda tmp: Path(tmp).write_bytes(data), out.suffix or ".wav")
     source += f" in the voice of {p.reference}" if reference is not None else " in the model's own voice"
-    return SynthesizeResult(out, audio.size / rate, rate, hit, source, spoken, how)
+    watermark = p.watermark if p.watermark != "off" else f"off ({p.watermark_off_reason[:80]})"
+    return SynthesizeResult(out, audio.size / rate, rate, hit, source, spoken, how, watermark, signed)
 
 
 def _sized_threads() -> AbstractContextManager[None]:

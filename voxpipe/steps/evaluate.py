@@ -134,7 +134,7 @@ STEPS = (
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", target="voxpipe.evaluate.step:evaluate",
          reads=("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
-          "ingest.input", "tracking.uri", "tracking.work"),
+                "ingest.input", "tracking.uri", "tracking.work", "synthesize.watermark"),
          # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
          wires=(("champion", "voxpipe.track.champion:champion_export"),),
          untracked=("register.model_name", "ingest.input", "tracking.uri", "tracking.work"),

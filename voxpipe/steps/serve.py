@@ -60,7 +60,8 @@ STEPS = (
     Step("serve", "serve a registered model (@champion) or a checkpoint folder on OpenAI's speech API: "
          "/v1/audio/speech (streamed PCM), /v1/audio/voices, /v1/models, /health, /ready, /metrics",
          target="voxpipe.serve.server:serve",
-         reads=("serve", "synthesize.deadline_s", "synthesize.max_reference_seconds", "register.model_name",
-          "ingest.input", "tracking.uri", "tracking.work"),
+         reads=("serve", "synthesize.deadline_s", "synthesize.max_reference_seconds", "synthesize.watermark",
+                "synthesize.watermark_off_reason", "synthesize.c2pa_key", "synthesize.c2pa_cert",
+                "register.model_name", "ingest.input", "tracking.uri", "tracking.work"),
          out_folder=False),
 )

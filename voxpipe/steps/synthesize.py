@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from voxpipe.section import Section
 from voxpipe.steps import Step
@@ -57,7 +57,42 @@ class SynthesizeParams(Section):
         "naming it; below MLflow's 60 s scoring timeout, so the work ends before that server gives up on "
         "the client"
     )
+    watermark: Literal["perth", "off"] = Field(
+        "perth", description="the mark in the audio of every clip synthesize, serve and evaluate's samples "
+        "make (voxpipe/evaluate/marks.py): perth = Resemble's PerTh neural watermark, which `voxpipe detect` "
+        "reads back; off needs watermark_off_reason, which the model card records"
+    )
+    watermark_off_reason: str = Field(
+        "", max_length=500, validate_default=True, description="why the clips go unmarked (required with "
+        "watermark: off; recorded in the model card)"
+    )
+    c2pa_key: str = Field(
+        "", description="the team's C2PA signing key (PEM) by reference, never its value: a file path, or "
+        "env:NAME for an environment variable that holds the PEM; \"\": WAV and MP3 go out without a C2PA "
+        "manifest, and serve says so in its X-Voxpipe-C2PA header",
+        json_schema_extra={"result": False}
+    )
+    c2pa_cert: str = Field(
+        "", description="the certificate chain (PEM, signer first) that goes with c2pa_key: a file path or "
+        "env:NAME", json_schema_extra={"result": False}
+    )
 
+    @field_validator("watermark", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `off` as false: it means "off" here."""
+        return "off" if value is False else value
+
+    @field_validator("watermark_off_reason")
+    @classmethod
+    def _off_says_why(cls, reason: str, info: ValidationInfo) -> str:
+        if info.data.get("watermark") == "off" and not reason.strip():
+            raise ValueError(
+                "synthesize.watermark is off but watermark_off_reason is empty: an unmarked clip cannot be "
+                "told from a real recording, so turning the watermark off needs its reason on record (the "
+                "model card shows it). Set synthesize.watermark_off_reason, or leave synthesize.watermark "
+                "at perth")
+        return reason
 
 ORDER = 150
 SECTIONS = {"synthesize": SynthesizeParams}

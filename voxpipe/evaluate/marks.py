@@ -1,0 +1,171 @@
+"""Every clip voxpipe makes is marked as synthetic in its audio: Resemble's PerTh neural watermark
+(`resemble-perth`, the watermark Chatterbox applies), applied by `mark` and read back by `watermark_score`.
+
+PerTh hides a mark in the magnitude spectrum below 2 kHz at 32 kHz, shaped to stay under the
+ear's masking threshold; its decoder answers one confidence per clip (about 1 marked, about 0 not).
+The network comes from the wheel, but not through the wheel's own loader: that one imports
+`pkg_resources` and `torchaudio` (neither installed here) and unpickles the checkpoint with a plain
+`torch.load`. Here the weight file's sha256 is checked against the pinned value first, its tensors are
+loaded with `weights_only=True`, and the STFT the network was trained on (torchaudio's
+Spectrogram: centred, reflect-padded, Hann, unnormalized) is torch's own `stft`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voxpipe.errors import StepError
+
+WEIGHTS = "perth_net/pretrained/implicit/perth_net_250000.pth.tar"
+# resemble-perth 1.0.1's checkpoint: any other file is refused before a byte of it is unpickled
+WEIGHTS_SHA256 = "a15bce457ebc53ce5e6c9c3f11df78cf7ee2bf9cdab0a798902135b4c4027670"
+THRESHOLD = 0.5  # the decoder's confidence above which a clip counts as marked
+# the mark is written in the magnitude and kept with the clip's own phase: on noise-like audio one pass
+# does not survive the inverse STFT (the spectrum is not consistent), a second, on the marked clip, does
+MAX_PASSES = 3
+NAME = "perth"
+
+
+@dataclass(frozen=True)
+class _Net:
+    encoder: Any
+    decoder: Any
+    hp: Any  # perth's PerthConfig (sample_rate 32000, n_fft 2048, hop 320, ...)
+    window: Any
+
+
+def _perth_root() -> Path:
+    spec = importlib.util.find_spec("perth")
+    if spec is None or spec.origin is None:
+        raise StepError("synthesize.watermark 'perth' needs the resemble-perth package: install it "
+                        "(.venv/bin/pip install resemble-perth, in voxpipe's `marks` extra), or set "
+                        "synthesize.watermark off with synthesize.watermark_off_reason")
+    return Path(spec.origin).parent
+
+
+def _network_modules(root: Path) -> tuple[Any, Any, Any]:
+    """perth's Encoder, Decoder and config modules, imported without perth.perth_net's __init__ (it needs
+    pkg_resources, gone from setuptools >= 81): that package is given as a bare namespace."""
+    package = "perth.perth_net"
+    if package not in sys.modules or not hasattr(sys.modules[package], "__path__"):
+        bare = types.ModuleType(package)
+        bare.__path__ = [str(root / "perth_net")]
+        sys.modules[package] = bare
+    base = f"{package}.perth_net_implicit"
+    return tuple(importlib.import_module(f"{base}.{m}") for m in ("model.encoder", "model.decoder", "config"))
+
+
+def _checked_weights(path: Path) -> dict[str, Any]:
+    import torch
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != WEIGHTS_SHA256:
+        raise StepError(f"the PerTh weight file {path} has sha256 {digest[:16]}..., not the pinned "
+                        f"{WEIGHTS_SHA256[:16]}... of resemble-perth 1.0.1: it is not loaded. Reinstall "
+                        "it (.venv/bin/pip install --force-reinstall resemble-perth==1.0.1)")
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+@functools.cache
+def _net() -> _Net:
+    import torch
+    import yaml
+
+    root = _perth_root()
+    encoder_mod, decoder_mod, config_mod = _network_modules(root)
+    hparams = yaml.safe_load((root / WEIGHTS).with_name("hparams.yaml").read_text())
+    hp = config_mod.PerthConfig(**hparams)
+    subband = int(round((hp.n_fft // 2 + 1) * hp.max_wmark_freq / (hp.sample_rate / 2)))
+    state = _checked_weights(root / WEIGHTS)
+    encoder = encoder_mod.Encoder(hp.hidden_size, subband)
+    decoder = decoder_mod.Decoder(hp.hidden_size, subband)
+    encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
+    decoder.load_state_dict({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")})
+    return _Net(encoder.eval(), decoder.eval(), hp, torch.hann_window(hp.window_size))
+
+
+def _magphase(net: _Net, signal: Any) -> tuple[Any, Any]:
+    """perth's AudioProcessor.signal_to_magphase: a normalized dB magnitude and the phase."""
+    import torch
+
+    hp = net.hp
+    spec = torch.stft(signal, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
+                      pad_mode="reflect", normalized=False, onesided=True, return_complex=True)
+    min_db = 20 * np.log10(hp.stft_magnitude_min)
+    mag = 20 * torch.log10(spec.abs().clip(hp.stft_magnitude_min))
+    return (mag - min_db) / (-min_db + 15), torch.angle(spec)
+
+
+def _signal(net: _Net, mag: Any, phase: Any, length: int) -> Any:
+    import torch
+
+    hp = net.hp
+    min_db = 20 * np.log10(hp.stft_magnitude_min)
+    db = mag * (-min_db + 15) + min_db
+    spec = (10.0 ** (db / 20).clip(max=10)) * torch.exp(1j * phase)
+    return torch.istft(spec, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
+                       normalized=False, onesided=True, length=length)
+
+
+def _resample(audio: np.ndarray, rate: int, to: int) -> np.ndarray:
+    import soxr
+
+    return audio if rate == to else soxr.resample(audio, rate, to, quality="HQ").astype(np.float32)
+
+
+def mark(audio: np.ndarray, sample_rate: int) -> np.ndarray:
+    """The clip with PerTh's watermark in it, at its own rate and length (float32, mono): marked again
+    (up to MAX_PASSES) until PerTh's decoder reads the mark in it.
+
+    Only what PerTh changes is added back at the clip's own rate: the mark lives below 2 kHz, so the
+    48 kHz clip keeps its top octaves bit for bit rather than passing through a 32 kHz round trip."""
+    import torch
+
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    net = _net()
+    rate = net.hp.sample_rate
+    low = _resample(audio, sample_rate, rate)
+    if low.size < net.hp.n_fft:  # too short for one frame: nothing to hide a mark in
+        return audio
+    with torch.inference_mode():
+        marked = torch.from_numpy(np.ascontiguousarray(low))
+        for _ in range(MAX_PASSES):
+            mag, phase = _magphase(net, marked)
+            marked = _signal(net, net.encoder(mag[None])[0][0], phase, marked.numel())
+            if float(net.decoder(_magphase(net, marked)[0][None])[0]) > THRESHOLD:
+                break
+        marked = marked.numpy()
+    delta = _resample((marked - low).astype(np.float32), rate, sample_rate)
+    delta = np.pad(delta, (0, max(0, audio.size - delta.size)))[: audio.size]
+    return (audio + delta).astype(np.float32)
+
+
+def watermark_score(audio: np.ndarray, sample_rate: int) -> float:
+    """PerTh's decoder confidence that the clip carries its mark, in [0, 1] (THRESHOLD decides)."""
+    import torch
+
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim > 1:
+        audio = audio.mean(axis=1)
+    net = _net()
+    low = _resample(audio, sample_rate, net.hp.sample_rate)
+    if low.size < net.hp.n_fft:
+        return 0.0
+    with torch.inference_mode():
+        mag, _ = _magphase(net, torch.from_numpy(np.ascontiguousarray(low)))
+        return float(net.decoder(mag[None])[0].clip(0.0, 1.0))
+
+
+def marker(watermark: str) -> Any:
+    """The function every clip passes through: `mark` for "perth", the clip unchanged for "off"."""
+    return mark if watermark == NAME else (lambda audio, sample_rate: audio)
