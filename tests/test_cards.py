@@ -83,12 +83,13 @@ def test_register_writes_both_cards_with_every_section(carded):
     assert "- step: 6; kind: full" in model and "- why: the lowest loss" in model
     assert "`cfg_value`: 1.5" in model and "`inference_timesteps`: 8" in model
     # the gate table, each criterion's interval where evaluate recorded one, and the paired gain's
-    assert "| similarity[spk] | pass | [0.4459, 0.9541] | 0.700 (95% CI" in model
+    assert "| similarity[spk] | pass | [0.4459, 0.9541] | gain +0.100 [+0.100, +0.100]" in model
     assert "| loss | pass | ± 0.01 (seed spread) | 1.90000 vs baseline" in model
     assert "| similarity | 0.04 | [0.01, 0.07] |" in model
-    # what the run did not record says so
-    assert "- watermark: not marked" in model and "- C2PA signer: not signed" in model
-    assert "none recorded: the version carries no `voxpipe.consent_ids` tag" in model
+    # the watermark synthesize and serve mark with (synthesize.watermark); what the run did not record says so
+    assert "- watermark: perth" in model and "- C2PA signer: not signed" in model
+    # the sample's consent records (data/sample/voices.yaml), their scopes from ingest's report
+    assert "| sample-spk_f | tts, voice_clone |" in model and "| sample-spk_m | tts, voice_clone |" in model
     report = json.loads((root / "ingest" / "report.json").read_text())
     assert f"- hours kept: {report['hours_kept']:.4g}" in data
     assert "| spk_f | 32 |" in data and "| spk_m | 32 |" in data and "| en-US | 64 |" in data

@@ -51,7 +51,8 @@ STEPS = (
          out_folder=False),
     Step("register", "log the pipeline run to MLflow, register the export (@candidate; @champion when the "
          "promotion rule passes)", target="voxpipe.track.register:register",
-         reads=("register", "ingest.input", "tracking", "model.base", "launch.env", "launch.secret_env",
+         reads=("register", "ingest.input", "tracking", "model.base", "synthesize.watermark",
+                "synthesize.watermark_off_reason", "launch.env", "launch.secret_env",
                 "launch.env_not_secret"),
          # the launch environment's values are scrubbed from what is logged: set with --set, no DVC param
          hide=("launch.env", "launch.secret_env", "launch.env_not_secret"),

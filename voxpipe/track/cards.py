@@ -101,10 +101,13 @@ def consent_ids(tags: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def _consent_section(tags: dict[str, str], art: PipelineArtifacts) -> str:
-    ids = consent_ids(tags)
+    consent = art.data.report.get("consent") if art.data is not None else None
+    recorded = {r.get("id"): r.get("scope") for r in (consent or {}).get("records") or []
+                if isinstance(r, dict)}  # ingest's report: each record's scopes
+    ids = [(cid, ", ".join(recorded[cid]) if scopes == "scope not recorded" and recorded.get(cid) else scopes)
+           for cid, scopes in consent_ids(tags)]
     if ids:
         return _table(("consent id", "scopes"), ids)
-    consent = art.data.report.get("consent") if art.data is not None else None
     if isinstance(consent, dict) and consent.get("reason"):
         return f"Consent was not required for this data: {consent['reason']}."
     return (f"{NONE}: the version carries no `{CONSENT_TAG}` tag and the ingest report no consent check, "

@@ -23,7 +23,7 @@ from voxpipe.params import Params
 from voxpipe.report import write_json, write_report
 from voxpipe.secrets import allowing
 from voxpipe.track.artifacts import load_artifacts
-from voxpipe.track.cards import publish_cards
+from voxpipe.track.cards import WATERMARK_TAG, publish_cards
 from voxpipe.track.consent_revoke import CONSENT_IDS_TAG, trained_consent_ids
 from voxpipe.track.kfp_runs import kfp_task, link_task_runs
 from voxpipe.track.note import NOTE_TAG, run_note
@@ -93,6 +93,9 @@ def _register(params: Params) -> RegisterResult:
     if art.data is not None:
         extra["voxpipe.data_version"] = art.data.version
         extra[CONSENT_IDS_TAG] = ",".join(trained_consent_ids(art.data.report, art.data.rows))
+    synthesis = params.synthesize  # what synthesize and serve mark every clip with (the model card says it)
+    extra[WATERMARK_TAG] = synthesis.watermark if synthesis.watermark != "off" else (
+        f"off: {synthesis.watermark_off_reason}")
     locale = training_locale(art.data.rows) if art.data is not None else None
     if locale is not None:
         extra[LOCALE_TAG] = locale
