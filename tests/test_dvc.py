@@ -291,7 +291,7 @@ def test_an_update_that_adds_a_serve_or_evaluate_setting_leaves_the_data_stages_
     for section, rerun in (("serve", set()), ("evaluate", {"evaluate", "register"})):
         module = repo / "voxpipe" / "steps" / f"{section}.py"
         text = module.read_text()
-        added = re.sub(r'(class \w+Params\(Section\):\n    """.*?"""\n)',
+        added = re.sub(r'(class \w+\(Section\):\n    """.*?"""\n)',
                        r'\1    knob: int = Field(1, description="a setting an update adds")\n', text, count=1,
                        flags=re.S)
         assert added != text

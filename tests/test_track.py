@@ -448,7 +448,8 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     assert drifted["decision"]["compared_to"] == f"champion v{first['version']}"
     tags = MlflowClient(server).get_model_version(name, drifted["version"]).tags
     assert tags["voxpipe.rule.loss"].startswith("ok: 1.50000 vs champion")
-    assert tags["voxpipe.rule.similarity.spk"].startswith("FAIL: 0.450")
+    assert tags["voxpipe.rule.similarity.spk"].startswith("FAIL: gain -0.150 [-0.150, -0.150]")
+    assert "(0.450 vs baseline 0.600)" in tags["voxpipe.rule.similarity.spk"]
     assert tags["voxpipe.decision"] == "not promoted"
     assert "similarity[spk] FAIL" in tags["voxpipe.decision_reason"]
     line = RegisterResult(Path(tmp_path / "drifted" / "register"), drifted).summary()
