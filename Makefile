@@ -10,7 +10,7 @@ DVC := PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc
 # pytest workers (pytest-xdist): the 2 cores CI has. test-fast steals work between them; test keeps a
 # module on one worker, so a module's training-run fixture is built once
 PYTEST_WORKERS ?= 2
-HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|similarity_to_speaker_mean$$|stop_failure_rate$$|^wer$$|^mfu$$|^tokens_per_s$$'
+HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|similarity_to_speaker_mean$$|similarity_gain$$|stop_failure_rate$$|^wer$$|^mfu$$|^tokens_per_s$$'
 
 # RECIPE=NAME (demo, repro, compile): recipes/NAME.yaml layered on params.yaml. For DVC it is written into
 # params.yaml first, so `dvc repro` tracks every value it sets (`git diff params.yaml` shows them,
