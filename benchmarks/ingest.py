@@ -65,8 +65,10 @@ def load_sample(limit: int) -> list[tuple[np.ndarray, int, str, str]]:
 
 
 def build_dataset(folder: Path, sample: list, copies: int, max_copies: int) -> dict:
-    """`copies` gain-shifted copies of the sample as HF-style parquet files; returns its size."""
+    """`copies` gain-shifted copies of the sample as HF-style parquet files, with the sample's voices'
+    consent records (voices.yaml: the same speakers); returns its size."""
     folder.mkdir(parents=True)
+    shutil.copy(SAMPLE / "voices.yaml", folder)
     schema = pa.schema([("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
                         ("text", pa.string()), ("speaker", pa.string())])
     batch: list[dict] = []

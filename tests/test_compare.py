@@ -122,7 +122,7 @@ def test_samples_are_named_by_the_val_text_on_what_evaluate_writes(tmp_path):
     assert all(p.name.startswith(f"step-{step}-") for p in named.values())
     first = records[0]
     assert named[f"{first['row_id']}-ref.wav"].name == f"step-{step}-{first['name']}.wav"
-    one = {**figures, "chosen": {**figures["chosen"], "step": None}}  # evaluate.model: one checkpoint
+    one = {**figures, "chosen": {**figures["chosen"], "step": None, "tag": "model"}}  # one checkpoint
     single = replace(art, eval=one, samples=[tmp_path / f"model-{r['name']}.wav" for r in records])
     assert sorted(audio_by_text(single)) == sorted(named)
     assert audio_by_text(replace(art, eval={})) == {}  # an eval.json without utterances: nothing renamed

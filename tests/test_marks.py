@@ -206,28 +206,3 @@ def test_a_key_reference_to_an_unset_variable_is_named(tmp_path, capsys, monkeyp
     assert main(["synthesize", "--model", str(tmp_path / "no-model"), "--text", "hi", "--c2pa-key",
                  "env:VOXPIPE_NO_SUCH_KEY", "--c2pa-cert", str(tmp_path / "chain.pem")]) != 0
     assert "names the environment variable VOXPIPE_NO_SUCH_KEY, which is unset" in capsys.readouterr().err
-
-
-def test_the_registered_models_clips_are_marked():
-    """The pyfunc (`mlflow models serve`, a KServe MLflow runtime) marks what it says, as synthesize and
-    serve do; a deployment's model_config `watermark: off` leaves it unmarked."""
-    import pandas as pd
-    import torch
-
-    from voxpipe.model.voxcpm2 import GeneratedSpeech
-    from voxpipe.serve.pyfunc import VoxpipeTTS
-    from voxpipe.serve.request import Limits
-
-    class Noise:  # a stand-in model: a second of noise per text
-        def generate(self, texts, references, **generation):
-            g = torch.Generator().manual_seed(0)
-            return GeneratedSpeech([0.1 * torch.randn(48000, generator=g) for _ in texts],
-                                   [torch.zeros(1, 1) for _ in texts], [False] * len(texts), 48000)
-
-    served = VoxpipeTTS()
-    served.model, served.limits = Noise(), Limits()
-    said = served.predict(None, pd.DataFrame({"text": ["Hello there."]}), params={"max_len": 4})
-    assert marks.watermark_score(said["audio"][0], 48000) > 0.5
-    served.watermark = "off"
-    said = served.predict(None, pd.DataFrame({"text": ["Hello there."]}), params={"max_len": 4})
-    assert marks.watermark_score(said["audio"][0], 48000) < 0.5

@@ -453,7 +453,7 @@ def test_register_keeps_the_voice_and_compares_like_with_like(server, pipeline, 
     assert tags["voxpipe.decision"] == "not promoted"
     assert "similarity[spk] FAIL" in tags["voxpipe.decision_reason"]
     line = RegisterResult(Path(tmp_path / "drifted" / "register"), drifted).summary()
-    assert "not promoted over the champion" in line and "similarity[spk] FAIL (0.450" in line
+    assert "not promoted over the champion" in line and "similarity[spk] FAIL (gain -0.150" in line
 
     elsewhere = run_register(rule_run(root, tmp_path, "elsewhere", 1.50, val_digest="val-v2"), **settings)
     assert not elsewhere["decision"]["promoted"]

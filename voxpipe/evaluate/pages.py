@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import html
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from voxpipe.files import read_json_object
+
+WIDTH = 200  # the summary's paragraphs wrap here: a terminal line, not a page of one line
 
 # (eval.json key, label, format) of the headline table, fine-tuned vs baseline where both exist
 HEADLINE = (
@@ -114,14 +117,17 @@ def _gain_cell(c: dict[str, Any]) -> str:
 def gain_lines(figures: dict[str, Any]) -> list[str]:
     """Every paired gain eval.json has (candidate minus baseline, `gain [low, high]`), and where the
     rule's tolerances came from."""
-    gains = figures.get("gains") or {}
-    lines = []
+    gains = {name: g for name, g in (figures.get("gains") or {}).items() if isinstance(g, dict)}
+    text = []
     if gains:
-        lines.append("  paired gains, candidate - baseline [95% interval]: " + "; ".join(
-            f"{name} {g.get('shown')}" for name, g in gains.items() if isinstance(g, dict)))
+        known = [f"{name} {g.get('shown')}" for name, g in gains.items() if g.get("gain") is not None]
+        unknown = [name for name, g in gains.items() if g.get("gain") is None]  # eval.json says why
+        text.append("paired gains, candidate - baseline [95% interval]: " + "; ".join(known)
+                    + (f"; none for {', '.join(unknown)} (eval.json's gains say why)" if unknown else ""))
     if figures.get("tolerance_source"):
-        lines.append(f"  tolerances: {figures['tolerance_source']}")
-    return lines
+        text.append(f"tolerances: {figures['tolerance_source']}")
+    return [line for paragraph in text
+            for line in textwrap.wrap(paragraph, WIDTH, initial_indent="  ", subsequent_indent="    ")]
 
 
 def _limit(c: dict[str, Any]) -> str:

@@ -25,8 +25,7 @@ max_reference_seconds (default 30; $VOXPIPE_MAX_REFERENCE_SECONDS overrides it i
 deadline_s (`synthesize.deadline_s`; $VOXPIPE_DEADLINE_S overrides it) and locale (the locale the model's
 training text was read in, recorded at register: its texts are read in it unless a request's `locale` param
 names another; a version registered before locales were recorded has none, and en-US is assumed, said in
-the log when it loads) and watermark (`synthesize.watermark`, perth: every clip it says is marked, as
-synthesize's and serve's are).
+the log when it loads).
 
 Every request's work ends with it: generation stops at the deadline (serve/deadline.py) and the answer is a
 503 naming it; a param the signature does not know is a 400 (MLflow itself drops it with a warning, so
@@ -53,7 +52,6 @@ from mlflow.pyfunc import PythonModel
 
 from voxpipe.serve.deadline import DEADLINE_S, Deadline, RequestStopped
 from voxpipe.serve.request import REQUEST_KEYS, Limits, RequestError, model_locale
-from voxpipe.steps.synthesize import SynthesizeParams
 from voxpipe.track.voices import ASSUMED_LOCALE
 
 REFERENCE_DIR_ENV = "VOXPIPE_REFERENCE_DIR"
@@ -115,8 +113,6 @@ class VoxpipeTTS(PythonModel):
     voices: str | None = None
     locale: str = ASSUMED_LOCALE  # load_context: model_config's (model_locale)
     locale_how: str = ""  # "recorded at register", or that none was and what is assumed
-    # every clip the model says is marked, as synthesize's and serve's (voxpipe/evaluate/marks.py)
-    watermark: str = SynthesizeParams().watermark  # load_context: model_config's
 
     def load_context(self, context) -> None:
         import torch
@@ -139,7 +135,6 @@ class VoxpipeTTS(PythonModel):
         self.checkpoint = context.artifacts["checkpoint"]
         self.voices = context.artifacts.get("voices")  # a folder (voices.json + clips), or None
         self.locale, self.locale_how = model_locale(config.get("locale"))
-        self.watermark = config.get("watermark", self.watermark)
         if config.get("locale") is None:
             logging.getLogger("voxpipe.serve").warning("voxpipe model: locale %s (%s)", self.locale,
                                                        self.locale_how)
@@ -158,7 +153,6 @@ class VoxpipeTTS(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """One row per text ("text", else the first column; optional "reference_audio"): audio (float32
         array), sample_rate, hit_length_limit, spoken_text (the text as said)."""
-        from voxpipe.evaluate.marks import marker
         from voxpipe.serve.speech import speak
 
         if dropped := _dropped.take():
@@ -176,8 +170,7 @@ class VoxpipeTTS(PythonModel):
         except RequestError as e:
             raise RefusedRequest(str(e)) from None
         return pd.DataFrame({
-            "audio": [marker(self.watermark)(a.numpy().astype(np.float32), speech.sample_rate)
-                      for a in speech.audio],  # MLflow writes it as JSON
+            "audio": [a.numpy().astype(np.float32) for a in speech.audio],  # MLflow writes it as JSON
             "sample_rate": [speech.sample_rate] * len(texts),
             "hit_length_limit": speech.hit_length_limit,
             "spoken_text": spoken,
