@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from devtools import chromium_devtools
 from mlflow import MlflowClient
-from test_ui import CHECK, CHROMIUM, chromium, needs_chromium, page_check
+from test_ui import CHECK, chromium, needs_chromium, page_check
 
 from voxpipe.cli import main
 from voxpipe.evaluate.listen_answers import MIN_NONZERO, summarize
@@ -100,65 +97,22 @@ def test_the_page_holds_no_label_near_a_player_only_a_and_b_and_a_trial_id(page,
 def answer_in_chromium(page: Path, downloads: Path, listener: str, choose: dict[str, int]) -> Path:
     """A listener answers every trial through the page's radio buttons and listener box, then clicks
     'Save answers': Chromium driven over its DevTools protocol, the download let into `downloads`."""
-    import websocket
-
-    with tempfile.TemporaryDirectory() as profile:
-        args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"]
-        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            port_file = Path(profile) / "DevToolsActivePort"
-            deadline = time.monotonic() + 90
-            while not port_file.is_file() or not port_file.read_text().strip():
-                assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-                time.sleep(0.2)
-            port = port_file.read_text().split()[0]
-            version = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version").read())
-            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json").read())
-            tab = next(t for t in targets if t["type"] == "page")
-            browser = websocket.create_connection(version["webSocketDebuggerUrl"], timeout=60,
-                                                  suppress_origin=True)
-            ws = websocket.create_connection(tab["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
-            calls = iter(range(1, 10_000))
-
-            def call(sock, method: str, **params) -> dict:
-                number = next(calls)
-                sock.send(json.dumps({"id": number, "method": method, "params": params}))
-                while True:
-                    reply = json.loads(sock.recv())
-                    if reply.get("id") == number:
-                        assert "error" not in reply, reply
-                        return reply.get("result", {})
-
-            def run(expression: str) -> str:
-                found = call(ws, "Runtime.evaluate", expression=expression, returnByValue=True)
-                return str(found.get("result", {}).get("value", ""))
-
-            call(browser, "Browser.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
-            call(ws, "Page.navigate", url=page.as_uri())
-            loaded = "document.readyState === 'complete' && document.getElementById('save') ? 'y' : ''"
-            while run(loaded) != "y":
-                assert time.monotonic() < deadline, "the page did not load"
-                time.sleep(0.2)
-            for trial, value in choose.items():
-                for question in ("speaker", "natural"):
-                    button = f"'input[name=\"{trial}-{question}\"][value=\"{value}\"]'"
-                    click = (f"(() => {{ const b = document.querySelector({button}); "
-                             "if (!b) return 'missing'; b.click(); return String(b.checked); })()")
-                    assert run(click) == "true"
-            run(f"(() => {{ const box = document.getElementById('listener'); box.focus(); "
+    with chromium_devtools() as tab:
+        tab.call("Browser.setDownloadBehavior", browser=True, behavior="allow", downloadPath=str(downloads))
+        tab.open(page.as_uri(), "document.readyState === 'complete' && document.getElementById('save')")
+        for trial, value in choose.items():
+            for question in ("speaker", "natural"):
+                button = f"'input[name=\"{trial}-{question}\"][value=\"{value}\"]'"
+                click = (f"(() => {{ const b = document.querySelector({button}); "
+                         "if (!b) return 'missing'; b.click(); return String(b.checked); })()")
+                assert tab.run(click) == "true"
+        tab.run(f"(() => {{ const box = document.getElementById('listener'); box.focus(); "
                 f"box.value = {json.dumps(listener)}; box.dispatchEvent(new Event('input')); }})()")
-            run("document.getElementById('save').click()")
-            while not list(downloads.glob("*.json")):
-                assert time.monotonic() < deadline, f"no download: {run('document.body.innerText')[-300:]}"
-                time.sleep(0.2)
-            status = run("document.getElementById('status').textContent")
-            assert status.startswith(f"Saved {len(choose)} trials"), status
-            browser.close()
-            ws.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        tab.run("document.getElementById('save').click()")
+        while not list(downloads.glob("*.json")):
+            tab.wait_a_little(f"no download: {tab.run('document.body.innerText')[-300:]}")
+        status = tab.run("document.getElementById('status').textContent")
+        assert status.startswith(f"Saved {len(choose)} trials"), status
     return next(downloads.glob("*.json"))
 
 

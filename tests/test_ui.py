@@ -7,13 +7,14 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from devtools import CHROMIUM, chromium_devtools
 from mlflow import MlflowClient
 
 from voxpipe.evaluate.pages import eval_page, headline_rows, summary_markdown
@@ -21,7 +22,6 @@ from voxpipe.track.artifacts import PipelineArtifacts
 from voxpipe.track.note import NOTE_TAG, run_note
 from voxpipe.track.tracking import EXPERIMENT_KIND, experiment_id
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium; .ci/run"
     " does it)"
@@ -196,52 +196,8 @@ SCROLL_ALL_GRIDS = """(async () => {
 
 def scrolled_text(url: str, ready: str, timeout: float = 90) -> str:
     """The text of a page that shows long tables in virtual grids (the MLflow UI: only the rows in view are
-    in the DOM), read while every grid is scrolled through: Chromium driven over its DevTools protocol
-    (websocket-client, which the kubernetes client brings). `ready`: a text the page shows once loaded."""
-    import tempfile
-    import time
-    import urllib.request
-
-    import websocket
-
-    with tempfile.TemporaryDirectory() as profile:
-        args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-                "about:blank"]
-        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            port_file = Path(profile) / "DevToolsActivePort"
-            deadline = time.monotonic() + timeout
-            while not port_file.is_file() or not port_file.read_text().strip():
-                assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-                time.sleep(0.2)
-            port = port_file.read_text().split()[0]
-            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json").read())
-            page = next(t for t in targets if t["type"] == "page")
-            ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout,
-                                             suppress_origin=True)  # Chromium 156 refuses an unlisted Origin
-            calls = iter(range(1, 10_000))
-
-            def call(method: str, **params) -> dict:
-                number = next(calls)
-                ws.send(json.dumps({"id": number, "method": method, "params": params}))
-                while True:
-                    reply = json.loads(ws.recv())
-                    if reply.get("id") == number:
-                        return reply.get("result", {})
-
-            def evaluate(expression: str) -> str:
-                found = call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
-                return str(found.get("result", {}).get("value", ""))
-
-            call("Page.navigate", url=url)
-            while ready not in evaluate("document.body ? document.body.innerText : ''"):
-                assert time.monotonic() < deadline, f"{url} never showed {ready!r}"
-                time.sleep(0.5)
-            time.sleep(1)  # the last fetches settle
-            text = evaluate(SCROLL_ALL_GRIDS)
-            ws.close()
-            return text
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    in the DOM), read while every grid is scrolled through. `ready`: a text the page shows once loaded."""
+    with chromium_devtools(timeout) as page:
+        page.open(url, f"document.body && document.body.innerText.includes({json.dumps(ready)})")
+        time.sleep(1)  # the last fetches settle
+        return page.run(SCROLL_ALL_GRIDS, await_promise=True)
