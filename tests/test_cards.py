@@ -46,7 +46,8 @@ def carded(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.delenv("MLFLOW_RUN_ID", raising=False)
         root = tmp_path_factory.mktemp("cards")
-        ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1))
+        ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1,
+                            score_quality=False))
         init_model(ModelParams(preset="tiny", seed=5, out=str(root / "base")))
         init_model(ModelParams(preset="tiny", seed=0, out=str(root / "export")))
         write_training(root / "train", 1e-4, [2.0, 1.9, 1.8])

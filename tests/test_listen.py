@@ -154,7 +154,8 @@ def registered_required(server, tmp_path, monkeypatch):
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = Path(__file__).resolve().parents[1]
-    ingest(IngestParams(input=[str(root / "data" / "sample")], out=str(tmp_path / "ingest"), workers=1))
+    ingest(IngestParams(input=[str(root / "data" / "sample")], out=str(tmp_path / "ingest"), workers=1,
+                        score_quality=False))
     record, folder = register_required(server, tmp_path, "a", 0, 1.90)
     return NAME, record, folder, tmp_path
 

@@ -132,7 +132,8 @@ def test_a_stop_before_the_sweep_opened_is_one_line(sig, tmp_path):
 def points(tmp_path_factory):
     """Two points' outputs, lr 1e-4 (eval loss 1.90) and 3e-4 (1.95): both beat the base (2.0)."""
     root = tmp_path_factory.mktemp("sweep")
-    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1))
+    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1,
+                        score_quality=False))
     runs = {}
     for tag, seed, lr, loss in (("a", 0, 1e-4, 1.90), ("b", 1, 3e-4, 1.95)):
         init_model(ModelParams(preset="tiny", seed=seed, out=str(root / tag / "export")))

@@ -146,7 +146,8 @@ def write_mfu(folder: Path, mfu: float) -> Path:
 def pipeline(tmp_path_factory):
     """Two pipeline runs' outputs: A (val and eval losses better than the base) and B (worse than A)."""
     root = tmp_path_factory.mktemp("pipeline")
-    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1))
+    ingest(IngestParams(input=[str(ROOT / "data" / "sample")], out=str(root / "ingest"), workers=1,
+                        score_quality=False))
     runs = {}
     for tag, seed, lr, val, loss in (("a", 0, 1e-4, [2.0, 1.9, 1.8], 1.90),
                                      ("b", 1, 3e-4, [2.0, 1.95, 1.93], 1.95)):
