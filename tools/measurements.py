@@ -135,7 +135,7 @@ def section(run: dict) -> list[str]:
     head = f"`{run['command']}` on {run['machine']}, {run['date']}. {run['source'].rstrip()}"
     if top:
         head += f"{'' if head.endswith('.') else '.'} Figures: {top[0]}."
-    return ["", f"## {run['benchmark']}", "", head] + [f"- `{path}`: {text}" for path, text in found if path]
+    return ["", f"## {run['benchmark']}", head] + [f"- `{path}`: {text}" for path, text in found if path]
 
 
 def markdown(results: Path = RESULTS) -> str:
