@@ -1,6 +1,6 @@
-"""The error catalogue of docs/resilience.md: each bad input below is fed as a user would, and the
-step must answer with one paragraph (a StepError, no traceback) that names the file or key, and
-lose nothing it had already done.
+"""The faults of docs/resilience.md ("Faults and what is kept"): each bad input below is fed as a user
+would, and the step must answer with one paragraph (a StepError, no traceback) that names the file or
+key, and lose nothing it had already done.
 """
 
 from __future__ import annotations

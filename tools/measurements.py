@@ -8,7 +8,8 @@ the benchmark printed (`figures`) with the machine, the date and the command tha
         --command "benchmarks/serve.py --model ..."   # the same by hand
 
 `render` (what `make generate` runs; `make generate-check` fails when the page differs from it) turns
-every results file into a table, figure by figure, so no page retypes a number a benchmark printed.
+every results file into one short section, figure by figure, so no page retypes a number a benchmark
+printed.
 """
 
 from __future__ import annotations
@@ -88,19 +89,19 @@ def shown(value) -> str:
 
 
 def rows(value, path: str = "", most: int = 8):
-    """(path, its figures in one cell) per table row: a part of the JSON with at most `most` figures, or
-    with no part below it, is one row (`key value; key value`); a larger one is a row of its own figures
-    and then a row (or more) per part, so a table stays short."""
+    """(path, its figures in one line) per part of the JSON: a part with at most `most` figures, or with
+    no part below it, is one line (`key value; key value`); a larger one is a line of its own figures
+    and then a line (or more) per part, so a section stays short. The top level's path is ""."""
     found = list(leaves(value, path))
     parts = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
     nested = [(str(k), v) for k, v in parts if isinstance(v, dict | list) and v]
     if len(found) <= most or not nested:
-        yield path or "(all)", cell(found, path)
+        yield path, cell(found, path)
         return
     inner = {f"{path}.{k}" if path else k for k, _ in nested}
     own = [(p, v) for p, v in found if not any(p == n or p.startswith(n + ".") for n in inner)]
     if own:
-        yield path or "(all)", cell(own, path)
+        yield path, cell(own, path)
     for key, item in nested:
         yield from rows(item, f"{path}.{key}" if path else key, most)
 
@@ -114,7 +115,7 @@ def headline(figures: dict) -> str:
     picked = [f"`{path}` {shown(value)}" for path, value in leaves(figures)
               if any(word in path.rsplit(".", 1)[-1] for word in ("ratio", "speedup", "speed_up"))
               and isinstance(value, int | float) and not isinstance(value, bool)]
-    return "; ".join(picked[:3]) or "–"
+    return "; ".join(picked[:3])
 
 
 def load(path: Path) -> dict:
@@ -124,6 +125,17 @@ def load(path: Path) -> dict:
         sys.exit(f"{path}: no {', '.join(sorted(missing))}: write it with "
                  "`tools/measurements.py record`")
     return data
+
+
+def section(run: dict) -> list[str]:
+    """A run's section: its command, machine, date and note, then its figures: the top level's inline,
+    each larger part as a bullet."""
+    found = list(rows(run["figures"]))
+    top = [text for path, text in found if not path]
+    head = f"`{run['command']}` on {run['machine']}, {run['date']}. {run['source'].rstrip()}"
+    if top:
+        head += f"{'' if head.endswith('.') else '.'} Figures: {top[0]}."
+    return ["", f"## {run['benchmark']}", head] + [f"- `{path}`: {text}" for path, text in found if path]
 
 
 def markdown(results: Path = RESULTS) -> str:
@@ -145,16 +157,12 @@ def markdown(results: Path = RESULTS) -> str:
         "--command benchmarks/gpu_check.sh && make generate",
         "```",
         "",
-        "| run | date | machine | ratios |",
-        "| --- | --- | --- | --- |",
+        "Runs (date; ratios and speed-ups): " + " · ".join(
+            f"[{r['benchmark']}](#{r['benchmark']}) {r['date']}"
+            + (f" ({headline(r['figures'])})" if headline(r["figures"]) else "") for r in runs) + ".",
     ]
-    lines += [f"| [{r['benchmark']}](#{r['benchmark']}) | {r['date']} | {shown(r['machine'])} | "
-              f"{headline(r['figures'])} |" for r in runs]
     for r in runs:
-        lines += ["", f"## {r['benchmark']}", "",
-                  f"`{r['command']}` on {r['machine']}, {r['date']}. {r['source']}", "",
-                  "| figures | value |", "| --- | --- |"]
-        lines += [f"| `{path}` | {text} |" for path, text in rows(r["figures"])]
+        lines += section(r)
     return "\n".join(lines) + "\n"
 
 
