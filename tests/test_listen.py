@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from mlflow import MlflowClient
-from test_ui import CHECK, CHROMIUM, chromium, needs_chromium, page_check
+from test_ui import CHECK, CHROMIUM, chromium, needs_chromium, page_check, stop_chromium
 
 from voxpipe.cli import main
 from voxpipe.evaluate.listen_answers import MIN_NONZERO, summarize
@@ -105,7 +105,8 @@ def answer_in_chromium(page: Path, downloads: Path, listener: str, choose: dict[
     with tempfile.TemporaryDirectory() as profile:
         args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"]
-        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             deadline = time.monotonic() + 90
@@ -157,8 +158,7 @@ def answer_in_chromium(page: Path, downloads: Path, listener: str, choose: dict[
             browser.close()
             ws.close()
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_chromium(proc)
     return next(downloads.glob("*.json"))
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,12 +197,36 @@ SCROLL_ALL_GRIDS = """(async () => {
 })()"""
 
 
+def stop_chromium(proc: subprocess.Popen) -> None:
+    """End Chromium (started with start_new_session=True) and every process it started, and wait for them
+    before its profile folder is removed: a helper process (the network service, the crash handler) that
+    outlives the browser still writes into the profile, and removing it failed once with `OSError: [Errno
+    39] Directory not empty: 'Default'`."""
+    def signal_all(sig: int) -> bool:
+        try:
+            os.killpg(proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    signal_all(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        signal_all(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while signal_all(0) and time.monotonic() < deadline:  # (a zombie left unreaped writes nothing)
+        if time.monotonic() > deadline - 5:
+            signal_all(signal.SIGKILL)
+        time.sleep(0.1)
+
+
 def scrolled_text(url: str, ready: str, timeout: float = 90) -> str:
     """The text of a page that shows long tables in virtual grids (the MLflow UI: only the rows in view are
     in the DOM), read while every grid is scrolled through: Chromium driven over its DevTools protocol
     (websocket-client, which the kubernetes client brings). `ready`: a text the page shows once loaded."""
     import tempfile
-    import time
     import urllib.request
 
     import websocket
@@ -208,7 +235,8 @@ def scrolled_text(url: str, ready: str, timeout: float = 90) -> str:
         args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,1000", "--remote-debugging-port=0", f"--user-data-dir={profile}",
                 "about:blank"]
-        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([CHROMIUM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             deadline = time.monotonic() + timeout
@@ -243,5 +271,4 @@ def scrolled_text(url: str, ready: str, timeout: float = 90) -> str:
             ws.close()
             return text
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_chromium(proc)
