@@ -287,3 +287,41 @@ def test_corrections_saved_through_the_page_change_the_text_on_the_next_ingest(i
         assert press(call, fixed["id"], "keep") == "fix"  # keep on a row fixed before keeps its fix
         again = save(call, downloads, deadline)
     assert again == [*lines, decision(rows[2], "drop")]
+
+
+# -- DVC keeps it: the corrections file is a dep of the ingest stage ---------------------------------------
+@pytest.mark.slow
+def test_a_changed_corrections_file_reruns_ingest_under_dvc_and_only_then_changes_the_text(tmp_path):
+    """`dvc repro ingest` in a scratch git repo (test_dvc's helpers): with the empty corrections file
+    nothing reruns; a saved correction changes nothing until the next `dvc repro`, which reruns ingest and
+    applies it, and dvc.lock records the file's hash."""
+    import shutil
+
+    import yaml
+    from test_dvc import ROOT, commit, dvc, ran, run, write_params
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    shutil.copytree(ROOT / "voxpipe", repo / "voxpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    write_small_sample(repo / "data" / "sample", per_speaker=2)
+    (repo / "data" / "corrections.jsonl").write_text("")
+    write_params(repo, ingest={"workers": 1, "score_quality": False})
+    run(repo, "git", "init", "-q")
+    dvc(repo, "init", "-q")
+    assert ran(dvc(repo, "repro", "ingest")) == ["ingest"]
+    commit(repo, "ingested, nothing proofread")
+    assert ran(dvc(repo, "repro", "ingest")) == []
+
+    raw = repo / "work" / "ingest" / "raw.jsonl"
+    before = raw.read_bytes()
+    rows = [json.loads(line) for line in before.decode().splitlines()]
+    write_lines(repo / "data" / "corrections.jsonl", [decision(rows[0], "fix", "Corrected for $3.")])
+    assert raw.read_bytes() == before  # saved, not yet applied
+    assert ran(dvc(repo, "repro", "ingest")) == ["ingest"]
+    after = [json.loads(line) for line in raw.read_text().splitlines()]
+    assert after[0]["text"] == "Corrected for three dollars." and after[1:] == rows[1:]
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["ingest"]
+    assert any(d["path"] == "data/corrections.jsonl" and d["md5"] for d in lock["deps"])
+    assert ran(dvc(repo, "repro", "ingest")) == []
