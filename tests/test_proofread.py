@@ -133,6 +133,17 @@ def test_a_malformed_corrections_file_is_one_paragraph_before_anything_is_ingest
     assert not (out / "raw.jsonl").exists()
 
 
+def test_a_folder_or_a_file_that_is_not_text_is_refused_too(tmp_path):
+    (tmp_path / "folder").mkdir()
+    binary = tmp_path / "c.jsonl"
+    binary.write_bytes(b'{"id": "a", "sha256": "b", "action": "keep"}\n\xff\xfe\n')
+    for path, says in ((tmp_path / "folder", "cannot be read (Is a directory)"),
+                       (binary, "line 2: not UTF-8")):
+        with pytest.raises(StepError) as e:
+            ingest(params(tmp_path / "never-read", tmp_path / "out", path))
+        assert str(e.value).startswith(f"the corrections file {path}") and says in str(e.value)
+
+
 def test_the_cli_says_it_in_one_paragraph(ingested, tmp_path):
     src, _ = ingested
     corrections = write_lines(tmp_path / "c.jsonl", ["", "{oops"])

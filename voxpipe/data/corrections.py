@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +90,16 @@ def _parse(path: Path, number: int, line: str) -> Correction:
 def read_corrections(path: Path) -> list[Correction]:
     """Every decision in the file, in order; none for a missing file (nothing proofread yet). A malformed
     line, or a row decided twice, stops the run before anything is ingested."""
-    if not path.is_file():
+    if not path.exists():
         return []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise _malformed(path, path.read_bytes()[:e.start].count(b"\n") + 1, "not UTF-8 text") from None
+    except OSError as e:
+        raise StepError(f"the corrections file {path} cannot be read ({e.strerror or e}): set "
+                        "ingest.corrections to the corrections.jsonl the proofreading page saved (a file), "
+                        "or make it readable; nothing was ingested yet") from None
     found: list[Correction] = []
     first: dict[str, int] = {}
     for number, line in enumerate(lines, 1):
@@ -113,19 +117,60 @@ def read_corrections(path: Path) -> list[Correction]:
 Respell = Callable[[str, dict[str, Any]], tuple[str, str]]  # (new text, row) -> (text to train on, language)
 
 
-@dataclass
 class Review:
-    """What the corrections did: report.json's `corrections` and the data report's."""
+    """Applies the corrections to raw.jsonl's rows one at a time (streamed: a data set of any size), and says
+    what they did: report.json's `corrections` and the data report's. A correction whose row never comes,
+    or whose hash is not of its row's ingested text, is listed, not applied."""
 
-    file: str
-    lines: int = 0
-    applied: Counter = field(default_factory=Counter)  # action -> rows
-    not_applied: list[dict[str, Any]] = field(default_factory=list)  # {line, id, action, why}
-    decisions: list[dict[str, Any]] = field(default_factory=list)  # the applied lines, for the page
+    def __init__(self, corrections: list[Correction], file: str, respell: Respell, max_chars: int) -> None:
+        self.file, self.lines = file, len(corrections)
+        self.pending = {c.id: c for c in corrections}
+        self.respell, self.max_chars = respell, max_chars
+        self.applied: Counter = Counter()  # action -> rows
+        self.not_applied: list[dict[str, Any]] = []  # {line, id, action, why}
+        self.decisions: list[tuple[int, dict[str, Any]]] = []  # (line, its JSON): where the page starts
+
+    def _skip(self, c: Correction, why: str) -> None:
+        self.not_applied.append({"line": c.line, "id": c.id, "action": c.action, "why": why})
+
+    def apply(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply the row's correction, if any, in place; a dropped row's quarantine.jsonl line, else None."""
+        c = self.pending.pop(row["id"], None)
+        if c is None:
+            return None
+        before = ingested_text(row)
+        if text_sha256(before) != c.sha256:
+            self._skip(c, "the row's text is not the one proofread (its sha256 differs): proofread it again")
+            return None
+        if c.action == "fix" and len(c.text or "") > self.max_chars:
+            self._skip(c, f"the new text is longer than ingest.max_text_chars={self.max_chars}")
+            return None
+        if c.action == "fix":
+            row["text"], row["language"] = self.respell(c.text or "", row)
+            row["text_raw"] = c.text
+        if "needs_review" in row and c.action != "drop":
+            row["needs_review"] = False  # a person has listened
+        row["review"] = {"action": c.action, "line": c.line,
+                         **({"text_before": before} if c.action == "fix" else {})}
+        self.applied[c.action] += 1
+        self.decisions.append((c.line, c.line_json()))
+        if c.action != "drop":
+            return None
+        return {"source": row.get("source"), "reason": REASON, "id": row["id"],
+                "detail": f"dropped in proofreading (line {c.line} of {self.file[:80]})"}
+
+    def finish(self) -> Review:
+        """After the last row: the corrections whose row never came are listed too."""
+        for c in self.pending.values():
+            self._skip(c, "no row has this id (its audio or text changed, or it is quarantined)")
+        self.pending = {}
+        self.not_applied.sort(key=lambda n: n["line"])
+        self.decisions.sort(key=lambda d: d[0])
+        return self
 
     def report(self) -> dict[str, Any]:
         return {"file": self.file, "lines": self.lines, "applied": {a: self.applied[a] for a in ACTIONS},
-                "not_applied": self.not_applied, "decisions": self.decisions}
+                "not_applied": self.not_applied, "decisions": [d for _, d in self.decisions]}
 
     def summary(self) -> str:
         """`; corrections: fix 2, drop 1, 1 not applied (report.json)` or "" with none."""
@@ -134,43 +179,3 @@ class Review:
         done = ", ".join(f"{a} {self.applied[a]}" for a in ACTIONS if self.applied[a]) or "none applied"
         skipped = f", {len(self.not_applied)} not applied (report.json)" if self.not_applied else ""
         return f"; corrections: {done}{skipped}"
-
-
-def apply_corrections(rows: list[dict[str, Any]], corrections: list[Correction], file: str, respell: Respell,
-                      max_chars: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Review]:
-    """(the rows kept, with fixes applied; quarantine.jsonl lines of the rows dropped; what was done). A
-    correction whose row is not in `rows` or whose hash is not of the row's ingested text is listed in the
-    Review, not applied."""
-    review = Review(file=file, lines=len(corrections))
-    by_id = {row["id"]: i for i, row in enumerate(rows)}
-    dropped: set[int] = set()
-    for c in corrections:
-        at = by_id.get(c.id)
-        if at is None:
-            why = "no row has this id (its audio or text changed, or it is quarantined)"
-        elif text_sha256(ingested_text(rows[at])) != c.sha256:
-            why = "the row's text is not the one proofread (its sha256 differs): proofread it again"
-        elif c.action == "fix" and len(c.text or "") > max_chars:
-            why = f"the new text is longer than ingest.max_text_chars={max_chars}"
-        else:
-            why = ""
-        if why:
-            review.not_applied.append({"line": c.line, "id": c.id, "action": c.action, "why": why})
-            continue
-        row = rows[at]
-        before = ingested_text(row)
-        if c.action == "drop":
-            dropped.add(at)
-        elif c.action == "fix":
-            row["text"], row["language"] = respell(c.text or "", row)
-            row["text_raw"] = c.text
-        if "needs_review" in row and c.action != "drop":
-            row["needs_review"] = False  # a person has listened
-        row["review"] = {"action": c.action, "line": c.line,
-                         **({"text_before": before} if c.action == "fix" else {})}
-        review.applied[c.action] += 1
-        review.decisions.append(c.line_json())
-    quarantined = [{"source": rows[i].get("source"), "reason": REASON, "id": rows[i]["id"],
-                    "detail": f"dropped in proofreading (line {rows[i]['review']['line']} of {file[:80]})"}
-                   for i in sorted(dropped)]
-    return [row for i, row in enumerate(rows) if i not in dropped], quarantined, review

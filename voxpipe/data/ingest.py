@@ -32,7 +32,7 @@ from voxpipe.data.consent import FILE as CONSENT_FILE
 from voxpipe.data.consent import load_records, records_file, today
 from voxpipe.data.consent_voice import mismatched
 from voxpipe.data.corrections import REASON as REVIEW_REASON
-from voxpipe.data.corrections import Correction, Review, apply_corrections, read_corrections
+from voxpipe.data.corrections import Correction, Review, read_corrections
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -385,31 +385,36 @@ def drop_mismatched_voices(out: Path, result: IngestResult, recordings: dict[str
 
 
 def apply_review(out: Path, result: IngestResult, p: IngestParams, corrections: list[Correction]) -> None:
-    """Apply the proofreading corrections to raw.jsonl: a fix's text is read as typed text is (normalized in
-    the row's locale), a dropped row moves to quarantine.jsonl; then count the kept rows again."""
-    raw = [json.loads(line) for line in (out / "raw.jsonl").read_text(encoding="utf-8").splitlines()]
-
+    """Apply the proofreading corrections to raw.jsonl, streamed: a fix's text is read as typed text is
+    (normalized in the row's locale), a dropped row moves to quarantine.jsonl; the kept rows are counted
+    again."""
     def respell(text: str, row: dict[str, Any]) -> tuple[str, str]:
         text = normalize_text(text)
         if p.normalize_text:
             return spoken_form(text, p.language, row.get("locale") or DEFAULT_LOCALE)
         return text, p.language or detect_language(text)
 
-    kept, dropped, result.review = apply_corrections(raw, corrections, p.corrections, respell,
-                                                     p.max_text_chars)
-    if not result.review.applied:
+    review = Review(corrections, p.corrections, respell, p.max_text_chars)
+    result.review = review
+    if not corrections:
         return
-    with open(out / "quarantine.jsonl", "a", encoding="utf-8") as quarantine:
-        quarantine.writelines(json_line(line) for line in dropped)
-    tmp = out / ".raw.jsonl.tmp"
-    tmp.write_text("".join(json_line(row) for row in kept), encoding="utf-8")
-    os.replace(tmp, out / "raw.jsonl")
-    result.rows_quarantined += len(dropped)
-    result.reasons[REVIEW_REASON] += len(dropped)
     result.rows_kept, result.seconds_kept, result.text_changes = 0, 0.0, []
     result.speakers, result.languages, result.conditioning = Counter(), Counter(), Counter()
-    for row in kept:
-        result.count_kept(row)
+    tmp = out / ".raw.jsonl.tmp"
+    with (open(out / "raw.jsonl", encoding="utf-8") as raw, open(tmp, "w", encoding="utf-8") as kept,
+          open(out / "quarantine.jsonl", "a", encoding="utf-8") as quarantine):
+        for line in raw:
+            row = json.loads(line)
+            dropped = review.apply(row)
+            if dropped is None:
+                kept.write(json_line(row))
+                result.count_kept(row)
+            else:
+                quarantine.write(json_line(dropped))
+                result.rows_quarantined += 1
+                result.reasons[REVIEW_REASON] += 1
+    os.replace(tmp, out / "raw.jsonl")
+    review.finish()
 
 
 def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks:
