@@ -263,6 +263,11 @@ def test_corrections_saved_through_the_page_change_the_text_on_the_next_ingest(i
         open_page(call, page, deadline)
         totals = run(call, "document.getElementById('totals').textContent")
         assert totals == f"{len(rows)} rows, 1 need review (first)."
+        played = run(call, f"new Promise(done => {{ const a = document.querySelector("
+                           f"'section[data-id=\"{flagged['id']}\"] audio'); a.preload = 'auto'; "
+                           "a.onloadedmetadata = () => done(String(a.duration)); "
+                           "a.onerror = () => done('error'); a.load(); })")
+        assert abs(float(played) - flagged["duration"]) < 0.05, played  # the clip, linked beside the page
         run(call, "document.getElementById('only-review').click()")
         assert run(call, "String(document.querySelectorAll('section.row:not([hidden])').length)") == "1"
         run(call, "document.getElementById('only-review').click()")

@@ -61,11 +61,11 @@ def _row(row: dict[str, Any], why: str) -> str:
         f"<h3>{e(row['id'])} <small>{facts}</small> <span class='decision'>{e(decided)}</span></h3>"
         + (f"<p class='why'>needs review: {e(why)}</p>" if why else "")
         + (f"<p class='asr'>{e(asr)}</p>" if asr else "")
-        + f"<audio controls preload='none' src='{e(row['audio'])}'></audio>"
-        f"<textarea class='text' rows='2'>{e(_transcript(row))}</textarea>"
+        + f"<textarea class='text' rows='2'>{e(_transcript(row))}</textarea>"
         f"<p class='trains'>trains on: {e(row['text'])}</p>"
-        "<p><button type='button' class='keep'>keep</button> <button type='button' class='fix'>fix</button> "
-        "<button type='button' class='drop'>drop</button></p></section>"
+        f"<div class='controls'><audio controls preload='none' src='{e(row['audio'])}'></audio>"
+        "<button type='button' class='keep'>keep</button><button type='button' class='fix'>fix</button>"
+        "<button type='button' class='drop'>drop</button></div></section>"
     )
 
 
@@ -159,10 +159,15 @@ def proofread_page(raw: Path, unsure: dict[str, list[str]], decisions: list[dict
     embedded = json.dumps(decisions, ensure_ascii=False).replace("</", "<\\/")
     return "\n".join([
         "<!doctype html><html><head><meta charset='utf-8'><title>Proofreading</title><style>"
-        "body{font-family:sans-serif;margin:1.5em;max-width:60em}section{border-top:1px solid #ccc;"
-        "padding:.4em 0}textarea{width:100%;font-size:14px}.why{color:#a33}.asr,.trains{color:#555;"
-        "font-size:13px}section[data-decision=drop] textarea{text-decoration:line-through}"
-        ".decision{color:#247;font-weight:normal}</style></head>",
+        "body{font-family:sans-serif;margin:0 1.5em 1.5em;max-width:60em}section{border-top:1px solid #ccc;"
+        "padding:.3em .5em}section p,h3{margin:.3em 0}h1{margin:.6em 0 .3em}"
+        "textarea{width:100%;font-size:14px;box-sizing:border-box}"
+        ".why{color:#a33}.asr,.trains{color:#555;font-size:13px}.controls{display:flex;gap:.5em;"
+        "align-items:center}.controls audio{height:32px}#bar{position:sticky;top:0;background:#fff;"
+        "padding:.5em 0;margin:0;border-bottom:1px solid #888}.decision{color:#247;font-weight:normal}"
+        "section[data-decision=keep]{background:#f2faf2}section[data-decision=fix]{background:#f2f5fc}"
+        "section[data-decision=drop]{background:#f6f0f0;color:#777}"
+        "section[data-decision=drop] textarea{text-decoration:line-through}</style></head>",
         f"<body data-corrections='{e(corrections)}'>",
         f"<h1>Proofreading</h1><p id='totals'>{total} rows, {flagged} need review (first).</p>",
         "<p>Listen, then press <b>keep</b> (the text is right), edit the text and press <b>fix</b>, or "
@@ -170,7 +175,7 @@ def proofread_page(raw: Path, unsure: dict[str, list[str]], decisions: list[dict
         f"as corrections.jsonl: put it at <code>{e(corrections)}</code> (ingest.corrections) and run "
         "<code>dvc repro</code>; ingest applies it. The page starts from the decisions already applied; "
         "<b>Load</b> adds those of a file saved before.</p>",
-        "<p><label><input type='checkbox' id='only-review'> only the rows that need review</label> "
+        "<p id='bar'><label><input type='checkbox' id='only-review'> only the rows that need review</label> "
         "<button id='save' type='button'>Save corrections</button> "
         "<label>Load <input type='file' id='load' accept='.jsonl,.json,.txt'></label> "
         "<span id='status'></span></p>",
