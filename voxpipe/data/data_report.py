@@ -5,7 +5,8 @@ It answers what people ask after a bad fine-tune: how much of each speaker there
 clips are, how loud and how clean they were, how much silence was cut, what was thrown out and why,
 which rows are the worst and the best, and every transcript text normalization changed (before and
 after: a wrong reading of a date or a price is found by reading the list, report.json's
-`text_changes`). The page embeds its figure, so it is one self-contained
+`text_changes`), and what the proofreading corrections did, next to the proofreading page it writes
+beside it (proofread_page.py). The page embeds its figure, so it is one self-contained
 file for KFP's HTML viewer and for MLflow; the PNG beside it is the same figure. Built from
 raw.jsonl, quarantine.jsonl and report.json, streamed: a row costs a few floats, whatever the clip.
 """
