@@ -217,6 +217,7 @@ def repo(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, repo / name)
     shutil.copytree(ROOT / "voxpipe", repo / "voxpipe", ignore=shutil.ignore_patterns("__pycache__"))
     write_small_sample(repo / "data" / "sample", per_speaker=6)
+    (repo / "data" / "corrections.jsonl").write_text("")  # ingest's dep: nothing proofread
     write_params(repo)
     run(repo, "git", "init", "-q")
     dvc(repo, "init", "-q")

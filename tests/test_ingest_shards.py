@@ -75,8 +75,8 @@ def test_sharded_run_is_byte_identical_to_a_single_run(dataset, single, tmp_path
     raw, bad, report = read_outputs(out)  # rows_in == rows_kept + rows_quarantined
     assert report["rows_in"] == 25 and report["reasons"]["duplicate"] == 2
     assert sorted(p.name for p in out.iterdir()) == ["audio", "data-report.html", "data-report.png",
-                                                     "quarantine.jsonl", "raw.jsonl", "report.json",
-                                                     "run.json"]  # the shard folders are gone
+                                                     "proofread.html", "quarantine.jsonl", "raw.jsonl",
+                                                     "report.json", "run.json"]  # the shard folders are gone
     assert all((out / r["audio"]).is_file() for r in raw)
     run = json.loads((out / "run.json").read_text())
     assert sum(s["rows_in"] for s in run["shards"]) == 25 and len(run["shards"]) == shards

@@ -421,6 +421,8 @@ def test_the_gpu_block_from_a_wav_folder_to_a_registered_model(tmp_path):
         shutil.copy(ROOT / name, repo / name)
     for folder in ("voxpipe", "recipes"):
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "data").mkdir()
+    shutil.copy(ROOT / "data" / "corrections.jsonl", repo / "data")  # ingest's dep: nothing proofread
     recipe_input = json.loads(run(repo, str(BIN / "python"), "-c", (
         "import json; from voxpipe.params import load_params; "
         f"print(json.dumps(load_params(recipe={recipe!r}).ingest.input))")).strip().splitlines()[-1])

@@ -5,7 +5,8 @@ It answers what people ask after a bad fine-tune: how much of each speaker there
 clips are, how loud and how clean they were, how much silence was cut, what was thrown out and why,
 which rows are the worst and the best, and every transcript text normalization changed (before and
 after: a wrong reading of a date or a price is found by reading the list, report.json's
-`text_changes`). The page embeds its figure, so it is one self-contained
+`text_changes`), and what the proofreading corrections did, next to the proofreading page it writes
+beside it (proofread_page.py). The page embeds its figure, so it is one self-contained
 file for KFP's HTML viewer and for MLflow; the PNG beside it is the same figure. Built from
 raw.jsonl, quarantine.jsonl and report.json, streamed: a row costs a few floats, whatever the clip.
 """
@@ -23,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from voxpipe.data.corrections import ACTIONS
+from voxpipe.data.proofread_page import PAGE as PROOFREAD_PAGE
+from voxpipe.data.proofread_page import write_proofread_page
 from voxpipe.files import atomic_write, atomic_write_text
 
 PAGE = "data-report.html"
@@ -163,7 +167,25 @@ def _text_changes(changes: list[dict[str, Any]]) -> str:
     return title + _table(["id", "before", "after (what the model trains on)", "unsure"], rows)
 
 
-def _page(report: dict[str, Any], figures: _Figures, png: bytes) -> str:
+def _proofreading(report: dict[str, Any], to_review: int) -> str:
+    """How many rows the proofreading page asks a person about, and what the last corrections did: each
+    line not applied is listed with why (its row is gone, or its text is no longer the one proofread)."""
+    review = report.get("corrections")
+    title = '<h2 id="proofreading">Proofreading</h2>'
+    page = (f'<p><a href="{PROOFREAD_PAGE}">{PROOFREAD_PAGE}</a> (beside this page): {to_review} rows need '
+            "review.</p>")
+    if not review or not review.get("lines"):
+        return title + page + "<p>no corrections applied</p>"
+    applied = ", ".join(f"{a} {review['applied'].get(a, 0)}" for a in ACTIONS)
+    skipped = review.get("not_applied") or []
+    done = (f'<p id="corrections">{review["lines"]} corrections in {html.escape(review["file"])}: applied '
+            f"{applied}; {len(skipped)} not applied.</p>")
+    table = _table(["line", "id", "action", "why not applied"],
+                   [[c["line"], c["id"], c["action"], c["why"]] for c in skipped]) if skipped else ""
+    return title + page + done + table
+
+
+def _page(report: dict[str, Any], figures: _Figures, png: bytes, to_review: int) -> str:
     c = report.get("conditioning", {})
     speakers = [[s, n, f"{sec / 3600:.3f}", f"{sec / max(n, 1):.2f}"]
                 for s, (n, sec) in sorted(figures.speakers.items())]
@@ -189,16 +211,19 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}} th
 <h2>Quarantine reasons</h2>{_table(["reason", "rows"], reasons) if reasons else NOTHING_QUARANTINED}
 <h2 id="worst">The {EXAMPLES} lowest by {key}</h2>{_examples(figures.low)}
 <h2 id="best">The {EXAMPLES} highest by {key}</h2>{_examples(figures.high)}
+{_proofreading(report, to_review)}
 {_text_changes(report.get("text_changes", []))}
 </body></html>
 """
 
 
 def write_data_report(out: Path) -> Path:
-    """out/data-report.html and out/data-report.png from the ingest outputs already in `out`."""
+    """out/data-report.html, out/data-report.png and the proofreading page out/proofread.html from the
+    ingest outputs already in `out`."""
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     figures = _gather(out)
     png = _plot(figures, report.get("reasons", {}))
+    to_review = write_proofread_page(out, report)
     atomic_write(out / FIGURE, lambda tmp: Path(tmp).write_bytes(png), ".tmp")
-    atomic_write_text(out / PAGE, _page(report, figures, png))
+    atomic_write_text(out / PAGE, _page(report, figures, png, to_review))
     return out / PAGE

@@ -31,6 +31,8 @@ from voxpipe.cores import usable_cores
 from voxpipe.data.consent import FILE as CONSENT_FILE
 from voxpipe.data.consent import load_records, records_file, today
 from voxpipe.data.consent_voice import mismatched
+from voxpipe.data.corrections import REASON as REVIEW_REASON
+from voxpipe.data.corrections import Correction, Review, read_corrections
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest_row import (
     FLAGS,
@@ -42,9 +44,10 @@ from voxpipe.data.ingest_row import (
     normalize_text,
     process_batch,
 )
+from voxpipe.data.language import detect_language
 from voxpipe.data.parquet_source import Columns
 from voxpipe.data.sources import SourceFile, iter_rows, open_sources
-from voxpipe.data.text_norm import unsure_readings
+from voxpipe.data.text_norm import spoken_form, unsure_readings
 from voxpipe.errors import StepError
 from voxpipe.progress import bar
 from voxpipe.report import write_report
@@ -111,6 +114,7 @@ class IngestResult:
     # unsure: why it is worth proofreading (text_norm.unsure_readings)}
     # (report.json and the data report list them all, so a wrong reading is found by reading, not luck)
     text_changes: list[dict[str, str]] = field(default_factory=list)
+    review: Review | None = None  # what the proofreading corrections did (corrections.py)
 
     def count_kept(self, row: dict[str, Any]) -> None:
         """Account for one kept raw.jsonl row: the single run and the merge count the same lines."""
@@ -158,6 +162,7 @@ class IngestResult:
             "text_changes": self.text_changes,
             "inputs": inputs,
             "notices": self.notices,
+            **({"corrections": self.review.report()} if self.review else {}),
             **extra,
         }
         if error:
@@ -180,6 +185,7 @@ class IngestResult:
 
     def summary(self) -> str:
         bad = ", ".join(f"{r} {n}" for r, n in sorted(self.reasons.items()) if n) or "none"
+        review = self.review.summary() if self.review else ""
         shards = f" in {self.shards} shards" if self.shards > 1 else ""
         n = len(self.notices)
         notices = f"; {n} notice{'s' if n > 1 else ''} (report.json)" if n else ""
@@ -188,7 +194,7 @@ class IngestResult:
             f"{len(self.speakers)} speakers{self._speaker_names()}), {self.rows_quarantined} quarantined "
             f"({bad}) "
             f"in {self.wall_seconds:.1f} s with {self.workers} workers{shards} → {self.out / 'raw.jsonl'}"
-            f"{notices}"
+            f"{review}{notices}"
         )
 
 
@@ -378,6 +384,39 @@ def drop_mismatched_voices(out: Path, result: IngestResult, recordings: dict[str
         result.count_kept(row)
 
 
+def apply_review(out: Path, result: IngestResult, p: IngestParams, corrections: list[Correction]) -> None:
+    """Apply the proofreading corrections to raw.jsonl, streamed: a fix's text is read as typed text is
+    (normalized in the row's locale), a dropped row moves to quarantine.jsonl; the kept rows are counted
+    again."""
+    def respell(text: str, row: dict[str, Any]) -> tuple[str, str]:
+        text = normalize_text(text)
+        if p.normalize_text:
+            return spoken_form(text, p.language, row.get("locale") or DEFAULT_LOCALE)
+        return text, p.language or detect_language(text)
+
+    review = Review(corrections, p.corrections, respell, p.max_text_chars)
+    result.review = review
+    if not corrections:
+        return
+    result.rows_kept, result.seconds_kept, result.text_changes = 0, 0.0, []
+    result.speakers, result.languages, result.conditioning = Counter(), Counter(), Counter()
+    tmp = out / ".raw.jsonl.tmp"
+    with (open(out / "raw.jsonl", encoding="utf-8") as raw, open(tmp, "w", encoding="utf-8") as kept,
+          open(out / "quarantine.jsonl", "a", encoding="utf-8") as quarantine):
+        for line in raw:
+            row = json.loads(line)
+            dropped = review.apply(row)
+            if dropped is None:
+                kept.write(json_line(row))
+                result.count_kept(row)
+            else:
+                quarantine.write(json_line(dropped))
+                result.rows_quarantined += 1
+                result.reasons[REVIEW_REASON] += 1
+    os.replace(tmp, out / "raw.jsonl")
+    review.finish()
+
+
 def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks:
     pairs = consent["checks"]
     return RowChecks(
@@ -395,10 +434,11 @@ def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks
 
 def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
                   notices: list[str], whole_run: bool = True, consent: dict[str, Any] | None = None,
-                  **extra: Any) -> IngestResult:
+                  corrections: list[Correction] | None = None, **extra: Any) -> IngestResult:
     """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
     (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
-    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now)."""
+    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now).
+    `corrections`: the proofreading decisions a whole run applies (None: none)."""
     consent = consent_of(p) if consent is None else consent
     (out / "audio").mkdir(parents=True, exist_ok=True)
     checks = row_checks(p, out, consent)
@@ -441,6 +481,11 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
             error = write_failed(e, out, result)
         except StepError as e:
             error = e
+    if whole_run and error is None and corrections is not None:
+        try:
+            apply_review(out, result, p, corrections)
+        except OSError as e:
+            error = write_failed(e, out, result)
     if whole_run and error is None and result.rows_in == 0:
         names = ", ".join(s.path.as_posix() for s in sources.values())
         error = StepError(f"the input files hold no rows: {names}")
@@ -462,6 +507,7 @@ def ingest_one_pass(p: IngestParams) -> IngestResult:
     """Ingest every input in one pass (the `ingest` step without shards, voxpipe/data/ingest_step.py);
     raises StepError on run-level problems (after writing the reports)."""
     notices: list[str] = []
+    corrections = read_corrections(Path(p.corrections))  # a malformed file stops the run before decoding
     sources = open_sources(p.input, columns_of(p), notices)
     ranges = [(i, 0, src.num_rows) for i, src in enumerate(sources)]
-    return ingest_ranges(p, dict(enumerate(sources)), ranges, Path(p.out), notices)
+    return ingest_ranges(p, dict(enumerate(sources)), ranges, Path(p.out), notices, corrections=corrections)

@@ -51,6 +51,7 @@ REASONS = (
     "low_quality",
     "duplicate",
     "consent_voice_mismatch",  # judged after the pass, over each speaker's kept clips (consent_voice.py)
+    "dropped_in_review",  # dropped on the proofreading page (ingest.corrections, corrections.py)
 )
 FLAGS = ("long_pause", "peak_limited")  # kept rows, marked for a look: raw.jsonl `flags`
 

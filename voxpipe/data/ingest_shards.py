@@ -22,6 +22,7 @@ a replaced FLAC stops the merge, naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import heapq
@@ -37,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from voxpipe.data.corrections import Correction, read_corrections
 from voxpipe.data.data_report import write_data_report
 from voxpipe.data.ingest import (
     IngestResult,
+    apply_review,
     columns_of,
     consent_of,
     drop_mismatched_voices,
@@ -123,9 +126,18 @@ def plan_shards(sources: list[SourceFile], shards: int) -> list[dict[str, Any]]:
     return [{k: v for k, v in s.items() if k != "k"} for s in plan]
 
 
+def _corrections_of(p: IngestParams) -> dict[str, Any]:
+    """The proofreading decisions and the settings a fix is read with, read once: the plan carries them to
+    the merge, which applies them over every shard's rows and may not see the file."""
+    lines = [dataclasses.asdict(c) for c in read_corrections(Path(p.corrections))]
+    return {"file": p.corrections, "lines": lines,
+            "settings": {k: getattr(p, k) for k in ("normalize_text", "language", "max_text_chars")}}
+
+
 def plan(p: IngestParams) -> PlanResult:
     """`voxpipe ingest-plan`: out/plan.json splitting the inputs into `p.shards` shards."""
     notices: list[str] = []
+    corrections = _corrections_of(p)  # a malformed file stops the run before anything is planned
     sources = open_sources(p.input, columns_of(p), notices)
     shards = plan_shards(sources, p.shards)
     if not shards:
@@ -137,6 +149,7 @@ def plan(p: IngestParams) -> PlanResult:
                     **_fingerprint(s)} for s in sources],
         "notices": notices,
         "consent": consent_of(p),
+        "corrections": corrections,
         "shards": shards,
     }, indent=1) + "\n")
     return PlanResult(out / PLAN, len(shards), sum(s.num_rows for s in sources))
@@ -402,6 +415,9 @@ def _merge(p: IngestParams, start: float) -> IngestResult:
         )
     if recordings := (data.get("consent") or {}).get("recordings"):  # needs every shard's clips of a voice
         drop_mismatched_voices(out, result, recordings, p.consent_voice_threshold)
+    if review := data.get("corrections"):
+        settings = {"corrections": review["file"], **review["settings"]}
+        apply_review(out, result, p.model_copy(update=settings), [Correction(**c) for c in review["lines"]])
     result.wall_seconds = time.perf_counter() - start
     error = too_many_bad(result, p.max_bad_fraction, out)
     inputs = [{"file": e["file"], "rows": e["rows"]} for e in data["inputs"]]

@@ -129,6 +129,13 @@ class IngestParams(Section):
         "the speaker's rows are quarantined (consent_voice_mismatch). 0.72: midway between same voice "
         "(>= 0.816) and other voice (<= 0.618) on the shipped sample"
     )
+    corrections: str = Field(
+        "data/corrections.jsonl", description="the proofreading page's corrections (JSON lines: row id, the "
+        "old text's sha256, keep / fix with the new text / drop), applied on the next run: a fix is "
+        "normalized as typed text, a drop quarantined (dropped_in_review), a line whose row or old text no "
+        "longer matches reported, not applied. A missing file: nothing proofread. A DVC dep of ingest",
+        json_schema_extra={"result": False},
+    )
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
@@ -179,13 +186,14 @@ STEPS = (
          "quarantined", target="voxpipe.data.ingest_step:ingest", section="ingest", reads=("ingest",),
          hide=SHARD_KEYS,
          stage=Stage(
-             deps=("${ingest.input[0]}",),
+             deps=("${ingest.input[0]}", "${ingest.corrections}"),
              outs=(Out("${ingest.out}", persist=True, note="a rerun reuses the audio already written"),),
-             notes=(("${ingest.input[0]}", "more than one ingest.input: list the others here too"),))),
+             notes=(("${ingest.input[0]}", "more than one ingest.input: list the others here too"),
+                    ("${ingest.corrections}", "the proofreading page's decisions (an empty file: none)")))),
     Step("ingest-plan", "sharded ingest, 1/3: split the inputs into shards of equal audio volume: "
          "out/plan.json", target="voxpipe.data.ingest_shards:plan", section="ingest",
          reads=("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
-                "ingest.speaker_column", "ingest.consent", "ingest.consent_reason")),
+                "ingest.speaker_column", "ingest.consent", "ingest.consent_reason", "ingest.corrections")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
          target="voxpipe.data.ingest_shards:ingest_shard", section="ingest",
          reads=("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
