@@ -18,8 +18,8 @@ import zhconv
 from small_sample import speech_16k
 from zhon.hanzi import punctuation
 
+from voxpipe.data.asr import ParaformerZh, Recognisers
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import ParaformerZh, Recognisers
 from voxpipe.evaluate.metrics import intelligibility
 from voxpipe.evaluate.scoring import mean_rate, scoring_text, text_units, utterance_rate
 from voxpipe.evaluate.speaker import WavLMEncoder, cosine
@@ -257,8 +257,8 @@ def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
 
     from pocketsphinx import Decoder
 
-    from voxpipe.evaluate.asr import PocketSphinx
-    from voxpipe.evaluate.pocketsphinx_worker import MAX_HMM_PER_FRAME
+    from voxpipe.data.asr import PocketSphinx
+    from voxpipe.data.pocketsphinx_worker import MAX_HMM_PER_FRAME
 
     wav = speech_16k(1)[0]
     decoder = Decoder(samprate=16000, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
@@ -278,7 +278,7 @@ def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
 
 
 def test_a_dead_pocketsphinx_process_is_one_paragraph_naming_the_way_out():
-    from voxpipe.evaluate.asr import PocketSphinx
+    from voxpipe.data.asr import PocketSphinx
 
     recogniser = PocketSphinx()
     recogniser._child.kill()

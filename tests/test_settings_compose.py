@@ -26,7 +26,7 @@ class ProbeLauncher(Section):
     probe_every: int = Field(3, ge=1, description="probe launcher only: how often")
 
 Backend = backends.Backend
-backends.ASR["probe"] = Backend("probe", "voxpipe.evaluate.asr:Whisper", ProbeAsr, about="probe_model")
+backends.ASR["probe"] = Backend("probe", "voxpipe.data.asr:Whisper", ProbeAsr, about="probe_model")
 launchers.LAUNCHERS["probe"] = Backend("probe", "voxpipe.launch.volcano:VolcanoLauncher", ProbeLauncher)
 
 from voxpipe.cli import main

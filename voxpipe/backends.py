@@ -11,10 +11,10 @@ The factory is named, not imported: this module sits in the bottom layer (params
 evaluate.asr / evaluate.speaker against these names), below the evaluate modules that hold the
 backends, so it imports one only when evaluate loads it (`Backend.load`).
 
-Adding a backend: its class in its kind's module (voxpipe/evaluate/asr.py, speaker.py, quality.py;
-the wavlm-ecapa speaker encoder has a module of its own, ecapa.py); its entry here, with its settings
-model (a `Section` of its own evaluate.* fields) if it takes any; its test; and the docs (`make
-generate` for params.yaml and docs/params.md).
+Adding a backend: its class in its kind's module (voxpipe/data/asr.py, which ingest uses too;
+voxpipe/evaluate/speaker.py, quality.py; the wavlm-ecapa speaker encoder has a module of its own,
+ecapa.py); its entry here, with its settings model (a `Section` of its own evaluate.* fields) if it
+takes any; its test; and the docs (`make generate` for params.yaml and docs/params.md).
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ class EcapaSettings(Section):
 
 
 ASR = registry(
-    Backend("pocketsphinx", "voxpipe.evaluate.asr:PocketSphinx", about="bundled, English"),
-    Backend("whisper", "voxpipe.evaluate.asr:Whisper", WhisperSettings, about="whisper_model"),
-    Backend("paraformer-zh", "voxpipe.evaluate.asr:ParaformerZh", ParaformerSettings,
+    Backend("pocketsphinx", "voxpipe.data.asr:PocketSphinx", about="bundled, English"),
+    Backend("whisper", "voxpipe.data.asr:Whisper", WhisperSettings, about="whisper_model"),
+    Backend("paraformer-zh", "voxpipe.data.asr:ParaformerZh", ParaformerSettings,
             about="paraformer_model, Chinese"),
 )
 SPEAKER = registry(

@@ -40,11 +40,11 @@ import soundfile as sf
 import torch
 
 from voxpipe.backends import QUALITY, QUALITY_BACKEND, SPEAKER
+from voxpipe.data.asr import Recognisers
 from voxpipe.data.dataset import EncodedDataset
 from voxpipe.data.token_budget import TokenBudget
 from voxpipe.device import cpu_threads, resolve_device_type
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.average import average_candidate
 from voxpipe.evaluate.benchmark_set import (
     NO_BENCHMARK,

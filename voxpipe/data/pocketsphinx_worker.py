@@ -1,4 +1,4 @@
-"""The child process that decodes for asr.PocketSphinx: `python -m voxpipe.evaluate.pocketsphinx_worker`.
+"""The child process that decodes for asr.PocketSphinx: `python -m voxpipe.data.pocketsphinx_worker`.
 
 pocketsphinx's decoder holds the GIL for a whole utterance, so evaluate runs it in a process of its own.
 A plain child over pipes rather than multiprocessing: multiprocessing's spawn re-runs the caller's main

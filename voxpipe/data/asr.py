@@ -36,8 +36,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from voxpipe.backends import ASR
+from voxpipe.data import pocketsphinx_worker as worker
 from voxpipe.errors import StepError
-from voxpipe.evaluate import pocketsphinx_worker as worker
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
