@@ -1,15 +1,16 @@
-"""Intelligibility: which recogniser hears each clip, per language (`evaluate.asr`, first that fits).
+"""Which recogniser hears each clip, per language (`ingest.asr` / `evaluate.asr`, the first that fits).
 
-The recognisers below are registered by name, with the evaluate.* fields they take, in
-voxpipe/backends.py's `ASR`; `Recognisers` loads the configured names from there.
+The recognisers below are registered by name, with the asr.* fields they take, in voxpipe/backends.py's
+`ASR`; `Recognisers` loads the configured names from there. ingest transcribes rows without text with
+them, evaluate scores generated clips: this module sits in the data layer, below both.
 
 - `pocketsphinx`: bundled (its US-English model ships inside the wheel), English only. A small,
   old-style recogniser: on synthetic or accented voices it misses many words, so its rate is always
   reported next to its rate on the real recordings of the same texts (`*_real`).
 - `whisper`: transformers `WhisperForConditionalGeneration` from a local folder
-  (`evaluate.whisper_model`, e.g. a download of openai/whisper-large-v3, what Seed-TTS-eval uses for
+  (`asr.whisper_model`, e.g. a download of openai/whisper-large-v3, what Seed-TTS-eval uses for
   English); the language is forced per row; any language its generation config lists.
-- `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`evaluate.paraformer_model`:
+- `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`asr.paraformer_model`:
   `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
   what Seed-TTS-eval uses for Chinese); Chinese only.
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from voxpipe.backends import ASR
 from voxpipe.data import pocketsphinx_worker as worker
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted_path
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
@@ -69,8 +70,8 @@ class PocketSphinx:
         try:
             import pocketsphinx  # noqa: F401 (here: the error names the fix; the child decodes)
         except ImportError as e:
-            raise StepError(f"evaluate.asr pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
-                            "(or leave it out of evaluate.asr)") from e
+            raise StepError(f"asr backend pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
+                            "(or leave it out of ingest.asr and evaluate.asr)") from e
         self._errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child can never block on it
         self._child = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=self._errors)
@@ -97,7 +98,7 @@ class PocketSphinx:
             why = self._errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise StepError(f"the pocketsphinx process ended (exit code {self._child.returncode}: {why[0]}); "
                             "nothing was written. Check the memory limit of this pod or machine, or leave "
-                            "pocketsphinx out of evaluate.asr")
+                            "pocketsphinx out of ingest.asr and evaluate.asr")
         return reply[worker.CPU.size:].decode()
 
 
@@ -116,13 +117,19 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 
 
 def _folder(key: str, value: str | None, needs: tuple[str, ...]) -> Path:
+    """The model folder `asr.<key>` names, with the files the backend needs; else one paragraph why not."""
+    way_out = "or leave the backend out of ingest.asr and evaluate.asr"
     if not value:
-        raise StepError(f"evaluate.{key} is not set: name the local folder of the model (nothing downloads "
-                        "at run time), or leave the backend out of evaluate.asr / evaluate.speaker")
+        raise StepError(f"asr.{key} is not set: name the local folder of the model (nothing downloads at run "
+                        f"time), {way_out}")
     folder = Path(value)
+    if not folder.is_dir():
+        raise StepError(f"asr.{key} {quoted_path(folder)}: no such folder; name the local folder of the "
+                        f"model (nothing downloads at run time), {way_out}")
     missing = [n for n in needs if not (folder / n).is_file()]
     if missing:
-        raise StepError(f"evaluate.{key} {folder}: not a model folder (no {', '.join(missing)})")
+        raise StepError(f"asr.{key} {quoted_path(folder)}: not a model folder (no {', '.join(missing)}), "
+                        f"{way_out}")
     return folder
 
 
@@ -167,7 +174,7 @@ class ParaformerZh:
         try:
             import sherpa_onnx
         except ImportError as e:
-            raise StepError(f"evaluate.asr paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
+            raise StepError(f"asr backend paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
                             ) from e
         self.model = str(path / weights)
         self._recognizer = sherpa_onnx.OfflineRecognizer.from_paraformer(
@@ -196,11 +203,13 @@ class Choice:
 class Recognisers:
     """The configured backends, loaded once; `for_language` picks the first that covers a language.
 
-    `config`: the evaluate params as a mapping (`model_dump()`); each backend takes its own fields.
+    `config`: the asr params as a mapping (`model_dump()`); each backend takes its own fields. `key`: the
+    list that names them (ingest.asr or evaluate.asr), as the reasons say it.
     """
 
-    def __init__(self, names: list[str], config: Mapping[str, Any] | None = None) -> None:
-        self.names = list(names)
+    def __init__(self, names: list[str], config: Mapping[str, Any] | None = None,
+                 key: str = "evaluate.asr") -> None:
+        self.names, self.key = list(names), key
         self.loaded: list[Recogniser] = [ASR[n].load(config or {}) for n in names]
 
     def child_cpu_seconds(self) -> float:
@@ -212,7 +221,7 @@ class Recognisers:
             if r.covers(language):
                 return Choice(r, None)
         if not self.loaded:
-            return Choice(None, "evaluate.asr is empty: no recogniser configured")
-        return Choice(None, f"no configured recogniser covers language {language!r} (evaluate.asr: "
+            return Choice(None, f"{self.key} is empty: no recogniser configured")
+        return Choice(None, f"no configured recogniser covers language {language!r} ({self.key}: "
                             f"{', '.join(self.names)}; pocketsphinx is English only: add whisper with "
-                            "evaluate.whisper_model, or paraformer-zh for Chinese)")
+                            "asr.whisper_model, or paraformer-zh for Chinese)")
