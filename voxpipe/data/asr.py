@@ -14,16 +14,18 @@ them, evaluate scores generated clips: this module sits in the data layer, below
   `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
   what Seed-TTS-eval uses for Chinese); Chinese only.
 
-A transcript is returned as the recogniser wrote it: scoring converts every Chinese hypothesis to
-simplified characters, whichever backend made it (voxpipe/evaluate/scoring.py).
-
-No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and sherpa-onnx models all
-download at run time), so the last two need a folder the user provides. A language no configured
-backend covers gets no rate (null, with the reason), never a number.
+`hear` gives the transcript with the recogniser's confidence (`Heard`: an average natural-log
+probability per word or token, or null with the reason), which ingest keeps for each row it transcribes;
+`transcribe` gives the transcript alone. A transcript is returned as the recogniser wrote it: scoring
+converts every Chinese hypothesis to simplified characters, whichever backend made it
+(voxpipe/evaluate/scoring.py). No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and
+sherpa-onnx models all download at run time), so the last two need a folder the user provides. A
+language no configured backend covers gets no rate (null, with the reason), never a number.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import tempfile
@@ -45,13 +47,30 @@ WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_p
 WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
 
 
+@dataclass(frozen=True)
+class Heard:
+    """A transcript and how sure its recogniser was: the average natural-log probability of its words or
+    tokens (pocketsphinx: the hypothesis' log posterior per word; Whisper: its tokens' mean log-probability,
+    its own avg_logprob), or None with `reason`."""
+
+    text: str
+    confidence: float | None
+    reason: str | None = None
+
+
 class Recogniser(Protocol):
     backend: str
     model: str  # what names the weights in eval.json
 
     def covers(self, language: str) -> bool: ...
 
+    def hear(self, wav: np.ndarray, language: str) -> Heard: ...
+
     def transcribe(self, wav: np.ndarray, language: str) -> str: ...
+
+
+def _nothing_heard() -> Heard:
+    return Heard("", None, "nothing was heard")
 
 
 class PocketSphinx:
@@ -83,6 +102,9 @@ class PocketSphinx:
         return language == "en"
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
         pcm = (np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
         with self._lock:
             try:
@@ -99,7 +121,11 @@ class PocketSphinx:
             raise StepError(f"the pocketsphinx process ended (exit code {self._child.returncode}: {why[0]}); "
                             "nothing was written. Check the memory limit of this pod or machine, or leave "
                             "pocketsphinx out of ingest.asr and evaluate.asr")
-        return reply[worker.CPU.size:].decode()
+        (score,) = worker.CONFIDENCE.unpack_from(reply, worker.CPU.size)
+        text = reply[worker.CPU.size + worker.CONFIDENCE.size:].decode()
+        if math.isnan(score):
+            return _nothing_heard() if not text else Heard(text, None, "no word in the hypothesis")
+        return Heard(text, round(score, 4))
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -154,12 +180,24 @@ class Whisper:
         return language in self._languages
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
+        """The transcript and its avg_logprob: the mean log-probability of the generated tokens (the end
+        token included, as Whisper's own transcribe counts it), from generate's scores."""
         features = self._features(np.asarray(wav, dtype=np.float32), sampling_rate=SAMPLE_RATE,
                                   return_tensors="pt").input_features.to(self._device)
         with self._torch.no_grad():
-            ids = self._net.generate(features, language=language, task="transcribe",
-                                     max_new_tokens=self._max_new)
-        return self._tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
+            out = self._net.generate(features, language=language, task="transcribe",
+                                     max_new_tokens=self._max_new, return_dict_in_generate=True,
+                                     output_scores=True)
+            steps = self._net.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0]
+        text = self._tokenizer.batch_decode(out.sequences, skip_special_tokens=True)[0].strip()
+        finite = steps[self._torch.isfinite(steps)]
+        if not text:
+            return _nothing_heard()
+        return Heard(text, round(float(finite.mean()), 4) if finite.numel() else None,
+                     None if finite.numel() else "no scored token")
 
 
 class ParaformerZh:
@@ -186,10 +224,21 @@ class ParaformerZh:
         return language == "zh"
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
+        """The transcript, with the mean of the token log-probabilities where sherpa-onnx reports them
+        (`ys_log_probs`; its Paraformer may leave them empty: then None, with that reason)."""
         stream = self._recognizer.create_stream()
         stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
         self._recognizer.decode_stream(stream)
-        return stream.result.text
+        result = stream.result
+        scores = list(getattr(result, "ys_log_probs", None) or ())
+        if not result.text:
+            return _nothing_heard()
+        if not scores:
+            return Heard(result.text, None, "sherpa-onnx reports no token log-probabilities for this model")
+        return Heard(result.text, round(float(np.mean(scores)), 4))
 
 
 @dataclass(frozen=True)
