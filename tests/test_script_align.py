@@ -99,3 +99,11 @@ def test_nothing_heard_or_no_script_gives_marked_empty_spans():
     assert align_script("Hello there.", []) == []
     silent = align_script("Hello there.", [""])
     assert silent[0].text == "" and silent[0].needs_review
+
+
+def test_a_recording_too_long_to_align_at_once_is_one_error_with_the_way_out():
+    from voxpipe.errors import StepError
+
+    with pytest.raises(StepError, match=r"a script of 19999 characters against 19999 characters heard is too "
+                       r"long to align at once.*script of its own"):
+        align_script("word " * 4000, ["word " * 4000])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxpipe.errors import StepError
+
 SPACELESS = ("zh", "ja", "ko", "yue")  # languages whose text is compared without spaces
 
 
@@ -172,6 +174,7 @@ def align_script(script: str, heard: list[str], seconds: list[float] | None = No
     return out
 
 
+MAX_CELLS = 300_000_000  # script x transcript characters one alignment may hold (bytes): ~20 minutes each
 END_SKIP = 0.7  # the character alignment's cost of a script character before or after all it aligns
 UNREAD = 1.0  # cost of a sentence of the script no clip reads, between two clips
 UNREAD_END = 0.3  # before the first clip or after the last: a script that goes on past the recording
@@ -280,6 +283,10 @@ def _aligned_positions(target: str, joined: str, skip: float = 1.0) -> list[int 
     n, m = len(target), len(joined)
     if not n or not m:
         return [None] * m
+    if n * m > MAX_CELLS:
+        raise StepError(f"a script of {n} characters against {m} characters heard is too long to align at "
+                        f"once (the alignment holds {n * m / 1e6:.0f} MB, more than {MAX_CELLS / 1e6:.0f}): "
+                        "give each recording of about 20 minutes or less a script of its own")
     hyp = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
     ref = np.frombuffer(target.encode("utf-32-le"), dtype=np.uint32)
     steps = np.arange(m + 1, dtype=np.int64)
