@@ -332,6 +332,14 @@ def _en_short_date(m: re.Match[str], read: Read) -> str:
     return m.group("pre") + (f"the {ordinal} of {name}" if read.locale == "en-GB" else f"{name} {ordinal}")
 
 
+def _en_may(m: re.Match[str], read: Read) -> str:
+    n = int(m.group("a") or m.group("b"))
+    if not 1 <= n <= 31:
+        return m.group()
+    ordinal = read(f"{n}{_ordinal_suffix(n)}")
+    return f"the {ordinal} of May" if read.locale == "en-GB" else f"May {ordinal}"
+
+
 def _en_slash_pair(m: re.Match[str], read: Read) -> str:
     a, b = m.group("a"), m.group("b")
     if "." in a:
@@ -474,6 +482,10 @@ EN_BEFORE = (
     _rule("en_am_pm", r"(?<=\d)\s?([AaPp])\.[Mm]\.", _en_am_pm,
           "9:45 a.m. at a sentence's end keeps the sentence's stop (wetext: AM, the stop lost; AM., before a "
           "comma)"),
+    _rule("en_may", r"(?<![\w.,/])(?P<a>\d{1,2})(?:st|nd|rd|th)? May\b"
+          r"|\bMay (?P<b>\d{1,2})(?:st|nd|rd|th)?(?![\w:%]|[.,]\d)", _en_may,
+          "1 May, May 1, 2024: a day of May, the first of May or May first (wetext reads every month but "
+          "May, the verb's namesake, as a date: one May, May one)"),
     _rule("en_short_date", r"(?P<pre>\b(?:[Oo]n|[Bb]y|[Uu]ntil|[Ff]rom|[Ss]ince|[Bb]efore|[Aa]fter) )"
           r"(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _en_short_date,
           "on 5/6, by 12/1: a date without its year after on, by, until (wetext: five sixths, a fraction); "
