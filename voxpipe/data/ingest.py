@@ -40,10 +40,11 @@ from voxpipe.data.ingest_row import (
     Rejected,
     RowChecks,
     normalize_text,
-    process_batch,
 )
 from voxpipe.data.parquet_source import Columns
-from voxpipe.data.sources import SourceFile, iter_rows, open_sources
+from voxpipe.data.recording import process_any_batch
+from voxpipe.data.segment import SegmentChecks
+from voxpipe.data.sources import RECORDING, SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import unsure_readings
 from voxpipe.errors import StepError
 from voxpipe.progress import bar
@@ -239,6 +240,8 @@ def _record(
 ) -> None:
     """Append one outcome in input order; the duplicate check happens here because it needs that order."""
     source = {"file": src.path.as_posix(), "row": outcome.row}
+    if outcome.span is not None:  # a clip cut from a long recording: where in it, seconds
+        source["start"], source["end"] = outcome.span
     if isinstance(outcome, Kept):
         row_id = hashlib.blake2b(f"{outcome.audio_hash}\n{outcome.text}".encode(), digest_size=8).hexdigest()
         if int(row_id, 16) in seen:
@@ -253,7 +256,10 @@ def _record(
             writer.raw.write(json_line(row))
             result.count_kept(row)
             return
-    writer.quarantine.write(json_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
+    line = {"source": source, "reason": outcome.reason, "detail": outcome.detail}
+    if outcome.similarity is not None:
+        line["similarity"] = outcome.similarity
+    writer.quarantine.write(json_line(line))
     result.rows_quarantined += 1
     result.reasons[outcome.reason] += 1
 
@@ -273,7 +279,7 @@ def _batches(sources: Mapping[int, SourceFile], ranges: list[Range], checks: Row
         root = str(src.root.resolve())
         source_checks = replace(checks, locale=source_locale(locale, src.path))
         for rows in iter_rows(src, start, stop, BATCH_ROWS):
-            yield Batch(i, base, root, rows, source_checks)
+            yield Batch(i, base, root, rows, source_checks, recording=src.kind == RECORDING)
 
 
 def source_locale(locale: Locales, path: Path) -> str:
@@ -390,6 +396,7 @@ def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
         consent=None if pairs is None else tuple((speaker, why) for speaker, why in pairs),
+        segment=SegmentChecks(**p.segment.model_dump()),
     )
 
 
@@ -413,7 +420,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
         with bar(total=total, unit="row", desc="ingest", mininterval=1.0) as shown:
             batches = _batches(sources, ranges, checks, p.locale)
             logged = start
-            for file_index, outcomes in _ordered_map(process_batch, batches, workers):
+            for file_index, outcomes in _ordered_map(process_any_batch, batches, workers):
                 for outcome in outcomes:
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
