@@ -10,11 +10,16 @@ the most clips within `speaker_threshold` of it, and the mean of those neighbour
   talking over the other, or a second voice joined on with no pause the VAD could cut at);
 - otherwise kept.
 
-The thresholds' defaults were measured (benchmarks/raw_recordings.py, `make record BENCH=raw_recordings`)
-on sessions joined from the shipped sample's clips: the main voice's clips score 0.83-0.97 against the
-dominant voice and the other voice's 0.45-0.62, so 0.72 (consent_voice's threshold, midway) splits them;
-a main-voice clip's windows score at least 0.68, a window of the other voice at most 0.55, so
-0.6 marks a window that is not the main voice.
+The thresholds' defaults were measured on the demo's sessions (data/sample/make_sessions.py: the sample's
+spk_m with spk_f as the interloper; benchmarks/raw_recordings.py prints them): the main voice's 27 clips
+score 0.895-0.975 against the dominant voice and the interloper's 6 clips 0.51-0.58, so
+`speaker_threshold` 0.72 (consent_voice's, midway) splits them with room either side. The windows of a
+main-voice clip score 0.83 at the lowest, those of the interloper 0.46-0.59, and a window where the
+interloper talks over the main voice 0.57-0.66 (four of the sample's clips with another's mixed over their
+second half), so `overlap_threshold` 0.75 catches the overlaps and leaves the main voice's windows 0.08
+clear. The VAD cannot tell one voice from two, so overlap is judged by the windows alone. Other voices,
+microphones and rooms spread these figures: measure yours with the benchmark's code before relying on
+them.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def judge_clips(clips: list[np.ndarray], speaker_threshold: float, overlap_thres
     """A Verdict per 16 kHz clip of one recording, in order."""
     if not clips:
         return []
+    import torch  # the encoder's (loaded with it): one thread, since the decode pool is the parallelism
+
+    torch.set_num_threads(1)
     embedded = [embed_samples(clip, partials=True) for clip in clips]
     wholes = np.stack([whole for whole, _ in embedded])
     voice = enrolment_voice(enrolment) if enrolment else dominant_voice(wholes, speaker_threshold)

@@ -35,7 +35,7 @@ class SegmentParams(Section):
         "(other_speaker); -1 = keep every voice. Measured: docs/data-at-scale.md"
     )
     overlap_threshold: float = Field(
-        0.6, ge=-1, le=1, description="a clip of the recording's voice with a 1.6 s window matching it less "
+        0.75, ge=-1, le=1, description="a clip of the recording's voice with a 1.6 s window matching it less "
         "than this holds a second voice (overlap: quarantined); -1 = never"
     )
     enrolment: str = Field("", description='a clip of the voice to keep; "" = each recording\'s dominant '

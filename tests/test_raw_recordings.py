@@ -1,0 +1,131 @@
+"""Long recordings through `voxpipe ingest` (voxpipe/data/recording.py): cut at pauses by the real Silero VAD,
+another voice and two voices at once set aside by the real GE2E encoder, every row placed in its recording,
+bad recordings quarantined by name, and a killed run resumed per recording."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from sessions import make_sessions
+
+from voxpipe.data.ingest import ingest_one_pass
+from voxpipe.data.recording import SEGMENTS
+from voxpipe.steps.ingest import IngestParams
+
+MAIN, OTHER, RATE = make_sessions.MAIN, make_sessions.INTERLOPER, make_sessions.RATE
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, list[tuple[np.ndarray, str]]]:
+    return make_sessions.sample_clips()
+
+
+def recording(folder: Path, name: str, segments: list[tuple[np.ndarray, str, str]], seed: int = 0
+              ) -> list[dict]:
+    """folder/spk_m/name: the segments joined with pauses, beside the sample's consent records; the truth."""
+    voice = folder / MAIN
+    voice.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(make_sessions.HERE / "voices.yaml", voice / "voices.yaml")
+    audio, truth = make_sessions.join(segments, random.Random(seed), name)
+    sf.write(voice / name, audio, RATE, subtype="PCM_16")
+    return truth
+
+
+def ingest(folder: Path, out: Path, **settings) -> list[dict]:
+    """ingest_one_pass over folder/spk_m in this process; the raw.jsonl and quarantine.jsonl rows."""
+    segment = settings.pop("segment", {})
+    p = IngestParams(input=[str(folder / MAIN)], out=str(out), workers=1, score_quality=False,
+                     segment=segment, **settings)
+    ingest_one_pass(p)
+    return rows(out)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for name in ("raw.jsonl", "quarantine.jsonl")
+            for line in (out / name).read_text().splitlines()]
+
+
+def test_another_voice_is_set_aside_with_its_similarity_and_every_row_has_its_place(tmp_path, clips):
+    main = [(x, MAIN, t) for x, t in clips[MAIN][:4]]
+    y, line = clips[OTHER][0]
+    truth = recording(tmp_path, "talk.wav", [*main[:2], (y, OTHER, line), *main[2:]])
+    found = ingest(tmp_path, tmp_path / "out", max_bad_fraction=1.0)
+    assert len(found) == len(truth)
+    for row, segment in zip(sorted(found, key=lambda r: r["source"]["row"]), truth, strict=True):
+        source = row["source"]
+        assert source["file"].endswith("talk.wav")
+        assert source["start"] <= segment["start"] + 0.1 and source["end"] >= segment["end"] - 0.1
+        assert (row.get("reason") == "other_speaker") == (segment["speaker"] == OTHER)
+    aside = next(r for r in found if r.get("reason") == "other_speaker")
+    assert aside["similarity"] < 0.72 and "speaker similarity" in aside["detail"]
+    page = (tmp_path / "out" / "data-report.html").read_text()
+    assert 'id="other-voices"' in page and "talk.wav" in page
+
+
+def test_two_voices_at_once_are_quarantined_as_overlap(tmp_path, clips):
+    x, text = clips[MAIN][5]
+    y = clips[OTHER][1][0]
+    mixed = x.copy()
+    half = x.size // 2
+    n = min(x.size - half, y.size)
+    mixed[half:half + n] += y[:n]
+    segments = [(x2, MAIN, t) for x2, t in clips[MAIN][6:9]] + [(mixed, MAIN, text)]
+    recording(tmp_path, "mixed.wav", segments)
+    found = ingest(tmp_path, tmp_path / "out", max_bad_fraction=1.0)
+    reasons = {r["source"]["row"]: r.get("reason") for r in found}
+    assert reasons[3] == "overlap" and all(reasons[k] != "overlap" for k in range(3))
+    row = next(r for r in found if r.get("reason") == "overlap")
+    assert "1.6 s window" in row["detail"] and row["similarity"] >= 0.72
+
+
+def test_bad_recordings_are_quarantined_naming_the_file(tmp_path, clips):
+    voice = tmp_path / MAIN
+    recording(tmp_path, "speech.wav", [(x, MAIN, t) for x, t in clips[MAIN][:1]])
+    (voice / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt not really a wav file")
+    sf.write(voice / "silence.wav", np.zeros(3 * RATE, dtype=np.float32), RATE)
+    found = ingest(tmp_path, tmp_path / "out", max_bad_fraction=1.0, segment={"max_seconds": 0.4})
+    by_file = {Path(r["source"]["file"]).name: r for r in found}
+    assert by_file["corrupt.wav"]["reason"] == "undecodable"
+    silence = by_file["silence.wav"]
+    assert silence["reason"] == "no_speech" and "silence.wav" in silence["detail"]
+    # speech with no pause longer than max_seconds: left whole and quarantined, never cut inside a word
+    unbroken = [r for r in found if r["source"]["file"].endswith("speech.wav") and r.get("reason") == "no_pause"]
+    assert unbroken and all("speech.wav" in r["detail"] and "max_seconds=0.4" in r["detail"] for r in unbroken)
+
+
+@pytest.mark.slow
+def test_a_killed_run_keeps_its_finished_recordings(tmp_path, clips):
+    for k in range(3):
+        recording(tmp_path, f"part-{k}.wav", [(x, MAIN, t) for x, t in clips[MAIN][4 * k:4 * k + 4]],
+                  seed=k)
+    out = tmp_path / "out"
+    args = [str(BIN / "voxpipe"), "ingest", "--input", str(tmp_path / MAIN), "--out", str(out),
+            "--workers", "1", "--set", "ingest.score_quality=false", "--set", "ingest.max_bad_fraction=1"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / SEGMENTS).glob("*.json")) and time.monotonic() < deadline:
+            assert proc.poll() is None, "ingest ended before it was killed"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finished = {p: p.stat().st_mtime_ns for p in (out / SEGMENTS).glob("*.json")}
+    assert finished and not (out / "raw.jsonl").exists()
+    subprocess.run(args, check=True, capture_output=True)
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in finished.items())  # reused, not cut again
+    assert len(list((out / SEGMENTS).glob("*.json"))) == 3
+    assert {Path(r["source"]["file"]).name for r in rows(out)} == {f"part-{k}.wav" for k in range(3)}
