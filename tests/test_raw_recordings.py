@@ -20,6 +20,8 @@ import soundfile as sf
 from sessions import make_sessions
 
 from voxpipe.data.ingest import ingest_one_pass
+from voxpipe.data.ingest_shards import plan as ingest_plan
+from voxpipe.data.ingest_step import ingest as ingest_step
 from voxpipe.data.recording import SEGMENTS
 from voxpipe.steps.ingest import IngestParams
 
@@ -130,3 +132,17 @@ def test_a_killed_run_keeps_its_finished_recordings(tmp_path, clips):
     assert all(p.stat().st_mtime_ns == mtime for p, mtime in finished.items())  # reused, not cut again
     assert len(list((out / SEGMENTS).glob("*.json"))) == 3
     assert {Path(r["source"]["file"]).name for r in rows(out)} == {f"part-{k}.wav" for k in range(3)}
+
+
+def test_recordings_fan_out_one_per_shard_and_merge_to_the_single_run(tmp_path, clips):
+    for k in range(2):
+        recording(tmp_path, f"part-{k}.wav", [(x, MAIN, t) for x, t in clips[MAIN][3 * k:3 * k + 3]],
+                  seed=k)
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    ingest(tmp_path, single, max_bad_fraction=1.0)
+    plan = ingest_plan(IngestParams(input=[str(tmp_path / MAIN)], out=str(tmp_path / "plan"), shards=2))
+    assert plan.shards == 2  # a recording is one unit of the plan
+    ingest_step(IngestParams(input=[str(tmp_path / MAIN)], out=str(sharded), workers=1, score_quality=False,
+                             max_bad_fraction=1.0, shards=2))
+    for name in ("raw.jsonl", "quarantine.jsonl"):
+        assert (sharded / name).read_bytes() == (single / name).read_bytes()
