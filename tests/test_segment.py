@@ -48,10 +48,16 @@ def test_speech_longer_than_max_with_no_pause_is_not_cut():
     assert len(cuts) == 1 and isinstance(cuts[0], Uncut)
 
 
-def test_a_short_stretch_joins_the_neighbour_across_the_shorter_pause():
+def test_a_long_stretch_is_split_where_both_parts_are_at_least_min_s():
+    # 1 s + 0.35 pause + 6 s + 0.2 pause + 6 s: the longest pause would leave a 1 s part; the other does not
+    probs = frames((0.5, 0), (1, 1), (0.35, 0), (6, 1), (0.2, 0), (6, 1), (0.5, 0))
+    cuts = cut_points(probs, **{**SETTINGS, "max_s": 10.0})
+    assert len(cuts) == 2 and 7.5 <= cuts[0].end <= cuts[1].start <= 8.0  # in the 0.2 s pause at 7.85 s
+
+
+def test_a_short_stretch_between_pauses_stays_a_clip_of_its_own():
     probs = frames((0.5, 0), (3, 1), (1.0, 0), (1, 1), (0.6, 0), (3, 1), (0.5, 0))
-    cuts = cut_points(probs, **SETTINGS)
-    assert len(cuts) == 2 and cuts[1].end - cuts[1].start > 4.5  # the 1 s stretch went to the later one
+    assert len(cut_points(probs, **SETTINGS)) == 3
 
 
 def test_the_vad_weights_come_from_the_installed_wheel():

@@ -7,11 +7,12 @@ as well as on audio:
    own rule), and the speech runs are its voiced regions;
 2. regions closer than `min_pause` are one utterance: a pause at least that long ends a clip;
 3. an utterance longer than `max_s` is split at its longest internal pause (any gap the VAD heard, even a
-   short one), again until every part fits; one with no gap at all cannot be cut without cutting speech
-   and is returned as a problem, not cut;
-4. an utterance shorter than `min_s` joins the neighbour across the shorter pause when the two fit in
-   `max_s` (a short reply stays a short clip otherwise);
-5. each clip keeps `pad` seconds of the silence on either side, at most half of the pause, so two clips
+   short one) among those that leave both parts at least `min_s` long (the longest of all when none
+   does), again until every part fits; one with no gap at all cannot be cut without cutting speech and
+   is returned as a problem, not cut. A short utterance between two pauses stays a clip of its own:
+   joining it to a neighbour across a pause could join two voices, which the speaker check would then
+   have to throw away whole;
+4. each clip keeps `pad` seconds of the silence on either side, at most half of the pause, so two clips
    never share a sample and the padding is silence, not the next word.
 """
 
@@ -67,39 +68,23 @@ def voiced_regions(probs: np.ndarray, threshold: float) -> list[tuple[int, int]]
     return regions
 
 
-def _split(utterance: list[tuple[int, int]], max_frames: int) -> list[list[tuple[int, int]]] | None:
-    """Parts of at most max_frames, split at the longest internal gap first; None if one part has no gap."""
+def _split(utterance: list[tuple[int, int]], min_frames: int, max_frames: int
+           ) -> list[list[tuple[int, int]]] | None:
+    """Parts of at most max_frames, split at the longest internal gap that leaves both sides min_frames
+    long (else the longest); None if a part longer than max_frames has no gap."""
     if utterance[-1][1] - utterance[0][0] <= max_frames:
         return [utterance]
     if len(utterance) == 1:
         return None
-    gaps = [utterance[k + 1][0] - utterance[k][1] for k in range(len(utterance) - 1)]
-    k = int(np.argmax(gaps)) + 1
-    left, right = _split(utterance[:k], max_frames), _split(utterance[k:], max_frames)
+    start, end = utterance[0][0], utterance[-1][1]
+
+    def rank(k: int) -> tuple[bool, int]:  # k: the gap after region k - 1
+        both = utterance[k - 1][1] - start >= min_frames and end - utterance[k][0] >= min_frames
+        return both, utterance[k][0] - utterance[k - 1][1]
+
+    k = max(range(1, len(utterance)), key=rank)
+    left, right = _split(utterance[:k], min_frames, max_frames), _split(utterance[k:], min_frames, max_frames)
     return None if left is None or right is None else left + right
-
-
-def _join_short(spans: list[tuple[int, int]], min_frames: int, max_frames: int) -> list[tuple[int, int]]:
-    """Join each span shorter than min_frames to the neighbour across the shorter pause, if both fit."""
-    spans = list(spans)
-    k = 0
-    while k < len(spans):
-        a, b = spans[k]
-        if b - a >= min_frames:
-            k += 1
-            continue
-        before = a - spans[k - 1][1] if k > 0 else None
-        after = spans[k + 1][0] - b if k + 1 < len(spans) else None
-        options = [(gap, j) for gap, j in ((before, k - 1), (after, k + 1)) if gap is not None
-                   and max(b, spans[j][1]) - min(a, spans[j][0]) <= max_frames]
-        if not options:
-            k += 1
-            continue
-        _, j = min(options)
-        lo, hi = min(k, j), max(k, j)
-        spans[lo:hi + 1] = [(spans[lo][0], spans[hi][1])]
-        k = lo  # the joined span may still be short
-    return spans
 
 
 def cut_points(probs: np.ndarray, *, threshold: float, min_pause: float, min_s: float, max_s: float,
@@ -119,12 +104,11 @@ def cut_points(probs: np.ndarray, *, threshold: float, min_pause: float, min_s: 
     spans: list[tuple[int, int]] = []
     uncut: list[tuple[int, int]] = []
     for utterance in utterances:
-        parts = _split(utterance, max_frames)
+        parts = _split(utterance, int(min_s / FRAME_S), max_frames)
         if parts is None:
             uncut.append((utterance[0][0], utterance[-1][1]))
         else:
             spans += [(part[0][0], part[-1][1]) for part in parts]
-    spans = _join_short(spans, int(min_s / FRAME_S), max_frames)
     total = len(probs) * FRAME_S
     every = sorted([(a, b, True) for a, b in spans] + [(a, b, False) for a, b in uncut])
     found: list[Cut | Uncut] = []

@@ -19,8 +19,9 @@ class SegmentParams(Section):
     """How long recordings (audio files with no transcript) are cut into clips (embedded as
     `ingest.segment`); voxpipe/data/segment.py and one_voice.py say how, and where the defaults come from."""
 
-    min_seconds: float = Field(2.0, ge=0, description="a stretch of speech shorter than this joins the "
-                               "neighbour across the shorter pause, when the two fit in max_seconds")
+    min_seconds: float = Field(2.0, ge=0, description="speech longer than max_seconds is cut where both "
+                               "parts are at least this long, when a pause allows; a shorter stretch "
+                               "between two pauses stays a clip of its own (never joined across a pause)")
     max_seconds: float = Field(15.0, gt=0, description="longest clip: longer speech is cut at its longest "
                                "internal pause; speech this long with no pause is quarantined (no_pause), "
                                "never cut mid-word")
