@@ -380,7 +380,7 @@ def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_cli
     from concurrent.futures import Future
 
     from voxpipe.backends import QUALITY, QUALITY_BACKEND
-    from voxpipe.evaluate.asr import Recognisers
+    from voxpipe.data.asr import Recognisers
     from voxpipe.evaluate.costs import Costs
     from voxpipe.evaluate.generation import Generated, Utterance
     from voxpipe.evaluate.metrics import Scorers, Voice, clip_16k, clip_intelligibility, clip_quality, measure

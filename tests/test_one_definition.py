@@ -20,7 +20,7 @@ HOMES = {
 # files that match a check for another thing of the same name
 NOT_THE_RULE = {
     "voxpipe/evaluate/speaker.py": "config.json check",  # a WavLMForXVector folder, not a VoxCPM2 checkpoint
-    "voxpipe/evaluate/asr.py": "config.json check",  # a Whisper folder
+    "voxpipe/data/asr.py": "config.json check",  # a Whisper folder
 }
 CHECKS = ("is_file", "isfile", "exists", "is_dir")
 # a file that holds none of these words defines none of the rules (and is not parsed)

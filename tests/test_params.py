@@ -43,6 +43,18 @@ def test_bad_overrides_name_the_key(tmp_path, override, message):
         load_params(None, [override])
 
 
+def test_a_key_at_its_old_place_still_loads_where_it_is_now(tmp_path):
+    """evaluate.whisper_model moved to asr.whisper_model (ingest reads it too): an older file loads."""
+    f = tmp_path / "p.yaml"
+    f.write_text("evaluate:\n  whisper_model: models/whisper\n  paraformer_model: null\n")
+    p = load_params(f)
+    assert p.asr.whisper_model == "models/whisper" and "whisper_model" not in p.evaluate.model_fields
+    assert load_params(f, ["asr.whisper_model=models/whisper"]).asr.whisper_model == "models/whisper"
+    with pytest.raises(StepError, match=r"evaluate\.whisper_model \(its old place\) is 'models/whisper' but "
+                       r"asr\.whisper_model is 'models/other': keep only asr\.whisper_model"):
+        load_params(f, ["asr.whisper_model=models/other"])
+
+
 def test_missing_params_file_is_an_error(tmp_path):
     with pytest.raises(StepError, match="does not exist"):
         load_params(tmp_path / "nope.yaml")

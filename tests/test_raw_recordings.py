@@ -49,7 +49,7 @@ def ingest(folder: Path, out: Path, **settings) -> list[dict]:
     """ingest_one_pass over folder/spk_m in this process; the raw.jsonl and quarantine.jsonl rows."""
     segment = settings.pop("segment", {})
     p = IngestParams(input=[str(folder / MAIN)], out=str(out), workers=1, score_quality=False,
-                     segment=segment, **settings)
+                     asr=["pocketsphinx"], segment=segment, **settings)
     ingest_one_pass(p)
     return rows(out)
 
@@ -63,13 +63,18 @@ def test_another_voice_is_set_aside_with_its_similarity_and_every_row_has_its_pl
     main = [(x, MAIN, t) for x, t in clips[MAIN][:4]]
     y, line = clips[OTHER][0]
     truth = recording(tmp_path, "talk.wav", [*main[:2], (y, OTHER, line), *main[2:]])
-    found = ingest(tmp_path, tmp_path / "out", max_bad_fraction=1.0)
+    found = ingest(tmp_path, tmp_path / "out")
     assert len(found) == len(truth)
     for row, segment in zip(sorted(found, key=lambda r: r["source"]["row"]), truth, strict=True):
         source = row["source"]
         assert source["file"].endswith("talk.wav")
-        assert source["start"] <= segment["start"] + 0.1 and source["end"] >= segment["end"] - 0.1
+        # the kept clip is trimmed to its speech (at most max_edge_silence each side); the quarantined one is
+        # the cut with its padding
+        assert segment["start"] - 0.6 <= source["start"] <= segment["start"] + 0.1
+        assert segment["end"] - 0.1 <= source["end"] <= segment["end"] + 0.6
         assert (row.get("reason") == "other_speaker") == (segment["speaker"] == OTHER)
+        if "reason" not in row:  # kept: transcribed, its voice's similarity kept with it
+            assert row["text"] and row["asr"] == "pocketsphinx" and row["speaker_similarity"] > 0.72
     aside = next(r for r in found if r.get("reason") == "other_speaker")
     assert aside["similarity"] < 0.72 and "speaker similarity" in aside["detail"]
     page = (tmp_path / "out" / "data-report.html").read_text()
@@ -134,6 +139,7 @@ def test_a_killed_run_keeps_its_finished_recordings(tmp_path, clips):
     assert {Path(r["source"]["file"]).name for r in rows(out)} == {f"part-{k}.wav" for k in range(3)}
 
 
+@pytest.mark.slow
 def test_recordings_fan_out_one_per_shard_and_merge_to_the_single_run(tmp_path, clips):
     for k in range(2):
         recording(tmp_path, f"part-{k}.wav", [(x, MAIN, t) for x, t in clips[MAIN][3 * k:3 * k + 3]],
@@ -143,6 +149,12 @@ def test_recordings_fan_out_one_per_shard_and_merge_to_the_single_run(tmp_path, 
     plan = ingest_plan(IngestParams(input=[str(tmp_path / MAIN)], out=str(tmp_path / "plan"), shards=2))
     assert plan.shards == 2  # a recording is one unit of the plan
     ingest_step(IngestParams(input=[str(tmp_path / MAIN)], out=str(sharded), workers=1, score_quality=False,
-                             max_bad_fraction=1.0, shards=2))
-    for name in ("raw.jsonl", "quarantine.jsonl"):
-        assert (sharded / name).read_bytes() == (single / name).read_bytes()
+                             asr=["pocketsphinx"], shards=2))
+    assert (sharded / "quarantine.jsonl").read_bytes() == (single / "quarantine.jsonl").read_bytes()
+    # pocketsphinx adapts to the utterances it heard before (its confidence moves in the third decimal
+    # between a decoder per shard and one for the run): the rows agree on everything else
+    def settled(out: Path) -> list[dict]:
+        return [{k: v for k, v in json.loads(line).items() if k not in ("asr_confidence", "review_reason")}
+                for line in (out / "raw.jsonl").read_text().splitlines()]
+
+    assert settled(sharded) == settled(single) and settled(single)

@@ -18,8 +18,8 @@ import zhconv
 from small_sample import speech_16k
 from zhon.hanzi import punctuation
 
+from voxpipe.data.asr import ParaformerZh, Recognisers
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import ParaformerZh, Recognisers
 from voxpipe.evaluate.metrics import intelligibility
 from voxpipe.evaluate.scoring import mean_rate, scoring_text, text_units, utterance_rate
 from voxpipe.evaluate.speaker import WavLMEncoder, cosine
@@ -175,12 +175,12 @@ def test_whisper_from_a_folder_hears_the_languages_its_generation_config_lists(t
     assert heard["asr"] == "whisper" and isinstance(heard["transcript"], str) and heard["metric"] == "cer"
     assert heard["cer"] is not None and heard["cer"] >= 0
     assert recognisers.for_language("ko").recogniser is None  # not in its lang_to_id
-    with pytest.raises(StepError, match="evaluate.whisper_model is not set"):
+    with pytest.raises(StepError, match="asr.whisper_model is not set"):
         Recognisers(["whisper"], {})
 
 
 def test_paraformer_needs_its_folder_and_says_which_files(tmp_path):
-    with pytest.raises(StepError, match="evaluate.paraformer_model is not set"):
+    with pytest.raises(StepError, match="asr.paraformer_model is not set"):
         ParaformerZh(None)
     (tmp_path / "model.onnx").write_bytes(b"")
     with pytest.raises(StepError, match=r"not a model folder \(no tokens.txt\)"):
@@ -208,20 +208,21 @@ def test_wavlm_from_a_folder_embeds_a_clip_and_not_silence(tmp_path):
 
 
 def test_each_registered_backend_names_a_factory_and_params_fields_that_exist():
-    """voxpipe/backends.py is the one registration: its factories import, its fields are evaluate
+    """voxpipe/backends.py is the one registration: its factories import, its fields are asr / evaluate
     params, and evaluate.asr / evaluate.speaker admit exactly its names."""
     import importlib
     import typing
 
     from voxpipe.backends import ASR, QUALITY, QUALITY_BACKEND, SPEAKER
+    from voxpipe.steps.asr import AsrParams
     from voxpipe.steps.evaluate import EvaluateParams
 
-    for registry in (ASR, SPEAKER, QUALITY):
+    for registry, section in ((ASR, AsrParams), (SPEAKER, EvaluateParams), (QUALITY, EvaluateParams)):
         for name, backend in registry.items():
             module, attr = backend.factory.split(":")
             made = getattr(importlib.import_module(module), attr)
             assert backend.name == name and getattr(made, "backend", name) == name
-            assert all(f in EvaluateParams.model_fields for f in backend.fields), backend
+            assert all(f in section.model_fields for f in backend.fields), backend
     assert QUALITY_BACKEND in QUALITY
     fields = EvaluateParams.model_fields
     assert typing.get_args(typing.get_args(fields["asr"].annotation)[0]) == tuple(ASR)
@@ -257,8 +258,8 @@ def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
 
     from pocketsphinx import Decoder
 
-    from voxpipe.evaluate.asr import PocketSphinx
-    from voxpipe.evaluate.pocketsphinx_worker import MAX_HMM_PER_FRAME
+    from voxpipe.data.asr import PocketSphinx
+    from voxpipe.data.pocketsphinx_worker import MAX_HMM_PER_FRAME
 
     wav = speech_16k(1)[0]
     decoder = Decoder(samprate=16000, maxhmmpf=MAX_HMM_PER_FRAME, loglevel="FATAL")
@@ -278,7 +279,7 @@ def test_pocketsphinx_in_its_own_process_hears_what_it_heard_in_ours():
 
 
 def test_a_dead_pocketsphinx_process_is_one_paragraph_naming_the_way_out():
-    from voxpipe.evaluate.asr import PocketSphinx
+    from voxpipe.data.asr import PocketSphinx
 
     recogniser = PocketSphinx()
     recogniser._child.kill()

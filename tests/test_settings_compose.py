@@ -9,6 +9,7 @@ import typing
 from voxpipe.backends import ASR, SPEAKER
 from voxpipe.launchers import LAUNCHERS
 from voxpipe.params import Params
+from voxpipe.steps.asr import AsrParams
 from voxpipe.steps.evaluate import EvaluateParams
 from voxpipe.steps.launch import LaunchParams
 
@@ -26,15 +27,15 @@ class ProbeLauncher(Section):
     probe_every: int = Field(3, ge=1, description="probe launcher only: how often")
 
 Backend = backends.Backend
-backends.ASR["probe"] = Backend("probe", "voxpipe.evaluate.asr:Whisper", ProbeAsr, about="probe_model")
+backends.ASR["probe"] = Backend("probe", "voxpipe.data.asr:Whisper", ProbeAsr, about="probe_model")
 launchers.LAUNCHERS["probe"] = Backend("probe", "voxpipe.launch.volcano:VolcanoLauncher", ProbeLauncher)
 
 from voxpipe.cli import main
 from voxpipe.params import load_params
 
-p = load_params(sys.argv[1], overrides=["evaluate.asr=[probe]", "evaluate.probe_model=m/probe",
+p = load_params(sys.argv[1], overrides=["evaluate.asr=[probe]", "asr.probe_model=m/probe",
                                         "launch.backend=probe", "launch.probe_every=4"])
-print("params", p.evaluate.asr, p.evaluate.probe_model, p.launch.backend, p.launch.probe_every)
+print("params", p.evaluate.asr, p.asr.probe_model, p.launch.backend, p.launch.probe_every)
 main(["evaluate", "--help"])
 """
 
@@ -44,12 +45,12 @@ def test_a_new_backend_and_launcher_with_a_setting_need_no_schema_edit():
                          check=True).stdout
     assert "params ['probe'] m/probe probe 4" in out
     help_text = " ".join(out.split())  # argparse wraps the help
-    flag = "--probe-model PROBE_MODEL probe recogniser's folder [evaluate.probe_model, default null]"
+    flag = "--asr-probe-model PROBE_MODEL probe recogniser's folder [asr.probe_model, default null]"
     assert flag in help_text
 
 
 def test_the_schema_holds_every_registered_setting_and_choice():
-    for registry, section in ((ASR, EvaluateParams), (SPEAKER, EvaluateParams), (LAUNCHERS, LaunchParams)):
+    for registry, section in ((ASR, AsrParams), (SPEAKER, EvaluateParams), (LAUNCHERS, LaunchParams)):
         for backend in registry.values():
             assert set(backend.fields) <= set(section.model_fields), backend.name
     assert typing.get_args(EvaluateParams.model_fields["speaker"].annotation) == tuple(SPEAKER)

@@ -1,20 +1,21 @@
-"""The evaluation backends by kind and name: the one place each is registered.
+"""The recognition and evaluation backends by kind and name: the one place each is registered.
 
-Three kinds, one small registry each: `ASR` (evaluate.asr, a list: each language takes the first
-that covers it), `SPEAKER` (evaluate.speaker, one encoder) and `QUALITY` (DNSMOS, the only one; no
-param picks it). An entry is the backend's name, the factory itself, as "module:callable", and its
-settings model: the evaluate.* fields the factory takes (by name, from the evaluate params), each with
-its description. evaluate's schema (voxpipe/steps/evaluate.py) composes every registered backend's
-settings model (`backend_settings`), so it names no backend and none of their fields.
+Three kinds, one small registry each: `ASR` (ingest.asr and evaluate.asr, lists: each language takes
+the first that covers it), `SPEAKER` (evaluate.speaker, one encoder) and `QUALITY` (DNSMOS, the only
+one; no param picks it). An entry is the backend's name, the factory itself, as "module:callable", and
+its settings model: the fields the factory takes (by name), each with its description. The schema
+composes the settings models (`backend_settings`): ASR's into the `asr` section (voxpipe/steps/asr.py,
+read by ingest and evaluate), SPEAKER's into evaluate's (voxpipe/steps/evaluate.py), so neither names a
+backend or one of their fields.
 
 The factory is named, not imported: this module sits in the bottom layer (params.py validates
-evaluate.asr / evaluate.speaker against these names), below the evaluate modules that hold the
-backends, so it imports one only when evaluate loads it (`Backend.load`).
+ingest.asr / evaluate.asr / evaluate.speaker against these names), below the modules that hold the
+backends, so it imports one only when a step loads it (`Backend.load`).
 
-Adding a backend: its class in its kind's module (voxpipe/evaluate/asr.py, speaker.py, quality.py;
-the wavlm-ecapa speaker encoder has a module of its own, ecapa.py); its entry here, with its settings
-model (a `Section` of its own evaluate.* fields) if it takes any; its test; and the docs (`make
-generate` for params.yaml and docs/params.md).
+Adding a backend: its class in its kind's module (voxpipe/data/asr.py, which ingest uses too;
+voxpipe/evaluate/speaker.py, quality.py; the wavlm-ecapa speaker encoder has a module of its own,
+ecapa.py); its entry here, with its settings model (a `Section` of its own fields) if it takes any; its
+test; and the docs (`make generate` for params.yaml and docs/params.md).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Backend:
         return getattr(importlib.import_module(module), attr)
 
     def load(self, config: Mapping[str, Any], **extra: Any) -> Any:
-        """The backend, built from its fields of `config` (the evaluate params; a missing one is None)."""
+        """The backend, built from its fields of `config` (its section's params; a missing one is None)."""
         return self.imported()(**{f: config.get(f) for f in self.fields}, **extra)
 
 
@@ -68,15 +69,15 @@ def backend_settings(*registries: Mapping[str, Backend]) -> tuple[type[Section],
 
 class WhisperSettings(Section):
     whisper_model: str | None = Field(
-        None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for asr "
-        "whisper"
+        None, description="local folder of a transformers Whisper model (e.g. whisper-large-v3), for "
+        "whisper in ingest.asr / evaluate.asr"
     )
 
 
 class ParaformerSettings(Section):
     paraformer_model: str | None = Field(
-        None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for asr "
-        "paraformer-zh"
+        None, description="local folder of a sherpa-onnx Paraformer (model.onnx, tokens.txt), for "
+        "paraformer-zh in ingest.asr / evaluate.asr"
     )
 
 
@@ -92,9 +93,9 @@ class EcapaSettings(Section):
 
 
 ASR = registry(
-    Backend("pocketsphinx", "voxpipe.evaluate.asr:PocketSphinx", about="bundled, English"),
-    Backend("whisper", "voxpipe.evaluate.asr:Whisper", WhisperSettings, about="whisper_model"),
-    Backend("paraformer-zh", "voxpipe.evaluate.asr:ParaformerZh", ParaformerSettings,
+    Backend("pocketsphinx", "voxpipe.data.asr:PocketSphinx", about="bundled, English"),
+    Backend("whisper", "voxpipe.data.asr:Whisper", WhisperSettings, about="whisper_model"),
+    Backend("paraformer-zh", "voxpipe.data.asr:ParaformerZh", ParaformerSettings,
             about="paraformer_model, Chinese"),
 )
 SPEAKER = registry(

@@ -193,7 +193,7 @@ def _page(report: dict[str, Any], figures: _Figures, png: bytes, others: list[di
     key = "DNSMOS overall" if any(figures.quality.values()) else "duration"
     done = [[k.replace("_", " "), c[k]] for k in ("trimmed", "trimmed_seconds", "loudness_normalized",
                                                  "peak_limited", "quality_scored", "text_normalized",
-                                                 "long_pause") if k in c]
+                                                 "long_pause", "transcribed", "needs_review") if k in c]
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>voxpipe data report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1200px}}

@@ -46,6 +46,7 @@ from voxpipe.data.recording import process_any_batch
 from voxpipe.data.segment import SegmentChecks
 from voxpipe.data.sources import RECORDING, SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import unsure_readings
+from voxpipe.data.transcribe import transcriber as load_transcriber
 from voxpipe.errors import StepError
 from voxpipe.progress import bar
 from voxpipe.report import write_report
@@ -133,10 +134,14 @@ class IngestResult:
             c["quality_scored"] += 1
         for flag in row.get("flags") or ():
             c[flag] += 1
+        if row.get("asr"):  # transcribed at ingest (transcribe.py)
+            c["transcribed"] += 1
+            c["needs_review"] += bool(row.get("needs_review"))
 
     def conditioning_report(self) -> dict[str, Any]:
         c = self.conditioning
-        keys = ("text_normalized", "trimmed", "loudness_normalized", "quality_scored", *FLAGS)
+        keys = ("text_normalized", "trimmed", "loudness_normalized", "quality_scored", *FLAGS, "transcribed",
+                "needs_review")
         return {**{k: c[k] for k in keys}, "trimmed_seconds": round(c["trimmed_seconds"], 3),
                 "languages": dict(sorted(self.languages.items()))}
 
@@ -394,6 +399,7 @@ def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks
         score_quality=p.score_quality, min_quality=p.min_quality if p.score_quality else 0.0,
         quality_score=p.quality_score,
         normalize_text=p.normalize_text, language=p.language, max_text_chars=p.max_text_chars,
+        transcribe=bool(p.asr),
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
         consent=None if pairs is None else tuple((speaker, why) for speaker, why in pairs),
         segment=SegmentChecks(**p.segment.model_dump()),
@@ -402,11 +408,13 @@ def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks
 
 def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: list[Range], out: Path,
                   notices: list[str], whole_run: bool = True, consent: dict[str, Any] | None = None,
-                  **extra: Any) -> IngestResult:
+                  asr: Mapping[str, Any] | None = None, **extra: Any) -> IngestResult:
     """Ingest these row ranges into `out`, in order; `extra` goes into report.json. `whole_run` False
     (one shard of a sharded run): the empty-input and max_bad_fraction checks are left to the merge,
-    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now)."""
+    which sees every row. `consent`: consent_of's, from the plan (None: read from `p.input` now). `asr`:
+    the asr section's values (the recognisers' model folders), for `ingest.asr`."""
     consent = consent_of(p) if consent is None else consent
+    transcriber = load_transcriber(p, asr or {})  # loaded once, before any row is decoded
     (out / "audio").mkdir(parents=True, exist_ok=True)
     checks = row_checks(p, out, consent)
     workers = decode_workers(p.workers)
@@ -422,6 +430,8 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
             logged = start
             for file_index, outcomes in _ordered_map(process_any_batch, batches, workers):
                 for outcome in outcomes:
+                    if isinstance(outcome, Kept) and outcome.untranscribed and transcriber is not None:
+                        outcome = replace(transcriber.settle(outcome, out), span=outcome.span)
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
                 shown.update(len(outcomes))
@@ -465,10 +475,10 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     return result
 
 
-def ingest_one_pass(p: IngestParams) -> IngestResult:
+def ingest_one_pass(p: IngestParams, asr: Mapping[str, Any] | None = None) -> IngestResult:
     """Ingest every input in one pass (the `ingest` step without shards, voxpipe/data/ingest_step.py);
     raises StepError on run-level problems (after writing the reports)."""
     notices: list[str] = []
     sources = open_sources(p.input, columns_of(p), notices)
     ranges = [(i, 0, src.num_rows) for i, src in enumerate(sources)]
-    return ingest_ranges(p, dict(enumerate(sources)), ranges, Path(p.out), notices)
+    return ingest_ranges(p, dict(enumerate(sources)), ranges, Path(p.out), notices, asr=asr)

@@ -50,6 +50,7 @@ REASONS = (
     "silent",
     "clipped",
     "low_quality",
+    "no_recogniser",  # a row with no text whose language no ingest.asr recogniser covers (transcribe.py)
     "duplicate",
     "consent_voice_mismatch",  # judged after the pass, over each speaker's kept clips (consent_voice.py)
     # a long recording's (recording.py): its clips, or the recording itself
@@ -96,6 +97,7 @@ class RowChecks:
     locale: str = "en-US"  # text normalization's locale for this source (ingest.locale)
     speaker_locales: tuple[tuple[str, str], ...] = ()  # (speaker, locale): ingest.locale's speaker keys
     max_text_chars: int = 2000
+    transcribe: bool = False  # ingest.asr is set: a row with no text is kept for the parent to transcribe
     # (speaker, why its rows may not be trained on; "" = a valid consent record); None: consent not required
     consent: tuple[tuple[str, str], ...] | None = None
     segment: SegmentChecks | None = None  # how long recordings are cut (ingest.segment)
@@ -120,6 +122,7 @@ class Kept:
     text: str
     speaker: str
     info: dict[str, Any]  # what conditioning did, in raw.jsonl order: text_raw, language, levels, ...
+    untranscribed: bool = False  # no text yet: the parent transcribes it (transcribe.py), text is ""
     span: tuple[float, float] | None = None  # a long recording's clip: its start and end there, seconds
 
 
@@ -282,9 +285,9 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     if raw.problem:
         return Rejected(raw.row, raw.reason, raw.problem)
     text = normalize_text(raw.text) if raw.text is not None else ""
-    if not text:
+    if not text and not checks.transcribe:
         what = "null" if raw.text is None else "blank"
-        return Rejected(raw.row, "missing_text", f"the text is {what}")
+        return Rejected(raw.row, "missing_text", f"the text is {what} (ingest.asr transcribes such rows)")
     if len(text) > checks.max_text_chars:  # before anything costly: normalization reads every character
         return Rejected(raw.row, "text_too_long", f"the text is {len(text)} characters, more than "
                         f"max_text_chars={checks.max_text_chars}; split the clip and its transcript, or "
@@ -312,10 +315,14 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
         return conditioned
     x, info = conditioned
     locale = dict(checks.speaker_locales).get(speaker, checks.locale)  # the speaker's, else the source's
-    spoken, language = _spoken_text(text, checks, locale)
+    if text:
+        spoken, language = _spoken_text(text, checks, locale)
+    else:  # no script to tell the language: ingest.language, else the locale's (en-GB -> en)
+        spoken, language = "", checks.language or locale.split("-")[0].lower()
     digest, rel = _store(x, checks)
     info = {"text_raw": raw.text, "language": language, "locale": locale, **info}
-    return Kept(raw.row, digest, rel, round(x.size / checks.sample_rate, 4), spoken, speaker, info)
+    return Kept(raw.row, digest, rel, round(x.size / checks.sample_rate, 4), spoken, speaker, info,
+                untranscribed=not text)
 
 
 def process_batch(batch: Batch) -> tuple[int, list[Kept | Rejected]]:

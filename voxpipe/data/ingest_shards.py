@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from voxpipe.data.parquet_source import row_groups
 from voxpipe.data.sources import UNSAFE, SourceFile, iter_rows, open_source, open_sources
 from voxpipe.errors import StepError
 from voxpipe.files import atomic_write_text, read_json_object
+from voxpipe.params import Params
 from voxpipe.report import read_run
 from voxpipe.steps.ingest import IngestParams
 
@@ -206,8 +207,13 @@ def _read_plan(path: str) -> tuple[dict[str, Any], str]:
     return data, digest
 
 
-def ingest_shard(p: IngestParams) -> IngestResult:
-    """`voxpipe ingest-shard`: the rows of shard `p.shard` of the plan, ingested into `p.out`."""
+def ingest_shard_step(params: Params) -> IngestResult:
+    """`voxpipe ingest-shard`: the ingest section, with the asr section's model folders."""
+    return ingest_shard(params.ingest, params.asr.model_dump())
+
+
+def ingest_shard(p: IngestParams, asr: Mapping[str, Any] | None = None) -> IngestResult:
+    """The rows of shard `p.shard` of the plan, ingested into `p.out`; `asr`: the recognisers' folders."""
     data, digest = _read_plan(p.plan)
     shards = data["shards"]
     if not 0 <= p.shard < len(shards):
@@ -228,7 +234,7 @@ def ingest_shard(p: IngestParams) -> IngestResult:
     out = Path(p.out)
     (out / OUTPUT_HASHES).unlink(missing_ok=True)  # present only once this run of the shard finished
     result = ingest_ranges(p, sources, ranges, out, [], whole_run=False, consent=data.get("consent"),
-                           shard=shard)
+                           asr=asr, shard=shard)
     try:
         write_output_hashes(out)
     except OSError as e:
@@ -421,7 +427,7 @@ def _run_facts(folder: Path) -> dict[str, Any]:
     return {"workers": facts.get("workers"), "seconds": facts.get("timings", {}).get("seconds")}
 
 
-def ingest_sharded(p: IngestParams) -> IngestResult:
+def ingest_sharded(p: IngestParams, asr: Mapping[str, Any] | None = None) -> IngestResult:
     """`voxpipe ingest --shards N`: plan, each shard, merge, on this machine; the shards' folders
     (out/shards/) are removed once merged: every kept clip is linked into out/audio."""
     start = time.perf_counter()
@@ -433,7 +439,8 @@ def ingest_sharded(p: IngestParams) -> IngestResult:
     for index in range(planned.shards):
         folder = work / f"{index:04d}"
         log.info("ingest shard %d of %d", index + 1, planned.shards)
-        ingest_shard(p.model_copy(update={"plan": str(planned.path), "shard": index, "out": str(folder)}))
+        shard = p.model_copy(update={"plan": str(planned.path), "shard": index, "out": str(folder)})
+        ingest_shard(shard, asr)
         folders.append(str(folder))
     merged = p.model_copy(update={"plan": str(planned.path), "shard_dirs": folders})
     result = _merge(merged, start)

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from voxpipe.data.asr import Recognisers
 from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
 from voxpipe.data.language import detect_language
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.scoring import CHARACTER_LANGUAGES, Rate, mean_rate, text_units
 from voxpipe.evaluate.speaker import cosine
 from voxpipe.model.voxcpm2 import VoxCPM2

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from voxpipe.data.asr import Recognisers
 from voxpipe.data.audio import AudioDecodeError, decode, to_mono_resampled
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.costs import Costs
 from voxpipe.evaluate.generation import Generated, SpeakerPlan
 from voxpipe.evaluate.pitch import f0_or_reason, median_f0

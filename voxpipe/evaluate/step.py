@@ -40,11 +40,11 @@ import soundfile as sf
 import torch
 
 from voxpipe.backends import QUALITY, QUALITY_BACKEND, SPEAKER
+from voxpipe.data.asr import Recognisers
 from voxpipe.data.dataset import EncodedDataset
 from voxpipe.data.token_budget import TokenBudget
 from voxpipe.device import cpu_threads, resolve_device_type
 from voxpipe.errors import StepError
-from voxpipe.evaluate.asr import Recognisers
 from voxpipe.evaluate.average import average_candidate
 from voxpipe.evaluate.benchmark_set import (
     NO_BENCHMARK,
@@ -530,10 +530,10 @@ def _evaluate(params: Params, champion: ChampionFinder | None, champion_folder: 
     batches = val_loss_batches(val, config.patch_size, budget.max_tokens, config.max_length)
     digest = val_digest(batches, p.seeds)
     plans = plan_speakers(val, _open_split(data_dir, "train"), p.texts_per_speaker)
-    config = p.model_dump()  # each backend takes its own evaluate.* fields (voxpipe/backends.py)
+    config = p.model_dump()  # each backend takes its own fields (voxpipe/backends.py): evaluate.*
     costs = Costs()
     with costs.phase("scorers_load"):
-        scorers = Scorers(speaker_encoder(p.speaker, config), Recognisers(p.asr, config),
+        scorers = Scorers(speaker_encoder(p.speaker, config), Recognisers(p.asr, params.asr.model_dump()),
                           QUALITY[QUALITY_BACKEND].load(config), p.min_duration_ratio)
     bench = None
     if benchmark is not None:  # before the scoring threads start: the speaker encoder is theirs then

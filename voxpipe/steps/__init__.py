@@ -86,6 +86,11 @@ def sections() -> dict[str, Any]:
     return {name: model for m in modules() for name, model in getattr(m, "SECTIONS", {}).items()}
 
 
+def moved() -> dict[str, str]:
+    """`section.key` a key used to have -> where it is now (a module's `MOVED`): older params files load."""
+    return {old: new for m in modules() for old, new in getattr(m, "MOVED", {}).items()}
+
+
 def all_steps() -> tuple[Step, ...]:
     """Every step, in pipeline order, each knowing the module that declares it (`Step.module`)."""
     return tuple(dataclasses.replace(step, module=m.__name__) for m in modules()

@@ -1,6 +1,7 @@
 """`evaluate`'s section and step (a stage): the fixed-seed gate against the base.
 
-The backends' own settings (evaluate.whisper_model, ...) are composed in from voxpipe/backends.py."""
+The speaker encoders' own settings (evaluate.wavlm_model, ...) are composed in from voxpipe/backends.py;
+the recognisers' (asr.whisper_model, ...) are the `asr` section's, which ingest reads too."""
 
 from __future__ import annotations
 
@@ -121,9 +122,9 @@ class EvaluateCore(Section):
     )
 
 
-# the core's fields, then every registered ASR and speaker backend's settings (voxpipe/backends.py): a
-# backend with a setting is registered there and named nowhere here
-class EvaluateParams(*backend_settings(ASR, SPEAKER), EvaluateCore):  # type: ignore[misc]
+# the core's fields, then every registered speaker backend's settings (voxpipe/backends.py): a backend with
+# a setting is registered there and named nowhere here (the recognisers' are the `asr` section's)
+class EvaluateParams(*backend_settings(SPEAKER), EvaluateCore):  # type: ignore[misc]
     """`evaluate`: fixed-seed loss and generation metrics of a fine-tuned model against its baseline."""
 
 
@@ -133,7 +134,7 @@ SECTIONS = {"evaluate": EvaluateParams}
 STEPS = (
     Step("evaluate", "fixed-seed loss and voice metrics vs the base model: eval.json (DVC metric), samples/, "
          "eval.png", target="voxpipe.evaluate.step:evaluate",
-         reads=("evaluate", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
+         reads=("evaluate", "asr", "model.base", "model.kernels", "train.max_tokens", "register.model_name",
                 "ingest.input", "tracking.uri", "tracking.work", "synthesize.watermark"),
          # the registry the voice's champion is fetched from, to re-score (voxpipe/track/champion.py)
          wires=(("champion", "voxpipe.track.champion:champion_export"),),

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from voxpipe.backends import ASR, listed
 from voxpipe.section import Section
 from voxpipe.steps import Out, Stage, Step
 from voxpipe.voxcpm2_format import SAMPLE_RATE
@@ -138,6 +139,25 @@ class IngestParams(Section):
         "voice: a mapping {speaker or input file/folder: locale} (a speaker outranks its source; one named "
         "by neither is en-US). Each row records its locale; register records the voices' with the model"
     )
+    asr: list[Literal[*ASR]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="recognisers that transcribe a row with no text, as evaluate.asr "
+        f"names them: {listed(ASR)}, models from the asr section's folders. A row's language "
+        "(ingest.language, else its locale's) takes the first that covers it; one none covers is quarantined "
+        "(no_recogniser). [] = a row with no text is quarantined (missing_text)"
+    )
+    asr_second: list[Literal[*ASR]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="a second opinion on each transcribed row (the first of these "
+        "that covers its language): a CER against the first's transcript above asr_max_cer marks the row "
+        "needs_review. [] = none"
+    )
+    asr_min_confidence: float = Field(
+        -1.0, le=0, description="a transcript whose confidence (the recogniser's average natural-log "
+        "probability per word or token; Whisper's avg_logprob) is below this marks its row needs_review"
+    )
+    asr_max_cer: float = Field(
+        0.2, ge=0, description="the most the asr_second transcript may differ from the first (character "
+        "error rate) before the row is marked needs_review"
+    )
     max_text_chars: int = Field(
         2000, ge=1, le=1_000_000, description="longest transcript kept, in characters: a longer row is "
         "quarantined (text_too_long) before its text is normalized, so no row can stall ingest (one clip "
@@ -206,7 +226,7 @@ SECTIONS = {"ingest": IngestParams}
 
 STEPS = (
     Step("ingest", "parquet / CSV / JSONL / LJSpeech folder → 16 kHz mono FLAC + raw.jsonl, bad rows "
-         "quarantined", target="voxpipe.data.ingest_step:ingest", section="ingest", reads=("ingest",),
+         "quarantined", target="voxpipe.data.ingest_step:ingest_step", reads=("ingest", "asr"),
          hide=SHARD_KEYS,
          stage=Stage(
              deps=("${ingest.input[0]}",),
@@ -217,8 +237,8 @@ STEPS = (
          reads=("ingest.input", "ingest.out", "ingest.shards", "ingest.text_column", "ingest.audio_column",
                 "ingest.speaker_column", "ingest.consent", "ingest.consent_reason")),
     Step("ingest-shard", "sharded ingest, 2/3: ingest one shard of a plan into its own folder",
-         target="voxpipe.data.ingest_shards:ingest_shard", section="ingest",
-         reads=("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers")),
+         target="voxpipe.data.ingest_shards:ingest_shard_step",
+         reads=("ingest.plan", "ingest.shard", "ingest.out", "ingest.workers", "asr")),
     Step("ingest-merge", "sharded ingest, 3/3: merge the shards into one output, as `voxpipe ingest` "
          "writes it", target="voxpipe.data.ingest_shards:merge", section="ingest",
          reads=("ingest.plan", "ingest.shard_dirs", "ingest.out")),

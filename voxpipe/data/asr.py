@@ -1,28 +1,31 @@
-"""Intelligibility: which recogniser hears each clip, per language (`evaluate.asr`, first that fits).
+"""Which recogniser hears each clip, per language (`ingest.asr` / `evaluate.asr`, the first that fits).
 
-The recognisers below are registered by name, with the evaluate.* fields they take, in
-voxpipe/backends.py's `ASR`; `Recognisers` loads the configured names from there.
+The recognisers below are registered by name, with the asr.* fields they take, in voxpipe/backends.py's
+`ASR`; `Recognisers` loads the configured names from there. ingest transcribes rows without text with
+them, evaluate scores generated clips: this module sits in the data layer, below both.
 
 - `pocketsphinx`: bundled (its US-English model ships inside the wheel), English only. A small,
   old-style recogniser: on synthetic or accented voices it misses many words, so its rate is always
   reported next to its rate on the real recordings of the same texts (`*_real`).
 - `whisper`: transformers `WhisperForConditionalGeneration` from a local folder
-  (`evaluate.whisper_model`, e.g. a download of openai/whisper-large-v3, what Seed-TTS-eval uses for
+  (`asr.whisper_model`, e.g. a download of openai/whisper-large-v3, what Seed-TTS-eval uses for
   English); the language is forced per row; any language its generation config lists.
-- `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`evaluate.paraformer_model`:
+- `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`asr.paraformer_model`:
   `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
   what Seed-TTS-eval uses for Chinese); Chinese only.
 
-A transcript is returned as the recogniser wrote it: scoring converts every Chinese hypothesis to
-simplified characters, whichever backend made it (voxpipe/evaluate/scoring.py).
-
-No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and sherpa-onnx models all
-download at run time), so the last two need a folder the user provides. A language no configured
-backend covers gets no rate (null, with the reason), never a number.
+`hear` gives the transcript with the recogniser's confidence (`Heard`: an average natural-log
+probability per word or token, or null with the reason), which ingest keeps for each row it transcribes;
+`transcribe` gives the transcript alone. A transcript is returned as the recogniser wrote it: scoring
+converts every Chinese hypothesis to simplified characters, whichever backend made it
+(voxpipe/evaluate/scoring.py). No PyPI package ships Whisper or Chinese ASR weights (funasr, whisper and
+sherpa-onnx models all download at run time), so the last two need a folder the user provides. A
+language no configured backend covers gets no rate (null, with the reason), never a number.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import tempfile
@@ -36,12 +39,23 @@ from typing import Any, Protocol
 import numpy as np
 
 from voxpipe.backends import ASR
-from voxpipe.errors import StepError
-from voxpipe.evaluate import pocketsphinx_worker as worker
+from voxpipe.data import pocketsphinx_worker as worker
+from voxpipe.errors import StepError, quoted_path
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 WHISPER_MAX_NEW_TOKENS = 200  # a sentence; whisper's decoder holds max_target_positions (448) in all
 WHISPER_PROMPT = 4  # <|startoftranscript|> <|lang|> <|transcribe|> <|notimestamps|>
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A transcript and how sure its recogniser was: the average natural-log probability of its words or
+    tokens (pocketsphinx: the hypothesis' log posterior per word; Whisper: its tokens' mean log-probability,
+    its own avg_logprob), or None with `reason`."""
+
+    text: str
+    confidence: float | None
+    reason: str | None = None
 
 
 class Recogniser(Protocol):
@@ -50,7 +64,13 @@ class Recogniser(Protocol):
 
     def covers(self, language: str) -> bool: ...
 
+    def hear(self, wav: np.ndarray, language: str) -> Heard: ...
+
     def transcribe(self, wav: np.ndarray, language: str) -> str: ...
+
+
+def _nothing_heard() -> Heard:
+    return Heard("", None, "nothing was heard")
 
 
 class PocketSphinx:
@@ -69,8 +89,8 @@ class PocketSphinx:
         try:
             import pocketsphinx  # noqa: F401 (here: the error names the fix; the child decodes)
         except ImportError as e:
-            raise StepError(f"evaluate.asr pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
-                            "(or leave it out of evaluate.asr)") from e
+            raise StepError(f"asr backend pocketsphinx needs pocketsphinx ({e}): `pip install -e '.[eval]'` "
+                            "(or leave it out of ingest.asr and evaluate.asr)") from e
         self._errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child can never block on it
         self._child = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=self._errors)
@@ -82,6 +102,9 @@ class PocketSphinx:
         return language == "en"
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
         pcm = (np.clip(np.asarray(wav, dtype=np.float32), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
         with self._lock:
             try:
@@ -97,8 +120,12 @@ class PocketSphinx:
             why = self._errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise StepError(f"the pocketsphinx process ended (exit code {self._child.returncode}: {why[0]}); "
                             "nothing was written. Check the memory limit of this pod or machine, or leave "
-                            "pocketsphinx out of evaluate.asr")
-        return reply[worker.CPU.size:].decode()
+                            "pocketsphinx out of ingest.asr and evaluate.asr")
+        (score,) = worker.CONFIDENCE.unpack_from(reply, worker.CPU.size)
+        text = reply[worker.CPU.size + worker.CONFIDENCE.size:].decode()
+        if math.isnan(score):
+            return _nothing_heard() if not text else Heard(text, None, "no word in the hypothesis")
+        return Heard(text, round(score, 4))
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -116,13 +143,19 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 
 
 def _folder(key: str, value: str | None, needs: tuple[str, ...]) -> Path:
+    """The model folder `asr.<key>` names, with the files the backend needs; else one paragraph why not."""
+    way_out = "or leave the backend out of ingest.asr and evaluate.asr"
     if not value:
-        raise StepError(f"evaluate.{key} is not set: name the local folder of the model (nothing downloads "
-                        "at run time), or leave the backend out of evaluate.asr / evaluate.speaker")
+        raise StepError(f"asr.{key} is not set: name the local folder of the model (nothing downloads at run "
+                        f"time), {way_out}")
     folder = Path(value)
+    if not folder.is_dir():
+        raise StepError(f"asr.{key} {quoted_path(folder)}: no such folder; name the local folder of the "
+                        f"model (nothing downloads at run time), {way_out}")
     missing = [n for n in needs if not (folder / n).is_file()]
     if missing:
-        raise StepError(f"evaluate.{key} {folder}: not a model folder (no {', '.join(missing)})")
+        raise StepError(f"asr.{key} {quoted_path(folder)}: not a model folder (no {', '.join(missing)}), "
+                        f"{way_out}")
     return folder
 
 
@@ -147,12 +180,24 @@ class Whisper:
         return language in self._languages
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
+        """The transcript and its avg_logprob: the mean log-probability of the generated tokens (the end
+        token included, as Whisper's own transcribe counts it), from generate's scores."""
         features = self._features(np.asarray(wav, dtype=np.float32), sampling_rate=SAMPLE_RATE,
                                   return_tensors="pt").input_features.to(self._device)
         with self._torch.no_grad():
-            ids = self._net.generate(features, language=language, task="transcribe",
-                                     max_new_tokens=self._max_new)
-        return self._tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
+            out = self._net.generate(features, language=language, task="transcribe",
+                                     max_new_tokens=self._max_new, return_dict_in_generate=True,
+                                     output_scores=True)
+            steps = self._net.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0]
+        text = self._tokenizer.batch_decode(out.sequences, skip_special_tokens=True)[0].strip()
+        finite = steps[self._torch.isfinite(steps)]
+        if not text:
+            return _nothing_heard()
+        return Heard(text, round(float(finite.mean()), 4) if finite.numel() else None,
+                     None if finite.numel() else "no scored token")
 
 
 class ParaformerZh:
@@ -167,7 +212,7 @@ class ParaformerZh:
         try:
             import sherpa_onnx
         except ImportError as e:
-            raise StepError(f"evaluate.asr paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
+            raise StepError(f"asr backend paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
                             ) from e
         self.model = str(path / weights)
         self._recognizer = sherpa_onnx.OfflineRecognizer.from_paraformer(
@@ -179,10 +224,21 @@ class ParaformerZh:
         return language == "zh"
 
     def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
+        """The transcript, with the mean of the token log-probabilities where sherpa-onnx reports them
+        (`ys_log_probs`; its Paraformer may leave them empty: then None, with that reason)."""
         stream = self._recognizer.create_stream()
         stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
         self._recognizer.decode_stream(stream)
-        return stream.result.text
+        result = stream.result
+        scores = list(getattr(result, "ys_log_probs", None) or ())
+        if not result.text:
+            return _nothing_heard()
+        if not scores:
+            return Heard(result.text, None, "sherpa-onnx reports no token log-probabilities for this model")
+        return Heard(result.text, round(float(np.mean(scores)), 4))
 
 
 @dataclass(frozen=True)
@@ -196,11 +252,13 @@ class Choice:
 class Recognisers:
     """The configured backends, loaded once; `for_language` picks the first that covers a language.
 
-    `config`: the evaluate params as a mapping (`model_dump()`); each backend takes its own fields.
+    `config`: the asr params as a mapping (`model_dump()`); each backend takes its own fields. `key`: the
+    list that names them (ingest.asr or evaluate.asr), as the reasons say it.
     """
 
-    def __init__(self, names: list[str], config: Mapping[str, Any] | None = None) -> None:
-        self.names = list(names)
+    def __init__(self, names: list[str], config: Mapping[str, Any] | None = None,
+                 key: str = "evaluate.asr") -> None:
+        self.names, self.key = list(names), key
         self.loaded: list[Recogniser] = [ASR[n].load(config or {}) for n in names]
 
     def child_cpu_seconds(self) -> float:
@@ -212,7 +270,7 @@ class Recognisers:
             if r.covers(language):
                 return Choice(r, None)
         if not self.loaded:
-            return Choice(None, "evaluate.asr is empty: no recogniser configured")
-        return Choice(None, f"no configured recogniser covers language {language!r} (evaluate.asr: "
+            return Choice(None, f"{self.key} is empty: no recogniser configured")
+        return Choice(None, f"no configured recogniser covers language {language!r} ({self.key}: "
                             f"{', '.join(self.names)}; pocketsphinx is English only: add whisper with "
-                            "evaluate.whisper_model, or paraformer-zh for Chinese)")
+                            "asr.whisper_model, or paraformer-zh for Chinese)")
