@@ -8,6 +8,10 @@ records (voices.yaml) and truth.json, which lists every segment: session file, s
 speaker and text. Deterministic (fixed seed).
 
     .venv/bin/python data/sample/make_sessions.py work/sessions
+    .venv/bin/python data/sample/make_sessions.py --score work/sessions/spk_m work/ingest  # after ingest
+
+`--score` says how ingest did against truth.json: the interloper's lines set aside, the main voice's
+clips kept, and the recogniser's WER against the script (evaluate's scoring text, per clip, then the mean).
 """
 
 from __future__ import annotations
@@ -82,13 +86,44 @@ def write_sessions(folder: Path, sessions: int = 3, interloper_every: int = 4, s
     return out
 
 
+def _holding(row: dict, truth: list[dict]) -> list[dict]:
+    """The segments a row's clip overlaps (by more than 50 ms)."""
+    source = row["source"]
+    return [t for t in truth if Path(source["file"]).name == t["session"]
+            and min(source["end"], t["end"]) - max(source["start"], t["start"]) > 0.05]
+
+
+def score(folder: Path, out: Path) -> str:
+    """One paragraph: how ingest's rows in `out` match the truth of the sessions in `folder`."""
+    from voxpipe.evaluate.scoring import mean_rate, utterance_rate
+
+    truth = json.loads((folder / "truth.json").read_text(encoding="utf-8"))
+    kept = [json.loads(line) for line in (out / "raw.jsonl").read_text(encoding="utf-8").splitlines()]
+    aside = [json.loads(line) for line in (out / "quarantine.jsonl").read_text(encoding="utf-8").splitlines()]
+    others = [t for t in truth if t["speaker"] == INTERLOPER]
+    caught = [t for t in others
+              if any(t in _holding(r, truth) for r in aside if r["reason"] in ("other_speaker", "overlap"))]
+    mains = [t for t in truth if t["speaker"] == MAIN]
+    found = [t for t in mains if any(t in _holding(r, truth) for r in kept)]
+    rates = [utterance_rate(" ".join(t["text"] for t in _holding(r, truth)), r["text_raw"] or "", "en")
+             for r in kept if r.get("asr")]
+    wer = mean_rate(rates)
+    recogniser = kept[0]["asr"] if kept and kept[0].get("asr") else "the recogniser"
+    shown = "n/a" if wer is None else f"{wer:.2f}"
+    return (f"{len(caught)} of the interloper's {len(others)} lines set aside; {len(found)} of the main "
+            f"voice's {len(mains)} lines kept; {recogniser}'s WER against the script: {shown} over "
+            f"{len(rates)} clips")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
+    parser.add_argument("out", type=Path, nargs="?", help="with --score: the ingest output folder")
     parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--score", action="store_true", help="score FOLDER's truth against OUT's rows")
     args = parser.parse_args()
-    print(write_sessions(args.folder, args.sessions))
+    print(score(args.folder, args.out) if args.score else write_sessions(args.folder, args.sessions))
 
 
 if __name__ == "__main__":
