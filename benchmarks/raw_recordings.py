@@ -58,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--no-asr", action="store_true", help="leave pocketsphinx out")
-    args = parse_args(parser, sessions=1)
+    args = parse_args(parser, sessions=1, no_asr=True)
     s = SegmentParams()
     settings = {"threshold": s.vad_threshold, "min_pause": s.min_pause_seconds, "min_s": s.min_seconds,
                 "max_s": s.max_seconds}
@@ -67,7 +67,7 @@ def main() -> None:
         truth = json.loads((folder / "truth.json").read_text())
         audio = {p.name: sf.read(p, dtype="float32")[0] for p in sorted(folder.glob("*.wav"))}
     rate = make_sessions.RATE
-    seconds = {"vad": 0.0, "embedding": 0.0, "asr": 0.0}
+    seconds: dict[str, float | None] = {"vad": 0.0, "embedding": 0.0, "asr": 0.0}
     edges, pauses_cut, pauses = [], 0, 0
     judged: list[tuple[dict | None, object, np.ndarray]] = []
     for name, x in audio.items():
@@ -112,6 +112,7 @@ def main() -> None:
     }
     if args.no_asr:
         result["asr"] = {"wer": None, "wer_null_reason": "--no-asr"}
+        seconds["asr"] = None
     else:
         from voxpipe.backends import ASR
         from voxpipe.evaluate.scoring import mean_rate, utterance_rate
@@ -125,7 +126,10 @@ def main() -> None:
         seconds["asr"] = time.perf_counter() - start
         result["asr"] = {"backend": "pocketsphinx", "wer": round(mean_rate(rates), 3), "clips": len(rates)}
     hours = result["audio_seconds"] / 3600
-    result["seconds_per_audio_hour"] = {k: round(v / hours, 1) for k, v in seconds.items()}
+    result["seconds_per_audio_hour"] = {k: None if v is None else round(v / hours, 1)
+                                        for k, v in seconds.items()}
+    if seconds["asr"] is None:
+        result["seconds_per_audio_hour"]["asr_null_reason"] = "--no-asr"
     result["machine"] = {"cpus": os.cpu_count(), "load_average": [round(v, 1) for v in os.getloadavg()],
                          "note": "shared with other work: figures per hour are upper bounds"}
     print(json.dumps(result, indent=1))

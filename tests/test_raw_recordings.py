@@ -158,3 +158,14 @@ def test_recordings_fan_out_one_per_shard_and_merge_to_the_single_run(tmp_path, 
                 for line in (out / "raw.jsonl").read_text().splitlines()]
 
     assert settled(sharded) == settled(single) and settled(single)
+
+
+def test_a_recordings_script_gives_its_clips_their_text(tmp_path, clips):
+    segments = [(x, MAIN, t) for x, t in clips[MAIN][9:13]]
+    truth = recording(tmp_path, "read.wav", segments)
+    (tmp_path / MAIN / "read.txt").write_text(" ".join(t["text"] for t in truth) + "\n", encoding="utf-8")
+    kept = sorted(ingest(tmp_path, tmp_path / "out"), key=lambda r: r["source"]["row"])
+    assert [r.get("reason") for r in kept] == [None] * 4
+    for row, segment in zip(kept, truth, strict=True):
+        assert row["text_raw"] == segment["text"] and row["script"] == "read.txt"
+        assert row["asr"] == "pocketsphinx" and "asr_text" in row and 0 <= row["script_match"] <= 1

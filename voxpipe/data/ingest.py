@@ -42,7 +42,7 @@ from voxpipe.data.ingest_row import (
     normalize_text,
 )
 from voxpipe.data.parquet_source import Columns
-from voxpipe.data.recording import process_any_batch
+from voxpipe.data.recording import process_any_batch, with_script
 from voxpipe.data.segment import SegmentChecks
 from voxpipe.data.sources import RECORDING, SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import unsure_readings
@@ -429,9 +429,12 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
             batches = _batches(sources, ranges, checks, p.locale)
             logged = start
             for file_index, outcomes in _ordered_map(process_any_batch, batches, workers):
-                for outcome in outcomes:
-                    if isinstance(outcome, Kept) and outcome.untranscribed and transcriber is not None:
-                        outcome = replace(transcriber.settle(outcome, out), span=outcome.span)
+                settled = [replace(transcriber.settle(o, out), span=o.span)
+                           if isinstance(o, Kept) and o.untranscribed and transcriber is not None else o
+                           for o in outcomes]
+                if sources[file_index].kind == RECORDING:
+                    settled = with_script(settled, sources[file_index].path, p.normalize_text)
+                for outcome in settled:
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
                 shown.update(len(outcomes))

@@ -38,7 +38,9 @@ from voxpipe.data.ingest_row import (
     process_row,
 )
 from voxpipe.data.one_voice import judge_clips
+from voxpipe.data.script_align import align_script
 from voxpipe.data.segment import Cut, Uncut, cut_points
+from voxpipe.data.text_norm import spoken_form
 from voxpipe.data.vad import RATE, speech_probabilities
 
 SEGMENTS = "segments"  # under the output folder: one finished recording's outcomes per file
@@ -142,6 +144,32 @@ def cut_recording(raw: RawRow, batch: Batch) -> list[Kept | Rejected]:
             outcome = dataclasses.replace(outcome, span=span)
         outcomes.append(outcome)
     return outcomes
+
+
+def with_script(outcomes: list[Kept | Rejected], recording: Path, normalize: bool) -> list[Kept | Rejected]:
+    """A recording's transcribed clips with the text of its script (`x.txt` beside `x.wav`, as read) in
+    place of what the recogniser heard: `align_script` places each clip in the script. Each such row keeps
+    the recogniser's words as `asr_text`, the script's span as `text_raw`, `script_match` (1 - CER between
+    the two), and `needs_review` with the alignment's reason; a clip the script does not hold keeps its
+    transcript, marked for review. Run in the parent, after the recogniser, once a recording's clips are
+    all transcribed. Without a script, the outcomes as they are."""
+    script = recording.with_suffix(".txt")
+    heard = [o for o in outcomes if isinstance(o, Kept) and o.info.get("asr")]
+    if not heard or not script.is_file():
+        return outcomes
+    language = heard[0].info["language"]
+    aligned = align_script(script.read_text(encoding="utf-8"), [o.info["text_raw"] or "" for o in heard],
+                           [o.duration for o in heard], language)
+    placed: dict[int, Kept] = {}
+    for o, a in zip(heard, aligned, strict=True):
+        text = o.text  # a clip the script does not hold keeps its transcript
+        if a.text:
+            text = spoken_form(a.text, language, o.info["locale"])[0] if normalize else a.text
+        info = {**o.info, "text_raw": a.text or o.info["text_raw"], "asr_text": o.info["text_raw"],
+                "script": script.name, "script_match": round(a.match, 4), "needs_review": a.needs_review,
+                "review_reason": a.reason}
+        placed[id(o)] = dataclasses.replace(o, text=text, info=info)
+    return [placed.get(id(o), o) for o in outcomes]
 
 
 def process_any_batch(batch: Batch) -> tuple[int, list[Kept | Rejected]]:

@@ -158,10 +158,8 @@ def iter_rows(src: SourceFile, start: int, stop: int, batch_rows: int) -> Iterat
         why = (f"input {src.path} is a link to {target}, outside the input folder {src.root}; it was not "
                "read. Copy the file into the folder (or name it as an input itself) to ingest it")
         return iter([[RawRow(0, None, None, None, why, "unsafe_path")]] if start < 1 <= stop else [])
-    if src.kind == RECORDING:
-        script = src.path.with_suffix(".txt")
-        text = script.read_text(encoding="utf-8") if script.is_file() else None
-        return iter([[RawRow(0, src.path.name, text, src.speaker)]] if start < 1 <= stop else [])
+    if src.kind == RECORDING:  # its script, if any, is aligned to the transcribed clips (recording.py)
+        return iter([[RawRow(0, src.path.name, None, src.speaker)]] if start < 1 <= stop else [])
     if src.kind == "parquet":
         return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows, src.speaker)
     return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows, src.speaker)
