@@ -106,8 +106,8 @@ def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
         elif path.is_file():
             kind = RECORDING if path.suffix.lower() in AUDIO_SUFFIXES else _kind(path)
             if kind is None:
-                raise StepError(f"input {item}: not a .parquet, .csv, .tsv, .jsonl or audio (.wav, .flac, "
-                                ".mp3, .ogg) file")
+                raise StepError(f"input {item}: not a .parquet, .csv, .tsv or .jsonl file (nor a long "
+                                "recording: .wav, .flac, .mp3, .ogg)")
             found.append((path, path.parent, kind))
         else:
             raise StepError(f"input {item} does not exist")

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from voxpipe.errors import StepError
+from voxpipe.voxcpm2_format import SAMPLE_RATE
 
-RATE = 16000  # the rate the model runs at
+RATE = SAMPLE_RATE  # Silero's rate (it takes 8 or 16 kHz) is voxpipe's one: clips are decoded to it
 FRAME = 512  # samples per probability: 32 ms
 CONTEXT = 64  # samples of the previous chunk each call sees first
 MODEL = "silero_vad.onnx"
