@@ -22,8 +22,10 @@ from sessions import make_sessions
 from voxpipe.data.ingest import ingest_one_pass
 from voxpipe.data.ingest_shards import plan as ingest_plan
 from voxpipe.data.ingest_step import ingest as ingest_step
+from voxpipe.data.manifest import build_manifest
 from voxpipe.data.recording import SEGMENTS
 from voxpipe.steps.ingest import IngestParams
+from voxpipe.steps.manifest import ManifestParams
 
 MAIN, OTHER, RATE = make_sessions.MAIN, make_sessions.INTERLOPER, make_sessions.RATE
 BIN = Path(sys.executable).parent
@@ -79,6 +81,11 @@ def test_another_voice_is_set_aside_with_its_similarity_and_every_row_has_its_pl
     assert aside["similarity"] < 0.72 and "speaker similarity" in aside["detail"]
     page = (tmp_path / "out" / "data-report.html").read_text()
     assert 'id="other-voices"' in page and "talk.wav" in page
+    manifest = tmp_path / "manifest"
+    build_manifest(ManifestParams(input=[str(tmp_path / "out" / "raw.jsonl")], out=str(manifest)))
+    carried = [json.loads(line)["source"] for name in ("train.jsonl", "val.jsonl")
+               for line in (manifest / name).read_text().splitlines()]
+    assert len(carried) == 4 and all(c["file"].endswith("talk.wav") and c["end"] > c["start"] for c in carried)
 
 
 def test_two_voices_at_once_are_quarantined_as_overlap(tmp_path, clips):
