@@ -85,7 +85,8 @@ def test_another_voice_is_set_aside_with_its_similarity_and_every_row_has_its_pl
     build_manifest(ManifestParams(input=[str(tmp_path / "out" / "raw.jsonl")], out=str(manifest)))
     carried = [json.loads(line)["source"] for name in ("train.jsonl", "val.jsonl")
                for line in (manifest / name).read_text().splitlines()]
-    assert len(carried) == 4 and all(c["file"].endswith("talk.wav") and c["end"] > c["start"] for c in carried)
+    assert len(carried) == 4
+    assert all(c["file"].endswith("talk.wav") and c["end"] > c["start"] for c in carried)
 
 
 def test_two_voices_at_once_are_quarantined_as_overlap(tmp_path, clips):
