@@ -19,11 +19,13 @@ import pytest
 import soundfile as sf
 from sessions import make_sessions
 
+from voxpipe.data import vad
 from voxpipe.data.ingest import ingest_one_pass
 from voxpipe.data.ingest_shards import plan as ingest_plan
 from voxpipe.data.ingest_step import ingest as ingest_step
 from voxpipe.data.manifest import build_manifest
 from voxpipe.data.recording import SEGMENTS
+from voxpipe.errors import StepError
 from voxpipe.steps.ingest import IngestParams
 from voxpipe.steps.manifest import ManifestParams
 
@@ -177,3 +179,29 @@ def test_a_recordings_script_gives_its_clips_their_text(tmp_path, clips):
     for row, segment in zip(kept, truth, strict=True):
         assert row["text_raw"] == segment["text"] and row["script"] == "read.txt"
         assert row["asr"] == "pocketsphinx" and "asr_text" in row and 0 <= row["script_match"] <= 1
+
+
+def test_an_enrolment_clip_names_the_voice_to_keep(tmp_path, clips):
+    """The enrolment clip outranks the dominant voice: enrolled as the interloper, the main voice goes."""
+    y, line = clips[OTHER][2]
+    segments = [*[(x, MAIN, t) for x, t in clips[MAIN][13:16]], (y, OTHER, line)]
+    truth = recording(tmp_path, "talk.wav", segments)
+    enrolment = tmp_path / "enrolment.wav"
+    sf.write(enrolment, clips[OTHER][3][0], RATE)
+    found = ingest(tmp_path, tmp_path / "out", max_bad_fraction=1.0, segment={"enrolment": str(enrolment)})
+    reasons = [r.get("reason") for r in sorted(found, key=lambda r: r["source"]["row"])]
+    assert reasons == ["other_speaker" if t["speaker"] == MAIN else None for t in truth]
+
+
+def test_an_unreadable_enrolment_clip_is_one_paragraph_naming_it(tmp_path, clips):
+    recording(tmp_path, "talk.wav", [(x, MAIN, t) for x, t in clips[MAIN][:1]])
+    enrolment = tmp_path / "enrolment.wav"
+    enrolment.write_bytes(b"not audio")
+    with pytest.raises(StepError, match=r"ingest.segment.enrolment '.*enrolment.wav' cannot be read"):
+        ingest(tmp_path, tmp_path / "out", segment={"enrolment": str(enrolment)})
+
+
+def test_without_the_silero_wheel_cutting_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(vad.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(StepError, match="needs the silero-vad wheel"):
+        vad.model_file()
