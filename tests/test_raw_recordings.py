@@ -205,3 +205,10 @@ def test_without_the_silero_wheel_cutting_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(vad.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(StepError, match="needs the silero-vad wheel"):
         vad.model_file()
+
+
+def test_with_both_thresholds_at_minus_one_every_voice_is_kept_unembedded(tmp_path, clips):
+    y, line = clips[OTHER][0]
+    recording(tmp_path, "talk.wav", [(clips[MAIN][0][0], MAIN, ""), (y, OTHER, line)])
+    found = ingest(tmp_path, tmp_path / "out", segment={"speaker_threshold": -1, "overlap_threshold": -1})
+    assert len(found) == 2 and all("reason" not in r and r["speaker_similarity"] is None for r in found)

@@ -423,7 +423,10 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     seen: set[int] = set()
     error: StepError | None = None
     start = time.perf_counter()
-    total = sum(stop - first for _, first, stop in ranges)
+    # a long recording is one input row that becomes as many rows as it has clips: a total of rows is not
+    # known before it is cut
+    cut = any(sources[i].kind == RECORDING for i, _, _ in ranges)
+    total = None if cut else sum(stop - first for _, first, stop in ranges)
     try:
         with bar(total=total, unit="row", desc="ingest", mininterval=1.0) as shown:
             batches = _batches(sources, ranges, checks, p.locale)
@@ -440,7 +443,7 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
                 shown.update(len(outcomes))
                 if shown.disable and time.perf_counter() - logged >= LOG_SECONDS:  # a pod's log: a line
                     logged = time.perf_counter()
-                    log.info("ingest: %d of %d rows, %d kept, %.0f rows/s", result.rows_in, total,
+                    log.info("ingest: %d of %s rows, %d kept, %.0f rows/s", result.rows_in, total or "?",
                              result.rows_kept, result.rows_in / (logged - start))
     except StepError as e:
         error = e

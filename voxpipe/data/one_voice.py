@@ -39,8 +39,8 @@ from voxpipe.voxcpm2_format import SAMPLE_RATE
 @dataclass(frozen=True)
 class Verdict:
     reason: str  # "" = the recording's voice; other_speaker; overlap
-    similarity: float  # the clip's cosine to the recording's voice
-    lowest_window: float  # its least similar 1.6 s window's
+    similarity: float | None  # the clip's cosine to the recording's voice (None: not compared)
+    lowest_window: float | None  # its least similar 1.6 s window's
 
 
 @cache
@@ -67,7 +67,10 @@ def dominant_voice(embeddings: np.ndarray, threshold: float) -> np.ndarray:
 
 def judge_clips(clips: list[np.ndarray], speaker_threshold: float, overlap_threshold: float,
                 enrolment: str = "") -> list[Verdict]:
-    """A Verdict per 16 kHz clip of one recording, in order."""
+    """A Verdict per 16 kHz clip of one recording, in order; with both thresholds at -1 (keep every voice)
+    nothing is embedded."""
+    if speaker_threshold <= -1 and overlap_threshold <= -1:
+        return [Verdict("", None, None) for _ in clips]
     if not clips:
         return []
     import torch  # the encoder's (loaded with it): one thread, since the decode pool is the parallelism

@@ -34,7 +34,8 @@ class SegmentParams(Section):
     speaker_threshold: float = Field(
         0.72, ge=-1, le=1, description="a clip whose speaker embedding (Resemblyzer GE2E) matches the "
         "recording's dominant voice (or the enrolment clip's) less than this (cosine) is quarantined "
-        "(other_speaker); -1 = keep every voice. Measured: docs/data-at-scale.md"
+        "(other_speaker); -1 = keep every voice (with overlap_threshold -1 too, no clip is embedded). "
+        "Measured: docs/data-at-scale.md"
     )
     overlap_threshold: float = Field(
         0.75, ge=-1, le=1, description="a clip of the recording's voice with a 1.6 s window matching it less "
