@@ -12,6 +12,7 @@ import pytest
 from small_sample import SAMPLE, TEST_CONSENT
 from test_scoring import tiny_whisper
 
+from voxpipe.backends import ASR
 from voxpipe.data.ingest_step import ingest
 from voxpipe.data.transcribe import KEYS
 from voxpipe.errors import StepError
@@ -92,7 +93,9 @@ def test_without_ingest_asr_a_row_with_no_text_is_quarantined_as_before(tmp_path
 def test_an_unknown_recogniser_is_one_error_naming_the_key_and_the_choices():
     with pytest.raises(StepError) as e:
         load_params(None, ["ingest.asr=[pocketsphinx, nosuch]"])
-    assert "ingest.asr.1" in str(e.value) and "'pocketsphinx', 'whisper' or 'paraformer-zh'" in str(e.value)
+    names = [f"'{n}'" for n in ASR]  # the registry's, as pydantic lists them: 'a', 'b' or 'c'
+    assert "ingest.asr.1" in str(e.value) and f"{', '.join(names[:-1])} or {names[-1]}" in str(e.value)
+    assert "(got 'nosuch')" in str(e.value)
 
 
 def test_a_missing_model_folder_is_one_error_naming_the_key_and_folder_before_any_row(tmp_path):

@@ -187,6 +187,18 @@ def test_paraformer_needs_its_folder_and_says_which_files(tmp_path):
         ParaformerZh(str(tmp_path))
 
 
+def test_sensevoice_needs_its_folder_and_says_which_files(tmp_path):
+    from voxpipe.data.asr import SenseVoice
+
+    with pytest.raises(StepError, match="asr.sensevoice_model is not set"):
+        SenseVoice(None)
+    with pytest.raises(StepError, match=r"asr.sensevoice_model \S*nowhere: no such folder"):
+        SenseVoice(str(tmp_path / "nowhere"))
+    (tmp_path / "model.int8.onnx").write_bytes(b"")
+    with pytest.raises(StepError, match=r"not a model folder \(no tokens.txt\)"):
+        SenseVoice(str(tmp_path))
+
+
 def test_wavlm_from_a_folder_embeds_a_clip_and_not_silence(tmp_path):
     from transformers import Wav2Vec2FeatureExtractor, WavLMConfig, WavLMForXVector
 

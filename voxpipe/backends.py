@@ -81,6 +81,13 @@ class ParaformerSettings(Section):
     )
 
 
+class SenseVoiceSettings(Section):
+    sensevoice_model: str | None = Field(
+        None, description="local folder of a sherpa-onnx SenseVoice-Small (model.onnx or model.int8.onnx, "
+        "tokens.txt), for sensevoice in ingest.asr / evaluate.asr"
+    )
+
+
 class WavLMSettings(Section):
     wavlm_model: str | None = Field(None, description="local folder of a transformers WavLMForXVector model")
 
@@ -97,6 +104,8 @@ ASR = registry(
     Backend("whisper", "voxpipe.data.asr:Whisper", WhisperSettings, about="whisper_model"),
     Backend("paraformer-zh", "voxpipe.data.asr:ParaformerZh", ParaformerSettings,
             about="paraformer_model, Chinese"),
+    Backend("sensevoice", "voxpipe.data.asr:SenseVoice", SenseVoiceSettings,
+            about="sensevoice_model; zh, en, ja, ko, yue"),
 )
 SPEAKER = registry(
     Backend("resemblyzer", "voxpipe.evaluate.speaker:SpeakerEncoder", about="bundled GE2E", label="GE2E"),

@@ -13,6 +13,8 @@ them, evaluate scores generated clips: this module sits in the data layer, below
 - `paraformer-zh`: sherpa-onnx's offline Paraformer from a local folder (`asr.paraformer_model`:
   `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export of FunASR's paraformer-zh,
   what Seed-TTS-eval uses for Chinese); Chinese only.
+- `sensevoice`: SenseVoice-Small through sherpa-onnx (`asr.sensevoice_model`, the same two files);
+  zh, en, ja, ko, yue.
 
 `hear` gives the transcript with the recogniser's confidence (`Heard`: an average natural-log
 probability per word or token, or null with the reason), which ingest keeps for each row it transcribes;
@@ -227,18 +229,56 @@ class ParaformerZh:
         return self.hear(wav, language).text
 
     def hear(self, wav: np.ndarray, language: str) -> Heard:
-        """The transcript, with the mean of the token log-probabilities where sherpa-onnx reports them
-        (`ys_log_probs`; its Paraformer may leave them empty: then None, with that reason)."""
-        stream = self._recognizer.create_stream()
-        stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
-        self._recognizer.decode_stream(stream)
-        result = stream.result
-        scores = list(getattr(result, "ys_log_probs", None) or ())
-        if not result.text:
-            return _nothing_heard()
-        if not scores:
-            return Heard(result.text, None, "sherpa-onnx reports no token log-probabilities for this model")
-        return Heard(result.text, round(float(np.mean(scores)), 4))
+        return _sherpa_heard(self._recognizer, wav)
+
+
+def _sherpa_heard(recognizer: Any, wav: np.ndarray) -> Heard:
+    """A sherpa-onnx offline recogniser's transcript, with the mean of its token log-probabilities where it
+    reports them (`ys_log_probs`; some models leave them empty: then None, with that reason)."""
+    stream = recognizer.create_stream()
+    stream.accept_waveform(SAMPLE_RATE, np.asarray(wav, dtype=np.float32))
+    recognizer.decode_stream(stream)
+    result = stream.result
+    scores = list(getattr(result, "ys_log_probs", None) or ())
+    if not result.text:
+        return _nothing_heard()
+    if not scores:
+        return Heard(result.text, None, "sherpa-onnx reports no token log-probabilities for this model")
+    return Heard(result.text, round(float(np.mean(scores)), 4))
+
+
+class SenseVoice:
+    """FunAudioLLM's SenseVoice-Small through sherpa-onnx's offline recogniser, from a local folder
+    (`asr.sensevoice_model`: `model.onnx` or `model.int8.onnx` and `tokens.txt`, a sherpa-onnx export);
+    Chinese, English, Japanese, Korean and Cantonese, the language found by the model itself. The
+    installed sherpa-onnx wheel builds it from those two files: nothing downloads."""
+
+    backend = "sensevoice"
+    LANGUAGES = ("zh", "en", "ja", "ko", "yue")
+
+    def __init__(self, sensevoice_model: str | None, threads: int = 1) -> None:
+        path = Path(sensevoice_model) if sensevoice_model else None
+        weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
+                       "model.onnx")
+        path = _folder("sensevoice_model", sensevoice_model, (weights, "tokens.txt"))
+        try:
+            import sherpa_onnx
+        except ImportError as e:
+            raise StepError(f"asr backend sensevoice needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
+                            ) from e
+        self.model = str(path / weights)
+        self._recognizer = sherpa_onnx.OfflineRecognizer.from_sense_voice(
+            model=str(path / weights), tokens=str(path / "tokens.txt"), num_threads=threads,
+            sample_rate=SAMPLE_RATE, language="", use_itn=False)  # "": the model tells the language
+
+    def covers(self, language: str) -> bool:
+        return language in self.LANGUAGES
+
+    def transcribe(self, wav: np.ndarray, language: str) -> str:
+        return self.hear(wav, language).text
+
+    def hear(self, wav: np.ndarray, language: str) -> Heard:
+        return _sherpa_heard(self._recognizer, wav)
 
 
 @dataclass(frozen=True)

@@ -19,4 +19,4 @@ class AsrParams(*backend_settings(ASR), Section):  # type: ignore[misc]
 ORDER = 15
 SECTIONS = {"asr": AsrParams}
 # where these keys were before (evaluate.*): an older params file still loads (voxpipe/params.py)
-MOVED = {f"evaluate.{name}": f"asr.{name}" for name in AsrParams.model_fields}
+MOVED = {f"evaluate.{name}": f"asr.{name}" for name in ("whisper_model", "paraformer_model")}
