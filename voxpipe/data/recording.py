@@ -4,10 +4,11 @@ clip through the same row path as a clip from a manifest.
 A recording is one unit of work (one row of its source, one piece of a sharded plan). The worker decodes
 it once, finds speech with Silero VAD (vad.py), cuts clips at the pauses (segment.py), judges each clip's
 voice against the recording's (one_voice.py), and hands every clip it keeps to `process_row` as a row with
-no text (transcribed there when `ingest.asr` names a recogniser): trimming, loudness, the quality score,
-the checks and the FLAC are a manifest clip's. Each outcome carries its span of the recording, which
-raw.jsonl and quarantine.jsonl record in `source` (`start`, `end`, seconds) beside the file; the
-recording itself is only read.
+no text: trimming, loudness, the quality score, the checks and the FLAC are a manifest clip's. The parent
+transcribes such rows (`ingest.asr`, transcribe.py) and, where the recording has a script, gives each
+clip its part of it (`with_script`). Each outcome carries its span of the recording, which raw.jsonl and
+quarantine.jsonl record in `source` (`start`, `end`, seconds) beside the file; the recording itself is
+only read.
 
 Resumable per recording: the outcomes of a finished recording are kept in `out/segments/<key>.json`, the
 key a hash of the recording's bytes and of every setting that shapes its rows, so a rerun after a kill
