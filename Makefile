@@ -18,7 +18,7 @@ HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$
 RECIPE ?=
 APPLY_RECIPE := $(if $(RECIPE),$(BIN)/voxpipe params --recipe $(RECIPE) --write params.yaml,@true)
 
-.PHONY: help install test test-fast lint generate generate-check record demo sweep repro compile images image-test mlflow-ui clean
+.PHONY: help install test test-fast lint generate generate-check record demo demo-raw sweep repro compile images image-test mlflow-ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -69,6 +69,11 @@ demo: $(STAMP)  ## dvc repro on the shipped sample, tiny model, 2 CPU processes;
 	@echo "blind listening test: work/eval/listen.html, then voxpipe listen-record --answers FILE (docs/evaluation.md)"
 	@echo "loss curves: $(BIN)/dvc plots show, then open dvc_plots/index.html"
 	@echo "MLflow UI: make mlflow-ui, then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, metrics, audio, the model registry)"
+
+demo-raw: $(STAMP)  ## the demo from raw recordings: long sessions from the sample, cut at pauses, the other voice set aside, transcribed (pocketsphinx), trained
+	$(BIN)/python data/sample/make_sessions.py work/sessions
+	$(MAKE) demo RECIPE=demo-raw
+	@echo; echo "against the script: $$($(BIN)/python data/sample/make_sessions.py --score work/sessions/spk_m work/ingest)"
 
 # GRID reaches tools/sweep.py as data: in the environment, unexpanded ($(value)), never in a shell line; exec
 # makes make its parent, so a killed make stops it (tools/sweep.py: PR_SET_PDEATHSIG)

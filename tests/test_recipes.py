@@ -19,7 +19,7 @@ from voxpipe.launch.volcano import render_job
 from voxpipe.params import Params, load_params, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ["demo-cpu", "voxcpm2-full-gpu8-24g", "voxcpm2-full-npu16", "voxcpm2-lora-gpu1",
+RECIPES = ["demo-cpu", "demo-raw", "voxcpm2-full-gpu8-24g", "voxcpm2-full-npu16", "voxcpm2-lora-gpu1",
            "voxcpm2-lora-gpu1-24g", "voxcpm2-lora-npu8"]
 K8S_VERSION = kubernetes_validate.latest_version()
 

@@ -36,18 +36,29 @@ def _encoder():
             warnings.simplefilter("ignore", DeprecationWarning)  # its scipy.ndimage.morphology import
             from resemblyzer import VoiceEncoder, preprocess_wav
     except ImportError as e:
-        raise StepError(f"checking a consent recording's voice needs Resemblyzer ({e}): run `make install`, "
-                        "or `pip install -e '.[eval]' && pip install --no-deps resemblyzer==0.1.4`") from e
+        raise StepError(f"comparing voices (a consent recording, a long recording's clips) needs Resemblyzer "
+                        f"({e}): run `make install`, or `pip install -e '.[eval]' && pip install --no-deps "
+                        "resemblyzer==0.1.4`") from e
     return VoiceEncoder("cpu", verbose=False), preprocess_wav
 
 
 def embed(path: Path) -> np.ndarray:
     """Unit-norm GE2E embedding of an audio file, at 16 kHz with long silences cut (Resemblyzer's own)."""
-    encoder, preprocess = _encoder()
     native, rate = decode_native(path)
-    wav = to_mono_resampled(native, rate, SAMPLE_RATE).astype(np.float32)
+    return embed_samples(to_mono_resampled(native, rate, SAMPLE_RATE))
+
+
+def embed_samples(wav: np.ndarray, partials: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """`embed` of 16 kHz samples; with `partials`, also the unit-norm embeddings of its 1.6 s windows
+    (Resemblyzer's, 1.3 a second), one row each: how the voice varies along the clip."""
+    encoder, preprocess = _encoder()
+    wav = wav.astype(np.float32)
     trimmed = preprocess(wav)
-    return encoder.embed_utterance(trimmed if trimmed.size >= SAMPLE_RATE // 2 else wav)
+    chosen = trimmed if trimmed.size >= SAMPLE_RATE // 2 else wav
+    if not partials:
+        return encoder.embed_utterance(chosen)
+    whole, windows, _ = encoder.embed_utterance(chosen, return_partials=True)
+    return whole, windows
 
 
 def similarity(recording: Path, clips: list[Path]) -> float:

@@ -5,10 +5,11 @@ It answers what people ask after a bad fine-tune: how much of each speaker there
 clips are, how loud and how clean they were, how much silence was cut, what was thrown out and why,
 which rows are the worst and the best, and every transcript text normalization changed (before and
 after: a wrong reading of a date or a price is found by reading the list, report.json's
-`text_changes`), and what the proofreading corrections did, next to the proofreading page it writes
-beside it (proofread_page.py). The page embeds its figure, so it is one self-contained
-file for KFP's HTML viewer and for MLflow; the PNG beside it is the same figure. Built from
-raw.jsonl, quarantine.jsonl and report.json, streamed: a row costs a few floats, whatever the clip.
+`text_changes`), what the proofreading corrections did, next to the proofreading page it writes
+beside it (proofread_page.py), and the clips of long recordings set aside as another voice
+(quarantine.jsonl's other_speaker and overlap rows). The page embeds its figure, so it is one
+self-contained file for KFP's HTML viewer and for MLflow; the PNG beside it is the same figure. Built
+from raw.jsonl, quarantine.jsonl and report.json, streamed: a row costs a few floats, whatever the clip.
 """
 
 from __future__ import annotations
@@ -185,7 +186,29 @@ def _proofreading(report: dict[str, Any], to_review: int) -> str:
     return title + page + done + table
 
 
-def _page(report: dict[str, Any], figures: _Figures, png: bytes, to_review: int) -> str:
+OTHER_VOICES = ("other_speaker", "overlap")  # a long recording's clips set aside for their voice
+
+
+def _other_voices(out: Path) -> list[dict[str, Any]]:
+    """The quarantined clips of long recordings that are another voice, or two voices, in order."""
+    path = out / "quarantine.jsonl"
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [row for line in f if (row := json.loads(line))["reason"] in OTHER_VOICES]
+
+
+def _other_voices_table(rows: list[dict[str, Any]]) -> str:
+    title = f'<h2 id="other-voices">Other voices set aside: {len(rows)} clips</h2>'
+    if not rows:
+        return title + "<p>no clip of a long recording was another voice</p>"
+    return title + _table(["recording", "start (s)", "end (s)", "reason", "similarity"], [
+        [r["source"]["file"], r["source"].get("start"), r["source"].get("end"), r["reason"],
+         r.get("similarity")] for r in rows])
+
+
+def _page(report: dict[str, Any], figures: _Figures, png: bytes, to_review: int,
+          others: list[dict[str, Any]]) -> str:
     c = report.get("conditioning", {})
     speakers = [[s, n, f"{sec / 3600:.3f}", f"{sec / max(n, 1):.2f}"]
                 for s, (n, sec) in sorted(figures.speakers.items())]
@@ -213,6 +236,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}} th
 <h2 id="best">The {EXAMPLES} highest by {key}</h2>{_examples(figures.high)}
 {_proofreading(report, to_review)}
 {_text_changes(report.get("text_changes", []))}
+{_other_voices_table(others) if others else ""}
 </body></html>
 """
 
@@ -225,5 +249,5 @@ def write_data_report(out: Path) -> Path:
     png = _plot(figures, report.get("reasons", {}))
     to_review = write_proofread_page(out, report)
     atomic_write(out / FIGURE, lambda tmp: Path(tmp).write_bytes(png), ".tmp")
-    atomic_write_text(out / PAGE, _page(report, figures, png, to_review))
+    atomic_write_text(out / PAGE, _page(report, figures, png, to_review, _other_voices(out)))
     return out / PAGE

@@ -42,11 +42,12 @@ from voxpipe.data.ingest_row import (
     Rejected,
     RowChecks,
     normalize_text,
-    process_batch,
 )
 from voxpipe.data.language import detect_language
 from voxpipe.data.parquet_source import Columns
-from voxpipe.data.sources import SourceFile, iter_rows, open_sources
+from voxpipe.data.recording import process_any_batch, with_script
+from voxpipe.data.segment import SegmentChecks
+from voxpipe.data.sources import RECORDING, SourceFile, iter_rows, open_sources
 from voxpipe.data.text_norm import spoken_form, unsure_readings
 from voxpipe.data.transcribe import transcriber as load_transcriber
 from voxpipe.errors import StepError
@@ -250,6 +251,8 @@ def _record(
 ) -> None:
     """Append one outcome in input order; the duplicate check happens here because it needs that order."""
     source = {"file": src.path.as_posix(), "row": outcome.row}
+    if outcome.span is not None:  # a clip cut from a long recording: where in it, seconds
+        source["start"], source["end"] = outcome.span
     if isinstance(outcome, Kept):
         row_id = hashlib.blake2b(f"{outcome.audio_hash}\n{outcome.text}".encode(), digest_size=8).hexdigest()
         if int(row_id, 16) in seen:
@@ -264,7 +267,10 @@ def _record(
             writer.raw.write(json_line(row))
             result.count_kept(row)
             return
-    writer.quarantine.write(json_line({"source": source, "reason": outcome.reason, "detail": outcome.detail}))
+    line = {"source": source, "reason": outcome.reason, "detail": outcome.detail}
+    if outcome.similarity is not None:
+        line["similarity"] = outcome.similarity
+    writer.quarantine.write(json_line(line))
     result.rows_quarantined += 1
     result.reasons[outcome.reason] += 1
 
@@ -284,7 +290,7 @@ def _batches(sources: Mapping[int, SourceFile], ranges: list[Range], checks: Row
         root = str(src.root.resolve())
         source_checks = replace(checks, locale=source_locale(locale, src.path))
         for rows in iter_rows(src, start, stop, BATCH_ROWS):
-            yield Batch(i, base, root, rows, source_checks)
+            yield Batch(i, base, root, rows, source_checks, recording=src.kind == RECORDING)
 
 
 def source_locale(locale: Locales, path: Path) -> str:
@@ -435,6 +441,7 @@ def row_checks(p: IngestParams, out: Path, consent: dict[str, Any]) -> RowChecks
         transcribe=bool(p.asr),
         speaker_locales=tuple(sorted(p.locale.items())) if isinstance(p.locale, dict) else (),
         consent=None if pairs is None else tuple((speaker, why) for speaker, why in pairs),
+        segment=SegmentChecks(**p.segment.model_dump()),
     )
 
 
@@ -457,21 +464,27 @@ def ingest_ranges(p: IngestParams, sources: Mapping[int, SourceFile], ranges: li
     seen: set[int] = set()
     error: StepError | None = None
     start = time.perf_counter()
-    total = sum(stop - first for _, first, stop in ranges)
+    # a long recording is one input row that becomes as many rows as it has clips: a total of rows is not
+    # known before it is cut
+    cut = any(sources[i].kind == RECORDING for i, _, _ in ranges)
+    total = None if cut else sum(stop - first for _, first, stop in ranges)
     try:
         with bar(total=total, unit="row", desc="ingest", mininterval=1.0) as shown:
             batches = _batches(sources, ranges, checks, p.locale)
             logged = start
-            for file_index, outcomes in _ordered_map(process_batch, batches, workers):
-                for outcome in outcomes:
-                    if isinstance(outcome, Kept) and outcome.untranscribed and transcriber is not None:
-                        outcome = transcriber.settle(outcome, out)
+            for file_index, outcomes in _ordered_map(process_any_batch, batches, workers):
+                settled = [replace(transcriber.settle(o, out), span=o.span)
+                           if isinstance(o, Kept) and o.untranscribed and transcriber is not None else o
+                           for o in outcomes]
+                if sources[file_index].kind == RECORDING:
+                    settled = with_script(settled, sources[file_index].path, p.normalize_text)
+                for outcome in settled:
                     _record(result, writer, seen, sources[file_index], outcome)
                 result.rows_in += len(outcomes)
                 shown.update(len(outcomes))
                 if shown.disable and time.perf_counter() - logged >= LOG_SECONDS:  # a pod's log: a line
                     logged = time.perf_counter()
-                    log.info("ingest: %d of %d rows, %d kept, %.0f rows/s", result.rows_in, total,
+                    log.info("ingest: %d of %s rows, %d kept, %.0f rows/s", result.rows_in, total or "?",
                              result.rows_kept, result.rows_in / (logged - start))
     except StepError as e:
         error = e

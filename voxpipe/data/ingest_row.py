@@ -27,6 +27,7 @@ from voxpipe.data.audio import AudioDecodeError, decode_native, flac16_bytes, to
 from voxpipe.data.conditioning import clipped_fraction, find_trim, normalize_loudness
 from voxpipe.data.language import detect_language
 from voxpipe.data.quality import Dnsmos
+from voxpipe.data.segment import SegmentChecks
 from voxpipe.data.text_norm import normalize_text, spoken_form
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
@@ -53,6 +54,11 @@ REASONS = (
     "duplicate",
     "consent_voice_mismatch",  # judged after the pass, over each speaker's kept clips (consent_voice.py)
     "dropped_in_review",  # dropped on the proofreading page (ingest.corrections, corrections.py)
+    # a long recording's (recording.py): its clips, or the recording itself
+    "no_speech",
+    "no_pause",
+    "other_speaker",
+    "overlap",
 )
 FLAGS = ("long_pause", "peak_limited")  # kept rows, marked for a look: raw.jsonl `flags`
 
@@ -95,6 +101,7 @@ class RowChecks:
     transcribe: bool = False  # ingest.asr is set: a row with no text is kept for the parent to transcribe
     # (speaker, why its rows may not be trained on; "" = a valid consent record); None: consent not required
     consent: tuple[tuple[str, str], ...] | None = None
+    segment: SegmentChecks | None = None  # how long recordings are cut (ingest.segment)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class Batch:
     root: str  # the dataset folder: audio paths must stay inside it
     rows: list[RawRow]
     checks: RowChecks
+    recording: bool = False  # one long recording to cut into clips (recording.py)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class Kept:
     speaker: str
     info: dict[str, Any]  # what conditioning did, in raw.jsonl order: text_raw, language, levels, ...
     untranscribed: bool = False  # no text yet: the parent transcribes it (transcribe.py), text is ""
+    span: tuple[float, float] | None = None  # a long recording's clip: its start and end there, seconds
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,8 @@ class Rejected:
     row: int
     reason: str
     detail: str
+    span: tuple[float, float] | None = None
+    similarity: float | None = None  # other_speaker, overlap: the clip's to the recording's voice
 
 
 def resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str]:
@@ -139,7 +150,7 @@ def resolve_audio_path(rel: str, base: str, root: str) -> tuple[Path | None, str
     return path, ""
 
 
-def _judge_audio(raw: RawRow, batch: Batch) -> tuple[tuple[np.ndarray, int] | None, Rejected | None]:
+def judge_audio(raw: RawRow, batch: Batch) -> tuple[tuple[np.ndarray, int] | None, Rejected | None]:
     """The decoded mono samples at their own rate, or why the row has none."""
     audio = raw.audio
     if audio is None:
@@ -260,6 +271,14 @@ def _spoken_text(text: str, checks: RowChecks, locale: str = "") -> tuple[str, s
     return text, checks.language or detect_language(text)
 
 
+def consent_problem(row: int, speaker: str, checks: RowChecks) -> Rejected | None:
+    if checks.consent is None:
+        return None
+    problem = dict(checks.consent).get(speaker, f"no consent record for speaker {speaker[:80]!r} in the "
+                                                "voices.yaml of its input")
+    return Rejected(row, "no_consent", f"speaker {speaker[:80]!r}: {problem}") if problem else None
+
+
 def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     """Judge one row; for a good row condition its audio and text and write its 16 kHz FLAC. Cheap
     checks run before decoding, the costly quality score last."""
@@ -277,12 +296,10 @@ def process_row(raw: RawRow, batch: Batch) -> Kept | Rejected:
     speaker = raw.speaker.strip() if raw.speaker is not None else ""
     if not speaker:
         return Rejected(raw.row, "missing_speaker", "the speaker is null or blank")
-    if checks.consent is not None:  # before decoding: a voice without consent is never even written
-        problem = dict(checks.consent).get(speaker, f"no consent record for speaker {speaker[:80]!r} in "
-                                                    "the voices.yaml of its input")
-        if problem:
-            return Rejected(raw.row, "no_consent", f"speaker {speaker[:80]!r}: {problem}")
-    decoded, bad = _judge_audio(raw, batch)
+    no_consent = consent_problem(raw.row, speaker, checks)
+    if no_consent is not None:  # before decoding: a voice without consent is never even written
+        return no_consent
+    decoded, bad = judge_audio(raw, batch)
     if bad is not None:
         return bad
     native, native_sr = decoded

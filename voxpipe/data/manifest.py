@@ -111,8 +111,15 @@ def _parse_clip(row: dict[str, Any] | None, bad: str, where: str, base: Path) ->
         origin=where,
         raw_id=rid,
         raw_speaker=speaker,
-        carried={k: row[k] for k in CARRIED_FIELDS if k in row},
+        carried={**{k: row[k] for k in CARRIED_FIELDS if k in row}, **_cut_from(row)},
     )
+
+
+def _cut_from(row: dict[str, Any]) -> dict[str, Any]:
+    """A clip cut from a long recording carries where it came from ({"source": {file, row, start, end}}),
+    so a row of the training set can be found and heard in the recording it was cut from."""
+    source = row.get("source")
+    return {"source": source} if isinstance(source, dict) and "start" in source else {}
 
 
 def read_clips(inputs: list[str]) -> list[Clip]:

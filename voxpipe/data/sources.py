@@ -7,6 +7,10 @@ range (file, start, stop) is the unit both a whole run and one shard of a sharde
 A file or folder found in an input folder that is a link leading out of it is never opened: it
 becomes one quarantined row (`unsafe_path`), so the run says what it did not read, and why.
 
+An input folder that holds none of these is a folder of long recordings: each audio file in it
+(.wav, .flac, .mp3, .ogg) is one row, which its decode worker cuts into clips (recording.py). A
+recording's transcript, if there is one, is the text file beside it with the same stem (`x.wav`, `x.txt`).
+
 A file without a speaker column is one speaker named after its source (`source_speaker`), and ingest
 says so: an English and a Mandarin folder ingested together stay two voices, never one speaker
 trained as both.
@@ -27,13 +31,15 @@ from voxpipe.errors import StepError
 
 log = logging.getLogger(__name__)
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+RECORDING = "recording"  # a long audio file with no transcript: one row, cut into clips by its worker
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: Path
     root: Path  # the dataset folder: audio paths must resolve inside it
-    kind: str  # parquet | csv | tsv | jsonl | ljspeech | unsafe (a link out of the input folder)
+    kind: str  # parquet | csv | tsv | jsonl | ljspeech | recording | unsafe (a link out of the input folder)
     num_rows: int
     audio_kind: str  # parquet: struct (HF {bytes, path}), bytes or path; manifests: path
     columns: Columns  # the columns read; speaker "" = none: every row is speaker `speaker`
@@ -83,6 +89,10 @@ def _found_kind(path: Path, real_root: str) -> str | None:
     return _kind(path)
 
 
+def _is_recording(path: Path, real_root: str) -> bool:
+    return path.suffix.lower() in AUDIO_SUFFIXES and not (path.is_symlink() and _outside(path, real_root))
+
+
 def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
     """(file, dataset root, kind) for every input; folders are searched recursively in sorted order."""
     found: list[tuple[Path, Path, str]] = []
@@ -90,11 +100,14 @@ def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
         path = Path(item)
         if path.is_dir():
             real = os.path.realpath(path)
-            found += [(f, path, k) for f in sorted(_walk(path, real)) if (k := _found_kind(f, real))]
+            files = sorted(_walk(path, real))
+            tables = [(f, path, k) for f in files if (k := _found_kind(f, real))]
+            found += tables or [(f, path, RECORDING) for f in files if _is_recording(f, real)]
         elif path.is_file():
-            kind = _kind(path)
+            kind = RECORDING if path.suffix.lower() in AUDIO_SUFFIXES else _kind(path)
             if kind is None:
-                raise StepError(f"input {item}: not a .parquet, .csv, .tsv or .jsonl file")
+                raise StepError(f"input {item}: not a .parquet, .csv, .tsv or .jsonl file (nor a long "
+                                "recording: .wav, .flac, .mp3, .ogg)")
             found.append((path, path.parent, kind))
         else:
             raise StepError(f"input {item} does not exist")
@@ -104,7 +117,8 @@ def find_inputs(inputs: list[str]) -> list[tuple[Path, Path, str]]:
     if not unique:
         where = ", ".join(inputs) or "(no inputs given)"
         raise StepError(
-            f"no input files: no *.parquet, *.csv, *.tsv, *.jsonl or LJSpeech metadata.csv in {where}"
+            f"no input files: no *.parquet, *.csv, *.tsv, *.jsonl, LJSpeech metadata.csv or long recording "
+            f"(*.wav, *.flac, *.mp3, *.ogg) in {where}"
         )
     return list(unique.values())
 
@@ -113,6 +127,8 @@ def open_source(path: Path, root: Path, kind: str, cols: Columns, notices: list[
     """Check one input's columns; a file without a speaker column becomes one speaker, with a notice."""
     if kind == UNSAFE:  # one row, quarantined: the link is not opened
         return SourceFile(path, root, kind, 1, "path", cols)
+    if kind == RECORDING:  # one row, cut by its worker: its voice is named after its folder, as a manifest's
+        return SourceFile(path, root, kind, 1, "path", cols, source_speaker(path))
     if kind == "parquet":
         rows, audio_kind, used = open_parquet(path, cols)
     else:
@@ -142,6 +158,8 @@ def iter_rows(src: SourceFile, start: int, stop: int, batch_rows: int) -> Iterat
         why = (f"input {src.path} is a link to {target}, outside the input folder {src.root}; it was not "
                "read. Copy the file into the folder (or name it as an input itself) to ingest it")
         return iter([[RawRow(0, None, None, None, why, "unsafe_path")]] if start < 1 <= stop else [])
+    if src.kind == RECORDING:  # its script, if any, is aligned to the transcribed clips (recording.py)
+        return iter([[RawRow(0, src.path.name, None, src.speaker)]] if start < 1 <= stop else [])
     if src.kind == "parquet":
         return iter_parquet(src.path, src.audio_kind, src.columns, start, stop, batch_rows, src.speaker)
     return iter_table(src.path, src.kind, src.columns, start, stop, batch_rows, src.speaker)

@@ -16,12 +16,42 @@ Locale = Literal["en-US", "en-GB", "zh-CN"]  # text_rules.LOCALES: how a speaker
 Locales = Locale | dict[str, Locale]  # ingest.locale: one for every row, or per speaker / input
 
 
+class SegmentParams(Section):
+    """How long recordings (audio files with no transcript) are cut into clips (embedded as
+    `ingest.segment`); voxpipe/data/segment.py and one_voice.py say how, and where the defaults come from."""
+
+    min_seconds: float = Field(2.0, ge=0, description="speech longer than max_seconds is cut where both "
+                               "parts are at least this long, when a pause allows; a shorter stretch "
+                               "between two pauses stays a clip of its own (never joined across a pause)")
+    max_seconds: float = Field(15.0, gt=0, description="longest clip: longer speech is cut at its longest "
+                               "internal pause; speech this long with no pause is quarantined (no_pause), "
+                               "never cut mid-word")
+    pad_seconds: float = Field(0.2, ge=0, description="silence kept before and after each clip, at most "
+                               "half the pause it lies in")
+    min_pause_seconds: float = Field(0.4, gt=0, description="a pause at least this long ends a clip")
+    vad_threshold: float = Field(0.5, gt=0, lt=1, description="Silero VAD speech probability a frame needs "
+                                 "to count as speech")
+    speaker_threshold: float = Field(
+        0.72, ge=-1, le=1, description="a clip whose speaker embedding (Resemblyzer GE2E) matches the "
+        "recording's dominant voice (or the enrolment clip's) less than this (cosine) is quarantined "
+        "(other_speaker); -1 = keep every voice (with overlap_threshold -1 too, no clip is embedded). "
+        "Measured: docs/data-at-scale.md"
+    )
+    overlap_threshold: float = Field(
+        0.75, ge=-1, le=1, description="a clip of the recording's voice with a 1.6 s window matching it less "
+        "than this holds a second voice (overlap: quarantined); -1 = never"
+    )
+    enrolment: str = Field("", description='a clip of the voice to keep; "" = each recording\'s dominant '
+                           "voice")
+
+
 class IngestParams(Section):
     """`ingest`: your audio and transcripts, checked and decoded once to 16 kHz mono FLAC + raw.jsonl."""
 
     input: list[str] = Field(
         default_factory=lambda: ["data/sample"], description="parquet files, .csv/.tsv/.jsonl manifests "
-        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them",
+        "(path, text, speaker columns), LJSpeech-layout folders (metadata.csv + wavs/), or folders of them; "
+        "a folder with none of these: its audio files are long recordings, cut into clips (segment)",
         json_schema_extra={"result": False},
     )
     out: str = Field(
@@ -156,6 +186,7 @@ class IngestParams(Section):
         "longer matches reported, not applied. A missing file: nothing proofread. A DVC dep of ingest",
         json_schema_extra={"result": False},
     )
+    segment: SegmentParams = Field(default_factory=SegmentParams)
     workers: int = Field(0, ge=0, description="decode processes; 0 = all cores; more than the usable cores "
                          "is refused", json_schema_extra={"result": False})
     shards: int = Field(
