@@ -145,3 +145,63 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
     expected = [{"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
                 for *_, usable, intra in CASES]
     assert json.loads(done.stdout) == expected
+
+
+# --- the finishing threads (in process: a tiny model, the batcher's own threads) ---
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from voxpipe.model.io import from_pretrained
+    from voxpipe.steps.model import ModelParams
+    from voxpipe.train.init_model import init_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    init_model(ModelParams(preset="tiny", out=str(folder)))
+    return from_pretrained(folder, device="cpu").eval()
+
+
+def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
+    """Both finishing threads held in their marks (the second works only because the generating thread is
+    idle); a later sentence leaves the batch, then a first sentence; when one thread goes on, it finishes
+    the first sentence before the later one. Rows of 2, 3 and 4 patches tell the marks apart."""
+    import threading
+
+    from voxpipe.serve.batcher import Batcher
+    from voxpipe.serve.deadline import Deadline
+    from voxpipe.serve.request import Limits, parse_request
+
+    gates = [threading.Event(), threading.Event()]
+    marked: list[int] = []  # the patches of each marked row, in the order they were marked
+
+    def mark(audio, rate):
+        call = len(marked)
+        marked.append(audio.size // (tiny_model.patch_size * tiny_model.audio_vae.decode_hop_length))
+        if call < len(gates):  # the first two finishes hold both finishing threads
+            assert gates[call].wait(120)
+        return audio + 1.0  # what the batcher hands back is what the mark made
+
+    batcher = Batcher(tiny_model, max_rows=4, window_s=0.0, mark=mark)
+    said: dict[str, object] = {}
+
+    def say(name: str, patches: int, first: bool) -> threading.Thread:
+        request = parse_request(["Some words."], [None], {"max_len": patches, "inference_timesteps": 1},
+                                Limits())
+        t = threading.Thread(target=lambda: said.setdefault(name, batcher.say(
+            request, "Some words.", Deadline(600), None, first=first)))
+        t.start()
+        return t
+
+    threads = [say("held-1", 2, False), say("held-2", 2, False)]
+    wait_for(lambda: len(marked) == 2)  # the idle-time finisher took the second row
+    threads.append(say("later", 3, False))
+    wait_for(lambda: len(batcher._finishing) == 1)
+    threads.append(say("first", 4, True))
+    wait_for(lambda: len(batcher._finishing) == 2)
+    gates[0].set()
+    wait_for(lambda: len(marked) == 4)
+    gates[1].set()
+    for t in threads:
+        t.join(120)
+    assert marked == [2, 2, 4, 3]
+    alone = tiny_model.generate("Some words.", max_len=4, inference_timesteps=1, seed=0).audio[0].numpy()
+    assert abs(said["first"] - (alone + 1.0)).max() <= 1e-4  # decoded, then marked
