@@ -205,3 +205,46 @@ def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earli
     assert marked == [2, 2, 4, 3]
     alone = tiny_model.generate("Some words.", max_len=4, inference_timesteps=1, seed=0).audio[0].numpy()
     assert abs(said["first"] - (alone + 1.0)).max() <= 1e-4  # decoded, then marked
+
+
+# --- benchmarks/serve.py --neighbours: the neighbour processes never outlive the check ---
+
+def _with_marker(marker: str, what: str) -> list:
+    """This test's processes (they carry its marker in their environment) whose command line has `what`."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if what in " ".join(p.info["cmdline"] or []) and p.environ().get("VOXPIPE_TEST_MARKER") == marker:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_the_neighbours_check_prints_its_ratio_and_leaves_no_neighbour_running(tmp_path):
+    import json
+    import subprocess
+
+    marker = f"neighbours-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "VOXPIPE_TEST_MARKER": marker}
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve.py"
+    command = [sys.executable, str(script), "--smoke", "--neighbours", "2"]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        checked = json.loads(done.stdout)["neighbours"]
+        assert checked["neighbours"] == 2 and checked["requests"] == 8
+        assert checked["ratio_p50"] > 0 and checked["ratio_total"] > 0
+        assert not _with_marker(marker, "getppid")  # killed when the check ended
+
+        killed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(_with_marker(marker, "getppid")) == 2, tries=3000)
+        killed.kill()  # past any finally
+        killed.wait()
+        wait_for(lambda: not _with_marker(marker, "getppid"))  # each saw its parent go
+    finally:
+        for p in _with_marker(marker, ""):  # the killed run's server, and anything else of this test's
+            p.kill()
