@@ -6,7 +6,8 @@ many clients, each sending its next request as soon as its last one ends), the s
 (fixed, of mixed length, one to three sentences) `--rounds` times, as streamed `pcm` answers:
 - requests/s and seconds of audio per wall second;
 - time to the first byte, p50 and p95; the real-time factor (a request's wall seconds per audio second), p50;
-- the server's peak resident memory during the level.
+- the server's peak resident memory during the level, and the CPU seconds it spent per second of audio
+  (all its threads: a figure the machine's other load changes far less than the wall-clock ones).
 `threads` is what the server set torch's threads to (its /metrics: voxpipe_torch_threads).
 
 `upstream` is voxcpm 2.0.3's `VoxCPM2Model.generate` on the same weights (a checkpoint folder) in this
@@ -167,6 +168,7 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
                 results.append(got)
 
     with PeakRss(pid) as rss:
+        cpu = sum(rss.process.cpu_times()[:2])
         start = time.perf_counter()
         threads = [threading.Thread(target=client) for _ in range(clients)]
         for t in threads:
@@ -174,12 +176,14 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
         for t in threads:
             t.join()
         wall = time.perf_counter() - start
+        cpu = sum(rss.process.cpu_times()[:2]) - cpu
     audio = sum(r[2] for r in results)
     return {"requests": len(results), "wall_s": round(wall, 3),
             "requests_per_s": round(len(results) / wall, 3), "audio_s_per_wall_s": round(audio / wall, 3),
             "ttfb_p50_s": round(pct([r[0] for r in results], 0.5), 3),
             "ttfb_p95_s": round(pct([r[0] for r in results], 0.95), 3),
             "rtf_p50": round(statistics.median(r[1] / r[2] for r in results if r[2] > 0), 3),
+            "server_cpu_s_per_audio_s": round(cpu / audio, 4) if audio else None,
             "peak_rss_mb": round(rss.peak / 2**20, 1)}
 
 

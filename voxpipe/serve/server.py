@@ -150,7 +150,7 @@ def serve(params: Params) -> ServeResult:
             served = load_served(params, source)
             threads = use_cores(event_loop=True, streams=DECODING_STREAMS)
             log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores: one left for "
-                     "the event loop, the rest split between generating and decoding)",
+                     "the event loop, the rest split between generating and finishing)",
                      threads["intra_op_threads"], threads["inter_op_threads"], threads["usable_cores"])
             for kind, n in threads.items():
                 service.metrics.threads.labels(kind).set(n)
