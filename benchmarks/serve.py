@@ -63,7 +63,6 @@ TEXTS = (
     "Turn left at the second light, then keep going for about two hundred metres.",
     "Yes. No. Maybe tomorrow.",
 )
-PER_LEVEL = ("requests_per_s", "audio_s_per_wall_s", "ttfb_p50_s", "ttfb_p95_s", "rtf_p50", "peak_rss_mb")
 
 
 def free_port() -> int:
