@@ -6,7 +6,8 @@ many clients, each sending its next request as soon as its last one ends), the s
 (fixed, of mixed length, one to three sentences) `--rounds` times, as streamed `pcm` answers:
 - requests/s and seconds of audio per wall second;
 - time to the first byte, p50 and p95; the real-time factor (a request's wall seconds per audio second), p50;
-- the server's peak resident memory during the level.
+- the server's peak resident memory during the level, and the CPU seconds it spent per second of audio
+  (all its threads: a figure the machine's other load changes far less than the wall-clock ones).
 `threads` is what the server set torch's threads to (its /metrics: voxpipe_torch_threads).
 
 `upstream` is voxcpm 2.0.3's `VoxCPM2Model.generate` on the same weights (a checkpoint folder) in this
@@ -14,8 +15,17 @@ process, one request at a time (it has no batch path), with as many torch thread
 generation: its requests/s, audio per wall second, real-time factor and, from `generate_streaming`, its
 first chunk. Null with the reason without upstream voxcpm or a checkpoint folder.
 
+`--watermark` is the server's synthesize.watermark (perth, its default, marks every sentence; off measures
+generation alone). `--neighbours N` runs only the neighbours check instead: N other torch processes busy
+with matmuls on torch's default threads (as neighbour pods would be), and meanwhile each text, one at a time,
+as a non-streamed WAV from the warm server and as in-process `generate` of the same sentences (the
+server's rows: its normalized text split the server's way, each sentence's sized max_len, the same seed)
+on one torch thread; it prints the ratio of the two's wall seconds. The neighbours are killed when the check
+ends, however it ends (their process group; each also exits once its parent is gone).
+
     .venv/bin/python benchmarks/serve.py --model work/train/export            # the demo's export, on CPU
     .venv/bin/python benchmarks/serve.py --model /path/to/export --device cuda --concurrency 1,16
+    .venv/bin/python benchmarks/serve.py --model work/train/export --neighbours 2
     .venv/bin/python benchmarks/serve.py --smoke            # a random tiny model folder: seconds
 """
 
@@ -26,6 +36,7 @@ import json
 import os
 import platform
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -52,7 +63,6 @@ TEXTS = (
     "Turn left at the second light, then keep going for about two hundred metres.",
     "Yes. No. Maybe tomorrow.",
 )
-PER_LEVEL = ("requests_per_s", "audio_s_per_wall_s", "ttfb_p50_s", "ttfb_p95_s", "rtf_p50", "peak_rss_mb")
 
 
 def free_port() -> int:
@@ -75,11 +85,26 @@ def streamed(url: str, body: dict) -> tuple[float, float, float]:
     return first or 0.0, time.perf_counter() - start, size / 2 / rate
 
 
-def serve(model: str, device: str, rows: int, work: Path) -> tuple[subprocess.Popen, str]:
+def whole(url: str, body: dict) -> float:
+    """Wall seconds of one non-streamed WAV answer."""
+    data = json.dumps({**body, "response_format": "wav"}).encode()
+    request = urllib.request.Request(f"{url}/v1/audio/speech", data=data,
+                                     headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as r:
+        r.read()
+    return time.perf_counter() - start
+
+
+def serve(model: str, device: str, rows: int, work: Path, watermark: str = "perth"
+          ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     args = [str(Path(sys.executable).with_name("voxpipe")), "serve", "--model", model, "--port", str(port),
             "--device", device, "--voices", str(work / "voices"), "--concurrency", str(rows),
-            "--queue", str(rows)]
+            "--queue", str(rows), "--set", f"synthesize.watermark={watermark}"]
+    if watermark == "off":
+        args += ["--set", "synthesize.watermark_off_reason=benchmarks/serve.py --watermark off (generation "
+                 "alone)"]
     env = {k: v for k, v in os.environ.items() if k != "VOXPIPE_API_KEY"}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=(work / "serve.log").open("w"), env=env,
                             start_new_session=True, cwd=REPO)
@@ -142,6 +167,7 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
                 results.append(got)
 
     with PeakRss(pid) as rss:
+        cpu = sum(rss.process.cpu_times()[:2])
         start = time.perf_counter()
         threads = [threading.Thread(target=client) for _ in range(clients)]
         for t in threads:
@@ -149,12 +175,14 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
         for t in threads:
             t.join()
         wall = time.perf_counter() - start
+        cpu = sum(rss.process.cpu_times()[:2]) - cpu
     audio = sum(r[2] for r in results)
     return {"requests": len(results), "wall_s": round(wall, 3),
             "requests_per_s": round(len(results) / wall, 3), "audio_s_per_wall_s": round(audio / wall, 3),
             "ttfb_p50_s": round(pct([r[0] for r in results], 0.5), 3),
             "ttfb_p95_s": round(pct([r[0] for r in results], 0.95), 3),
             "rtf_p50": round(statistics.median(r[1] / r[2] for r in results if r[2] > 0), 3),
+            "server_cpu_s_per_audio_s": round(cpu / audio, 4) if audio else None,
             "peak_rss_mb": round(rss.peak / 2**20, 1)}
 
 
@@ -207,6 +235,65 @@ def upstream(folder: Path | None, device: str, threads: int, rounds: int, gen: d
             "ttfb_p50_s": round(statistics.median(firsts), 3), "torch_threads": threads}
 
 
+NEIGHBOUR = """
+import os, sys, torch
+x = torch.randn(1024, 1024)
+while os.getppid() == int(sys.argv[1]):  # its parent gone (killed past any finally): it goes too
+    x @ x
+"""
+
+
+def neighbours_check(url: str, folder: Path | None, count: int, rounds: int, gen: dict) -> dict:
+    """Non-streamed requests one at a time against the warm server, and the same sentences generated in
+    this process on one torch thread, while `count` neighbour processes keep every core busy."""
+    keys = ("served_s_p50", "in_process_s_p50", "ratio_p50", "ratio_total")
+    if folder is None:
+        return nulls(keys, "--model is not a checkpoint folder, which in-process generate needs")
+    import torch
+
+    from voxpipe.model.io import from_pretrained
+    from voxpipe.serve.formats import sentences
+    from voxpipe.serve.request import Limits, parse_request, sized_max_len
+
+    model = from_pretrained(folder, device="cpu").eval()
+
+    def in_process(text: str, seed: int) -> float:
+        spoken = parse_request([text], [None], {}, Limits()).spoken[0]
+        start = time.perf_counter()
+        for sentence in sentences(spoken):
+            model.generate(sentence, max_len=sized_max_len([sentence], gen.get("max_len")), seed=seed,
+                           inference_timesteps=gen["inference_timesteps"])
+        return time.perf_counter() - start
+
+    before = torch.get_num_threads()
+    procs = []
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(os.getpid())], start_new_session=True)
+                 for _ in range(count)]
+        torch.set_num_threads(1)
+        served, local = [], []
+        in_process(TEXTS[0], 0)  # warm-up
+        for i in range(rounds * len(TEXTS)):
+            text = TEXTS[i % len(TEXTS)]
+            served.append(whole(url, {"model": "voxpipe", "voice": "default", "input": text, "seed": i,
+                                      **gen}))
+            local.append(in_process(text, i))
+        load = os.getloadavg()[0]
+    finally:
+        torch.set_num_threads(before)
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+    return {"neighbours": count, "requests": len(served), "load": round(load, 1),
+            "served_s_p50": round(statistics.median(served), 3),
+            "in_process_s_p50": round(statistics.median(local), 3),
+            "ratio_p50": round(statistics.median(s / g for s, g in zip(served, local, strict=True)), 3),
+            "ratio_total": round(sum(served) / sum(local), 3)}
+
+
 def ratio(levels: dict, key: str, high: str, low: str = "1") -> float | None:
     if high in levels and low in levels and levels[low][key]:
         return round(levels[high][key] / levels[low][key], 3)
@@ -223,6 +310,10 @@ def main() -> None:
     parser.add_argument("--inference-timesteps", type=int, default=10)
     parser.add_argument("--max-len", type=int, default=None, help="patches at most (None: sized per text)")
     parser.add_argument("--tiny", action="store_true", help="serve a random-init tiny model folder")
+    parser.add_argument("--watermark", default="perth", choices=["perth", "off"],
+                        help="the server's synthesize.watermark (off: generation alone)")
+    parser.add_argument("--neighbours", type=int, default=0,
+                        help="run the neighbours check instead of the levels: this many busy torch processes")
     args = parse_args(parser, tiny=True, concurrency="1,2", rounds=1, inference_timesteps=2, max_len=6)
     levels_asked = [int(c) for c in args.concurrency.split(",")]
     gen = {"inference_timesteps": args.inference_timesteps}
@@ -237,32 +328,39 @@ def main() -> None:
 
             init_model(ModelParams(preset="tiny", out=str(work / "tiny")))
             model = str(work / "tiny")
-        proc, url = serve(model, args.device, max(levels_asked), work)
+        folder = Path(model) if (Path(model) / "config.json").is_file() else None
+        proc, url = serve(model, args.device, max(levels_asked), work, args.watermark)
         try:
             body = {"model": "voxpipe", "voice": "default", "response_format": "pcm", **gen}
             level(url, proc.pid, max(levels_asked), 1, body)  # warm-up: first calls of each shape are slow
             threads = server_threads(url)
-            levels = {str(c): level(url, proc.pid, c, args.rounds, body) for c in levels_asked}
+            if args.neighbours:
+                checked = neighbours_check(url, folder, args.neighbours, args.rounds, gen)
+            else:
+                levels = {str(c): level(url, proc.pid, c, args.rounds, body) for c in levels_asked}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        folder = Path(model) if (Path(model) / "config.json").is_file() else None
-        upstream_gen = {"inference_timesteps": args.inference_timesteps, "max_len": args.max_len or 2000}
-        intra = threads.get("intra_op_threads", 1)
-        reference = upstream(folder, args.device, intra, args.rounds, upstream_gen)
+        if not args.neighbours:
+            upstream_gen = {"inference_timesteps": args.inference_timesteps, "max_len": args.max_len or 2000}
+            intra = threads.get("intra_op_threads", 1)
+            reference = upstream(folder, args.device, intra, args.rounds, upstream_gen)
+    head = {"model": "random tiny (smoke)" if args.tiny else model, "device": args.device,
+            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+            "texts": len(TEXTS), "rounds": args.rounds, **gen, "watermark": args.watermark,
+            "threads": threads}
+    if args.neighbours:
+        print(json.dumps({**head, "neighbours": checked}))
+        return
     throughput = ratio(levels, "requests_per_s", "8")
     ttfb = ratio(levels, "ttfb_p50_s", "8")
     figures = {"throughput_8_over_1": throughput, "ttfb_p50_8_over_1": ttfb}
     missing = [k for k, v in figures.items() if v is None]
     print(json.dumps({
-        "model": "random tiny (smoke)" if args.tiny else model, "device": args.device,
-        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-        "texts": len(TEXTS), "rounds": args.rounds, **gen, "threads": threads, "levels": levels,
-        "upstream": reference,
+        **head, "levels": levels, "upstream": reference,
         **{k: v for k, v in figures.items() if v is not None},
         **nulls(missing, "needs levels 1 and 8 (--concurrency)"),
     }))
-
 
 if __name__ == "__main__":
     main()

@@ -145,3 +145,106 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
     expected = [{"usable_cores": usable, "intra_op_threads": intra, "inter_op_threads": 1}
                 for *_, usable, intra in CASES]
     assert json.loads(done.stdout) == expected
+
+
+# --- the finishing threads (in process: a tiny model, the batcher's own threads) ---
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from voxpipe.model.io import from_pretrained
+    from voxpipe.steps.model import ModelParams
+    from voxpipe.train.init_model import init_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    init_model(ModelParams(preset="tiny", out=str(folder)))
+    return from_pretrained(folder, device="cpu").eval()
+
+
+def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
+    """Both finishing threads held in their marks (the second works only because the generating thread is
+    idle); a later sentence leaves the batch, then a first sentence; when one thread goes on, it finishes
+    the first sentence before the later one. Rows of 2, 3 and 4 patches tell the marks apart."""
+    import threading
+
+    from voxpipe.serve.batcher import Batcher
+    from voxpipe.serve.deadline import Deadline
+    from voxpipe.serve.request import Limits, parse_request
+
+    gates = [threading.Event(), threading.Event()]
+    marked: list[int] = []  # the patches of each marked row, in the order they were marked
+
+    def mark(audio, rate):
+        call = len(marked)
+        marked.append(audio.size // (tiny_model.patch_size * tiny_model.audio_vae.decode_hop_length))
+        if call < len(gates):  # the first two finishes hold both finishing threads
+            assert gates[call].wait(120)
+        return audio + 1.0  # what the batcher hands back is what the mark made
+
+    batcher = Batcher(tiny_model, max_rows=4, window_s=0.0, mark=mark)
+    said: dict[str, object] = {}
+
+    def say(name: str, patches: int, first: bool) -> threading.Thread:
+        request = parse_request(["Some words."], [None], {"max_len": patches, "inference_timesteps": 1},
+                                Limits())
+        t = threading.Thread(target=lambda: said.setdefault(name, batcher.say(
+            request, "Some words.", Deadline(600), None, first=first)))
+        t.start()
+        return t
+
+    threads = [say("held-1", 2, False), say("held-2", 2, False)]
+    wait_for(lambda: len(marked) == 2)  # the idle-time finisher took the second row
+    threads.append(say("later", 3, False))
+    wait_for(lambda: len(batcher._finishing) == 1)
+    threads.append(say("first", 4, True))
+    wait_for(lambda: len(batcher._finishing) == 2)
+    gates[0].set()
+    wait_for(lambda: len(marked) == 4)
+    gates[1].set()
+    for t in threads:
+        t.join(120)
+    assert marked == [2, 2, 4, 3]
+    alone = tiny_model.generate("Some words.", max_len=4, inference_timesteps=1, seed=0).audio[0].numpy()
+    assert abs(said["first"] - (alone + 1.0)).max() <= 1e-4  # decoded, then marked
+
+
+# --- benchmarks/serve.py --neighbours: the neighbour processes never outlive the check ---
+
+def _with_marker(marker: str, what: str) -> list:
+    """This test's processes (they carry its marker in their environment) whose command line has `what`."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if what in " ".join(p.info["cmdline"] or []) and p.environ().get("VOXPIPE_TEST_MARKER") == marker:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_the_neighbours_check_prints_its_ratio_and_leaves_no_neighbour_running(tmp_path):
+    import json
+    import subprocess
+
+    marker = f"neighbours-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "VOXPIPE_TEST_MARKER": marker}
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve.py"
+    command = [sys.executable, str(script), "--smoke", "--neighbours", "2"]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        checked = json.loads(done.stdout)["neighbours"]
+        assert checked["neighbours"] == 2 and checked["requests"] == 8
+        assert checked["ratio_p50"] > 0 and checked["ratio_total"] > 0
+        assert not _with_marker(marker, "getppid")  # killed when the check ended
+
+        killed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(_with_marker(marker, "getppid")) == 2, tries=3000)
+        killed.kill()  # past any finally
+        killed.wait()
+        wait_for(lambda: not _with_marker(marker, "getppid"))  # each saw its parent go
+    finally:
+        for p in _with_marker(marker, ""):  # the killed run's server, and anything else of this test's
+            p.kill()

@@ -26,7 +26,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from voxpipe.errors import quoted
-from voxpipe.evaluate.marks import marker
 from voxpipe.evaluate.provenance import MIME, UNSIGNED, Credentials, sign
 from voxpipe.serve.admission import Admission, Busy
 from voxpipe.serve.cloning import FIELD, Cloning
@@ -242,7 +241,7 @@ def build_app(service: Service) -> FastAPI:
         labels = service.labels(speech.voice)
         said = Said()
         request.state.voice, request.state.said = speech.voice, said  # for the access log line
-        chunks = say(service.batcher, speech, service.admission, deadline, said, marker(service.watermark))
+        chunks = say(service.batcher, speech, service.admission, deadline, said)
         watcher = asyncio.create_task(_watch(request, deadline))
         start = time.perf_counter()
         try:

@@ -4,24 +4,32 @@ sentence is a row of one rolling batch (voxpipe/model/rolling.py).
 - An idle batcher waits `serve.batch_window_ms` after a row arrives, so that requests arriving together
   start together; while the batch runs, waiting rows join it between patches (prefilled, their KV caches
   placed beside the running rows'), up to `serve.concurrency` rows.
-- A row leaves when its sentence ends; a second thread decodes its audio while the batch goes on, and hands
-  it to its request, which streams it while its next sentence joins the batch. (Decoded in the generating
-  thread, the 48 kHz VAE took as long as the batch's generation on a CPU, and stalled every row.)
+- A row leaves when its sentence ends; another thread finishes it (decodes its audio and marks it,
+  marks.py) while the batch goes on, and hands it to its request, which streams it while its next sentence
+  joins the batch. A request's first sentence is finished before later ones, whenever it left: it is the
+  time to the first byte of someone waiting, while the others extend audio already playing. A second
+  finishing thread works only while the generating thread has no row, so finishing takes the idle core
+  and not the generating thread's. (Decoded in the generating thread, the 48 kHz VAE took as long as the
+  batch's generation on a CPU and stalled every row; marked in each request's own thread, eight requests'
+  marks took the CPU from the generating thread.)
 - Each row's deadline and client are checked before each of its patches: a row whose client left or whose
   deadline passed leaves there, and its request's slot (admission.py) goes back with it.
 - Rows keep their own request's params (seed, cfg_value, inference_timesteps, max_len): a request's audio is
   what it would be alone.
 
-No request thread runs the model, so torch's threads (cores.py) are the batcher's two alone.
+No request thread runs the model or marks, so torch's threads (cores.py) are the batcher's alone: two
+streams at once, the generating one and a finishing one.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,7 +46,8 @@ if TYPE_CHECKING:
     from voxpipe.serve.metrics import Metrics
 
 log = logging.getLogger("voxpipe.serve")
-DECODING_STREAMS = 2  # threads running torch ops at once: the generating one and the decoding one
+DECODING_STREAMS = 2  # threads running torch ops at once: the generating one and a finishing one
+Mark = Callable[[np.ndarray, int], np.ndarray]  # marks.marker's: (audio, sample rate) -> marked audio
 
 
 @dataclass
@@ -47,24 +56,35 @@ class _Job:
     sentence: str
     deadline: Deadline
     queued_at: float  # when the row began to wait (a request's first: when it asked for admission)
+    first: bool  # its request's first sentence: finished before later ones
     future: Future = field(default_factory=Future)
 
 
 class Batcher:
-    def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, metrics: Metrics | None = None
-                 ) -> None:
+    def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, metrics: Metrics | None = None,
+                 mark: Mark | None = None) -> None:
         self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
-        self._cond = threading.Condition()
+        self.mark = mark
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # rows arrived: the generating thread waits on it
+        self._finishable = threading.Condition(lock)  # rows to finish, or the generating thread idle
         self._waiting: deque[_Job] = deque()
-        self._decoding: queue.SimpleQueue[Finished] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True).start()  # the server's life
-        threading.Thread(target=self._decode, name="voxpipe-decoder", daemon=True).start()
+        # a heap of (later sentence?, order it left, the row): a first sentence goes ahead of every later one
+        self._finishing: list[tuple[bool, int, Finished]] = []
+        self._left = itertools.count()
+        self._idle = False  # the generating thread has no row to run
+        # threads for the server's life
+        threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True).start()
+        threading.Thread(target=self._finish, args=(False,), name="voxpipe-finisher", daemon=True).start()
+        threading.Thread(target=self._finish, args=(True,), name="voxpipe-finisher-idle", daemon=True).start()
 
-    def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None
-            ) -> np.ndarray:
+    def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None,
+            first: bool = True) -> np.ndarray:
         """One sentence of a checked request in its voice (mono float32 at the model's rate), once its row
-        has left the batch and been decoded; raises what stopped it (RequestStopped, ClientGone)."""
-        job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at)
+        has left the batch and been decoded and marked; raises what stopped it (RequestStopped,
+        ClientGone). `first`: the request's first sentence (finished ahead of later ones)."""
+        job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at,
+                   first)
         with self._cond:
             self._waiting.append(job)
             self._cond.notify()
@@ -91,21 +111,35 @@ class Batcher:
             for f in finished:
                 if f.error is not None:
                     f.row.owner.future.set_exception(f.error)
-                else:
-                    self._decoding.put(f)
+            if any(f.error is None for f in finished):
+                with self._finishable:
+                    for f in finished:
+                        if f.error is None:
+                            heapq.heappush(self._finishing, (not f.row.owner.first, next(self._left), f))
+                    self._finishable.notify_all()
 
-    def _decode(self) -> None:
-        """The decoding thread: each finished row's audio, in the order the rows left."""
+    # -- the finishing threads -------------------------------------------------------------------------
+    def _finish(self, only_when_idle: bool) -> None:
+        """Each row that left, decoded and marked: first sentences first, then in the order the rows left.
+        One thread finishes whenever there is a row to; the other only while the generating thread has
+        nothing to run."""
         while True:
-            self._deliver(self._decoding.get())
+            with self._finishable:
+                while not self._finishing or (only_when_idle and not self._idle):
+                    self._finishable.wait()
+                f = heapq.heappop(self._finishing)[2]
+            self._deliver(f)
 
     def _next(self, batch: RollingBatch) -> list[_Job]:
         """The rows that join now, first come first served (none while the batch is full); waits while there
         is nothing to do."""
         with self._cond:
             if not len(batch):
+                self._idle = True
+                self._finishable.notify_all()
                 while not self._waiting:
                     self._cond.wait()
+                self._idle = False
                 end = self._waiting[0].queued_at + self.window_s
                 while len(self._waiting) < self.max_rows and (left := end - time.perf_counter()) > 0:
                     self._cond.wait(left)
@@ -143,7 +177,10 @@ class Batcher:
         job: _Job = f.row.owner
         try:
             audio, _ = self.model.decode(f.patches)
+            audio = audio.numpy().astype(np.float32)
+            if self.mark is not None:
+                audio = self.mark(audio, self.model.audio_vae.out_sample_rate)
         except Exception as e:  # noqa: BLE001 - that row's answer
             job.future.set_exception(e)
             return
-        job.future.set_result(audio.numpy().astype(np.float32))
+        job.future.set_result(audio)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,20 +187,18 @@ class Said:
     first_chunk_s: float | None = None
 
 
-def say(batcher: Batcher, speech: Speech, admission: Admission, deadline: Deadline, said: Said,
-        mark: Callable[[np.ndarray, int], np.ndarray]) -> Iterator[np.ndarray]:
-    """The request's audio, one sentence at a time, each a row of the batcher's batch, inside one admission
-    slot (taken at the first next(), given back when the generator ends or is closed). Each sentence is
-    marked (`mark`, marks.py) as it is made, so a streamed answer is marked chunk by chunk."""
+def say(batcher: Batcher, speech: Speech, admission: Admission, deadline: Deadline, said: Said
+        ) -> Iterator[np.ndarray]:
+    """The request's audio, one sentence at a time, each a row of the batcher's batch (which marks it, so a
+    streamed answer is marked chunk by chunk), inside one admission slot (taken at the first next(), given
+    back when the generator ends or is closed)."""
     asked = time.perf_counter()
     admission.enter(deadline)
     try:
         start = time.perf_counter()
-        queued_at = asked  # the first sentence's wait includes the waiting room's
-        for sentence in sentences(speech.request.spoken[0]):
-            audio = batcher.say(speech.request, sentence, deadline, queued_at)
-            audio = mark(audio, batcher.model.audio_vae.out_sample_rate)
-            queued_at = None
+        for i, sentence in enumerate(sentences(speech.request.spoken[0])):
+            # the first sentence's wait includes the waiting room's
+            audio = batcher.say(speech.request, sentence, deadline, asked if i == 0 else None, first=i == 0)
             said.audio_seconds += audio.size / batcher.model.audio_vae.out_sample_rate
             if said.first_chunk_s is None:
                 said.first_chunk_s = time.perf_counter() - start

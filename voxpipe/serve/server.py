@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from voxpipe.cores import use_cores
 from voxpipe.errors import StepError
+from voxpipe.evaluate.marks import marker
 from voxpipe.evaluate.provenance import credentials
 from voxpipe.params import Params
 from voxpipe.serve.adapter import adapter_sha256
@@ -149,11 +150,12 @@ def serve(params: Params) -> ServeResult:
             served = load_served(params, source)
             threads = use_cores(event_loop=True, streams=DECODING_STREAMS)
             log.info("voxpipe serve: torch threads %d intra-op, %d inter-op (%d usable cores: one left for "
-                     "the event loop, the rest split between generating and decoding)",
+                     "the event loop, the rest split between generating and finishing)",
                      threads["intra_op_threads"], threads["inter_op_threads"], threads["usable_cores"])
             for kind, n in threads.items():
                 service.metrics.threads.labels(kind).set(n)
-            service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics)
+            service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics,
+                                      marker(params.synthesize.watermark))
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
                                         params.synthesize.max_reference_seconds)
             service.served = served
