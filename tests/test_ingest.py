@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from small_sample import TEST_CONSENT, TEST_CONSENT_FLAGS
+from small_sample import TEST_CONSENT, TEST_CONSENT_FLAGS, write_small_sample
 
 from voxpipe import cli
 from voxpipe.data.ingest_row import REASONS, normalize_text
@@ -434,9 +434,12 @@ def test_accounting_every_row_is_kept_or_quarantined(kinds):
 
 # ---- the shipped sample ----------------------------------------------------------------------
 
-@pytest.mark.slow  # the whole sample, twice
+@pytest.mark.slow  # the whole sample, twice, and a part of it scored twice
 def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(tmp_path):
-    pool = IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "pool"), workers=2)
+    """Every row of the sample is kept, and 2 decode processes write the bytes one does; DNSMOS scores
+    too (on a part of the sample: scoring all 64 clips twice was most of this test's time)."""
+    pool = IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "pool"), workers=2,
+                        score_quality=False)
     result = ingest(pool)
     assert "64 kept" in result.summary() and result.workers == 2
     raw, bad, report = read_outputs(tmp_path / "pool")
@@ -447,8 +450,16 @@ def test_shipped_sample_is_fully_kept_in_a_process_pool_and_matches_one_worker(t
     for r in raw[:: max(1, len(raw) // 8)]:
         info = sf.info(tmp_path / "pool" / r["audio"])
         assert (info.format, info.subtype, info.samplerate, info.channels) == ("FLAC", "PCM_16", 16000, 1)
-    ingest(IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "one"), workers=1))
+    ingest(IngestParams(**TEST_CONSENT, input=[str(SAMPLE)], out=str(tmp_path / "one"), workers=1,
+                        score_quality=False))
     assert (tmp_path / "one" / "raw.jsonl").read_bytes() == (tmp_path / "pool" / "raw.jsonl").read_bytes()
+    part = write_small_sample(tmp_path / "part", per_speaker=4)
+    scored = {workers: tmp_path / f"scored-{workers}" for workers in (1, 2)}
+    for workers, out in scored.items():
+        ingest(IngestParams(**TEST_CONSENT, input=[str(part)], out=str(out), workers=workers))
+    rows = [json.loads(line) for line in (scored[1] / "raw.jsonl").open()]
+    assert len(rows) == 8 and all(r["dnsmos"]["ovrl"] for r in rows)
+    assert (scored[1] / "raw.jsonl").read_bytes() == (scored[2] / "raw.jsonl").read_bytes()
 
 
 def test_worker_count_follows_the_cgroup_cpu_quota(tmp_path):
