@@ -8,6 +8,7 @@ a new test on one of them is slow without saying so. `make test` runs them all.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -42,7 +43,8 @@ SLOW_FIXTURES = {
     "two_rank_run", "finished", "live", "pipeline",  # training runs (torchrun, or in process)
 }
 
-LONGEST = "tests/test_readme_paths.py"  # make demo, the own folder, a sweep, serve: minutes on its worker
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")  # worker seconds per module, last measured
+NEW_SLOW_MODULE = 60.0  # a slow module not measured yet: early enough not to end the run alone
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +64,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    # Modules with slow tests first, in their order; the quick modules after them. `make test` hands whole
-    # modules to its two workers in this order, so the last ones handed out are short and fill the gap
-    # while the other worker ends a long one (a pipeline module last left a worker idle for minutes).
-    # The longest module, the README's whole path, goes first of all: handed out last, it alone would be
-    # the end of the run.
+    # Longest modules first (LPT): `make test` hands whole modules to its workers in this order, so the
+    # last ones handed out are short and fill the gap while another worker ends a long one (a pipeline
+    # module handed out last left a worker idle for minutes). The seconds are a run's own: after a
+    # change in where time goes, `VOXPIPE_MODULE_SECONDS=tests/module_seconds.json make test` rewrites
+    # them (pytest_terminal_summary below).
+    seconds = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (item.nodeid.split("::")[0] != LONGEST,
-                                 item.nodeid.split("::")[0] not in slow))
+
+    def weight(module: str) -> float:
+        return seconds.get(module, NEW_SLOW_MODULE if module in slow else 0.0)
+
+    items.sort(key=lambda item: -weight(item.nodeid.split("::")[0]))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With VOXPIPE_MODULE_SECONDS=PATH: each module's seconds (setup, call and teardown of its tests)
+    written to PATH, for the ordering above."""
+    target = os.environ.get("VOXPIPE_MODULE_SECONDS")
+    if not target:
+        return
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(getattr(report, "duration", None), float) and getattr(report, "nodeid", ""):
+                module = report.nodeid.split("::")[0]
+                spent[module] = spent.get(module, 0.0) + report.duration
+    Path(target).write_text(json.dumps({m: round(t, 1) for m, t in sorted(spent.items())}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="module")
