@@ -206,19 +206,9 @@ class ParaformerZh:
     backend = "paraformer-zh"
 
     def __init__(self, paraformer_model: str | None, threads: int = 1) -> None:
-        folder = paraformer_model
-        path = Path(folder) if folder else None
-        weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
-                       "model.onnx")
-        path = _folder("paraformer_model", folder, (weights, "tokens.txt"))
-        try:
-            import sherpa_onnx
-        except ImportError as e:
-            raise StepError(f"asr backend paraformer-zh needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
-                            ) from e
-        self.model = str(path / weights)
+        sherpa_onnx, self.model, tokens = _sherpa_export(self.backend, "paraformer_model", paraformer_model)
         self._recognizer = sherpa_onnx.OfflineRecognizer.from_paraformer(
-            paraformer=str(path / weights), tokens=str(path / "tokens.txt"), num_threads=threads,
+            paraformer=self.model, tokens=tokens, num_threads=threads,
             sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search",
         )
 
@@ -230,6 +220,20 @@ class ParaformerZh:
 
     def hear(self, wav: np.ndarray, language: str) -> Heard:
         return _sherpa_heard(self._recognizer, wav)
+
+
+def _sherpa_export(backend: str, key: str, folder: str | None) -> tuple[Any, str, str]:
+    """sherpa-onnx, and the model and tokens files of a sherpa-onnx export in `folder` (asr.`key`):
+    `model.int8.onnx` where there is one, else `model.onnx`, beside `tokens.txt`."""
+    path = Path(folder) if folder else None
+    weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
+                   "model.onnx")
+    path = _folder(key, folder, (weights, "tokens.txt"))
+    try:
+        import sherpa_onnx
+    except ImportError as e:
+        raise StepError(f"asr backend {backend} needs sherpa-onnx ({e}): `pip install -e '.[eval]'`") from e
+    return sherpa_onnx, str(path / weights), str(path / "tokens.txt")
 
 
 def _sherpa_heard(recognizer: Any, wav: np.ndarray) -> Heard:
@@ -257,18 +261,9 @@ class SenseVoice:
     LANGUAGES = ("zh", "en", "ja", "ko", "yue")
 
     def __init__(self, sensevoice_model: str | None, threads: int = 1) -> None:
-        path = Path(sensevoice_model) if sensevoice_model else None
-        weights = next((n for n in ("model.int8.onnx", "model.onnx") if path and (path / n).is_file()),
-                       "model.onnx")
-        path = _folder("sensevoice_model", sensevoice_model, (weights, "tokens.txt"))
-        try:
-            import sherpa_onnx
-        except ImportError as e:
-            raise StepError(f"asr backend sensevoice needs sherpa-onnx ({e}): `pip install -e '.[eval]'`"
-                            ) from e
-        self.model = str(path / weights)
+        sherpa_onnx, self.model, tokens = _sherpa_export(self.backend, "sensevoice_model", sensevoice_model)
         self._recognizer = sherpa_onnx.OfflineRecognizer.from_sense_voice(
-            model=str(path / weights), tokens=str(path / "tokens.txt"), num_threads=threads,
+            model=self.model, tokens=tokens, num_threads=threads,
             sample_rate=SAMPLE_RATE, language="", use_itn=False)  # "": the model tells the language
 
     def covers(self, language: str) -> bool:
