@@ -7,11 +7,10 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # dvc.yaml's stages call `voxpipe` and `torchrun`: the venv's, wherever make is run from
 DVC := PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc
 # the figures `make demo` shows (`dvc metrics show`: all of eval.json and mfu.json)
-# pytest workers (pytest-xdist): one more than the 2 cores CI has, since the end-to-end tests spend about
-# a third of their time waiting on servers and subprocesses. test-fast steals work between them; test
-# keeps a module on one worker, so a module's training-run fixture is built once, longest modules first
-# (tests/conftest.py)
-PYTEST_WORKERS ?= 3
+# pytest workers (pytest-xdist): the 2 cores CI has (a third worker made the longest modules, the critical
+# path, slower). test-fast steals work between them; test keeps a module on one worker, so a module's
+# training-run fixture is built once, longest modules first (tests/conftest.py)
+PYTEST_WORKERS ?= 2
 HEADLINE := 'Experiment|train.lr$$|train.max_steps$$|loss_model$$|loss_baseline$$|similarity_to_speaker_mean$$|similarity_gain$$|stop_failure_rate$$|^wer$$|^mfu$$|^tokens_per_s$$'
 
 # RECIPE=NAME (demo, repro, compile): recipes/NAME.yaml layered on params.yaml. For DVC it is written into

@@ -26,8 +26,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ["XDG_STATE_HOME"] = os.path.join(
     os.environ.get("PYTEST_XDG_STATE_HOME") or f"/tmp/voxpipe-tests-{os.getuid()}-{os.getpid()}", "state")
 
+# numba's on-disk cache (librosa's pyin kernels, voxpipe's Viterbi) per xdist worker: three workers compiling
+# the same functions into one cache folder at once crashed one in a cache load (SIGSEGV in librosa's
+# localmin, a `make test` with three workers). A worker's subprocesses inherit its folder (set before numba's import)
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(os.environ["XDG_STATE_HOME"]),
+                                                          f"numba-{worker}"))
 
-# pytest-xdist runs one worker per core (`-n 2`): each with one intra-op thread, so that two workers' torch
+# pytest-xdist runs one worker per core: each with one intra-op thread, so that two workers' torch
 # and numpy thread pools do not oversubscribe the cores and spin (set before anything imports torch)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
