@@ -28,7 +28,7 @@ os.environ["XDG_STATE_HOME"] = os.path.join(
 
 # numba's on-disk cache (librosa's pyin kernels, voxpipe's Viterbi) per xdist worker: three workers compiling
 # the same functions into one cache folder at once crashed one in a cache load (SIGSEGV in librosa's
-# localmin, a `make test` with three workers). A worker's subprocesses inherit its folder (set before numba's import)
+# localmin). A worker's subprocesses inherit its folder (set before numba's import)
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(os.environ["XDG_STATE_HOME"]),
                                                           f"numba-{worker}"))
