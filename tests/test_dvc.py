@@ -210,18 +210,31 @@ def cached_outs(repo: Path) -> dict[str, str]:
             if o["path"] not in records}
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    repo = tmp_path_factory.mktemp("dvc_repo")
+def scratch_repo(repo: Path) -> Path:
+    """`repo` made a DVC project of this one's stages: dvc.yaml, .dvcignore, .gitignore, voxpipe/ (the
+    stages' code deps) and an empty data/corrections.jsonl (ingest's dep: nothing proofread); the caller
+    adds its data and params.yaml, then runs `git_and_dvc_init`."""
+    repo.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(ROOT / name, repo / name)
     shutil.copytree(ROOT / "voxpipe", repo / "voxpipe", ignore=shutil.ignore_patterns("__pycache__"))
-    write_small_sample(repo / "data" / "sample", per_speaker=6)
-    (repo / "data" / "corrections.jsonl").write_text("")  # ingest's dep: nothing proofread
-    write_params(repo)
+    (repo / "data").mkdir(exist_ok=True)
+    (repo / "data" / "corrections.jsonl").write_text("")
+    return repo
+
+
+def git_and_dvc_init(repo: Path) -> Path:
     run(repo, "git", "init", "-q")
     dvc(repo, "init", "-q")
     return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    repo = scratch_repo(tmp_path_factory.mktemp("dvc_repo"))
+    write_small_sample(repo / "data" / "sample", per_speaker=6)
+    write_params(repo)
+    return git_and_dvc_init(repo)
 
 
 @pytest.fixture(scope="module")

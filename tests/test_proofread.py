@@ -274,21 +274,14 @@ def test_a_changed_corrections_file_reruns_ingest_under_dvc_and_only_then_change
     """`dvc repro ingest` in a scratch git repo (test_dvc's helpers): with the empty corrections file
     nothing reruns; a saved correction changes nothing until the next `dvc repro`, which reruns ingest and
     applies it, and dvc.lock records the file's hash."""
-    import shutil
 
     import yaml
-    from test_dvc import ROOT, commit, dvc, ran, run, write_params
+    from test_dvc import commit, dvc, git_and_dvc_init, ran, scratch_repo, write_params
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / name, repo / name)
-    shutil.copytree(ROOT / "voxpipe", repo / "voxpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    repo = scratch_repo(tmp_path / "repo")
     write_small_sample(repo / "data" / "sample", per_speaker=2)
-    (repo / "data" / "corrections.jsonl").write_text("")
     write_params(repo, ingest={"workers": 1, "score_quality": False})
-    run(repo, "git", "init", "-q")
-    dvc(repo, "init", "-q")
+    git_and_dvc_init(repo)
     assert ran(dvc(repo, "repro", "ingest")) == ["ingest"]
     commit(repo, "ingested, nothing proofread")
     assert ran(dvc(repo, "repro", "ingest")) == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import soxr
 import yaml
 from hf_voice import SAMPLE_RATE, TEXTS, speak, write_consent
 from sessions import make_sessions
-from test_dvc import commit, dvc, run
+from test_dvc import commit, dvc, git_and_dvc_init, scratch_repo
 
 from voxpipe.params import Params
 
@@ -61,17 +60,12 @@ def overlapping(row: dict, truth: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 def test_holdout_recordings_through_dvc_repro(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / name, repo / name)
-    shutil.copytree(ROOT / "voxpipe", repo / "voxpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    repo = scratch_repo(tmp_path / "repo")
     truth = write_holdout(repo / "data" / VOICE)
     params = Params().model_dump(by_alias=True)
     params["ingest"].update(input=[f"data/{VOICE}"], workers=1, score_quality=False, asr=["pocketsphinx"])
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(repo, "git", "init", "-q")
-    dvc(repo, "init", "-q")
+    git_and_dvc_init(repo)
     commit(repo, "hold-out")
     dvc(repo, "repro", "ingest")
 

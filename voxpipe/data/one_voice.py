@@ -32,7 +32,7 @@ import numpy as np
 
 from voxpipe.data.audio import AudioDecodeError, decode_native, to_mono_resampled
 from voxpipe.data.consent_voice import embed_samples
-from voxpipe.errors import StepError
+from voxpipe.errors import StepError, quoted_path
 from voxpipe.voxcpm2_format import SAMPLE_RATE
 
 
@@ -49,9 +49,9 @@ def enrolment_voice(path: str) -> np.ndarray:
     try:
         native, rate = decode_native(Path(path))
     except (AudioDecodeError, ValueError, OSError) as e:
-        raise StepError(f"ingest.segment.enrolment {path[:80]!r} cannot be read as audio ({str(e)[:120]}): "
-                        "name a clip of the voice to keep (WAV, FLAC, OGG, MP3), or set it to \"\" to keep "
-                        "each recording's dominant voice") from None
+        raise StepError(f"ingest.segment.enrolment {quoted_path(path)} cannot be read as audio "
+                        f"({str(e)[:120]}): name a clip of the voice to keep (WAV, FLAC, OGG, MP3), or set "
+                        "it to \"\" to keep each recording's dominant voice") from None
     return embed_samples(to_mono_resampled(native, rate, SAMPLE_RATE))
 
 
