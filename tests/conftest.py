@@ -99,6 +99,19 @@ def pytest_terminal_summary(terminalreporter, config):
     Path(target).write_text(json.dumps({m: round(t, 1) for m, t in sorted(spent.items())}, indent=1) + "\n")
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A random-init tiny VoxCPM2 in eval mode on the CPU, once per session: read-only for tests (generate,
+    decode, batch; never train it)."""
+    from voxpipe.model.io import from_pretrained
+    from voxpipe.steps.model import ModelParams
+    from voxpipe.train.init_model import init_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    init_model(ModelParams(preset="tiny", out=str(folder)))
+    return from_pretrained(folder, device="cpu").eval()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real MLflow tracking + registry server on localhost (tests/servers.py), one per test module; its

@@ -350,16 +350,7 @@ def test_a_request_past_its_deadline_is_stopped_with_a_503_and_memory_stays_flat
 
 # --- without a server: the deadline, the pyfunc's unknown params and its defaults (issue 34) ---
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from voxpipe.model.io import from_pretrained
-
-    folder = tmp_path_factory.mktemp("tiny")
-    init_model(ModelParams(preset="tiny", out=str(folder)))
-    return from_pretrained(folder, device="cpu").eval()
-
-
-def test_generation_stops_at_the_deadline_and_the_pyfunc_answers_503(tiny):
+def test_generation_stops_at_the_deadline_and_the_pyfunc_answers_503(tiny_model):
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
@@ -374,16 +365,16 @@ def test_generation_stops_at_the_deadline_and_the_pyfunc_answers_503(tiny):
         Deadline(0.0).check()
 
     with pytest.raises(RequestStopped, match=r"0 s deadline \(synthesize.deadline_s\)"):
-        tiny.generate(["a long text " * 20], max_len=4096, inference_timesteps=100, check=check)
+        tiny_model.generate(["a long text " * 20], max_len=4096, inference_timesteps=100, check=check)
     assert len(steps) == 1  # stopped before the first patch, not after 4096
     served = VoxpipeTTS()
-    served.model, served.limits, served.deadline_s = tiny, Limits(), 1e-6
+    served.model, served.limits, served.deadline_s = tiny_model, Limits(), 1e-6
     with pytest.raises(MlflowException) as e:
         served.predict(None, pd.DataFrame({"text": ["Hello there."]}), params={"max_len": 8})
     assert e.value.get_http_status_code() == 503 and "deadline" in e.value.message
 
 
-def test_the_pyfunc_refuses_a_param_mlflow_dropped_and_sizes_what_was_left_out(tiny):
+def test_the_pyfunc_refuses_a_param_mlflow_dropped_and_sizes_what_was_left_out(tiny_model):
     """MLflow's own params check (what its scoring server runs before predict) drops an unknown param with
     a warning; predict turns that into a 400. Left-out params take the signature's defaults: max_len None,
     sized for the text."""
@@ -396,7 +387,7 @@ def test_the_pyfunc_refuses_a_param_mlflow_dropped_and_sizes_what_was_left_out(t
     from voxpipe.track.registry import signature
 
     served = VoxpipeTTS()
-    served.model, served.limits = tiny, Limits()
+    served.model, served.limits = tiny_model, Limits()
     params = _enforce_params_schema({"max_lenn": 4}, signature().params)
     assert "max_lenn" not in params and params["max_len"] is None
     with pytest.raises(MlflowException) as e:
@@ -410,18 +401,19 @@ def test_the_pyfunc_refuses_a_param_mlflow_dropped_and_sizes_what_was_left_out(t
     assert sized_max_len(["a" * 2000], None) == 4025 and sized_max_len(["hi"], 7) == 7
 
 
-def test_reference_text_continues_the_clip(tiny):
+def test_reference_text_continues_the_clip(tiny_model):
     """With the clip's transcript the speech continues the clip (upstream's prompt-text mode): the text
     (transcript first) then the clip's patches as the audio so far; without it the clip is a voice
     reference before the text."""
     wav = 0.1 * np.sin(np.arange(16000) * 2 * np.pi * 220 / 16000).astype(np.float32)
     ids = [5, 6, 7]
-    continued, alone = tiny._prompt(ids, wav, continued=True), tiny._prompt(ids, wav)
+    continued, alone = tiny_model._prompt(ids, wav, continued=True), tiny_model._prompt(ids, wav)
     r = int(alone.audio_mask.sum())
     assert r > 0 and continued.tokens.numel() == len(ids) + 1 + r
     assert continued.audio_mask[-r:].all() and not continued.audio_mask[:-r].any()
     assert continued.text_mask[:-r].all() and not alone.audio_mask[-len(ids) - 1:].any()
-    out = tiny.generate(["Hello."], [wav], max_len=6, inference_timesteps=1, seed=0, reference_text="a tone")
+    out = tiny_model.generate(["Hello."], [wav], max_len=6, inference_timesteps=1, seed=0,
+                              reference_text="a tone")
     assert out.audio[0].numel() > 0
 
 

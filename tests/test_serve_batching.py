@@ -149,17 +149,6 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
 
 # --- the finishing threads (in process: a tiny model, the batcher's own threads) ---
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from voxpipe.model.io import from_pretrained
-    from voxpipe.steps.model import ModelParams
-    from voxpipe.train.init_model import init_model
-
-    folder = tmp_path_factory.mktemp("tiny")
-    init_model(ModelParams(preset="tiny", out=str(folder)))
-    return from_pretrained(folder, device="cpu").eval()
-
-
 def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
     """Both finishing threads held in their marks (the second works only because the generating thread is
     idle); a later sentence leaves the batch, then a first sentence; when one thread goes on, it finishes
