@@ -33,6 +33,9 @@ THRESHOLD = 0.5  # the decoder's confidence above which a clip counts as marked
 # the mark is written in the magnitude and kept with the clip's own phase: on noise-like audio one pass
 # does not survive the inverse STFT (the spectrum is not consistent), a second, on the marked clip, does
 MAX_PASSES = 3
+# the decoder's confidence in bfloat16 was within 0.006 of float32's (the reading `detect` makes) on 135
+# readings of marked, half-marked and unmarked speech and noise: a check in bfloat16 asks this much more
+BF16_MARGIN = 0.05
 NAME = "perth"
 
 
@@ -42,6 +45,7 @@ class _Net:
     decoder: Any
     hp: Any  # perth's PerthConfig (sample_rate 32000, n_fft 2048, hop 320, ...)
     window: Any
+    bf16: bool  # the CPU runs bfloat16 natively (AMX or AVX512-BF16): the encoder runs in it
 
 
 def _perth_root() -> Path:
@@ -76,6 +80,13 @@ def _checked_weights(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)["model"]
 
 
+def _native_bf16() -> bool:
+    import torch
+
+    return any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)()
+               for isa in ("amx_tile", "avx512_bf16"))
+
+
 @functools.cache
 def _net() -> _Net:
     import torch
@@ -91,30 +102,50 @@ def _net() -> _Net:
     decoder = decoder_mod.Decoder(hp.hidden_size, subband)
     encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
     decoder.load_state_dict({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")})
-    return _Net(encoder.eval(), decoder.eval(), hp, torch.hann_window(hp.window_size))
+    return _Net(encoder.eval(), decoder.eval(), hp, torch.hann_window(hp.window_size), _native_bf16())
 
 
-def _magphase(net: _Net, signal: Any) -> tuple[Any, Any]:
-    """perth's AudioProcessor.signal_to_magphase: a normalized dB magnitude and the phase."""
+def _spectrum(net: _Net, signal: Any) -> Any:
+    """The STFT PerTh's network was trained on (torchaudio's Spectrogram: centred, reflect-padded, Hann)."""
     import torch
 
     hp = net.hp
-    spec = torch.stft(signal, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
+    return torch.stft(signal, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
                       pad_mode="reflect", normalized=False, onesided=True, return_complex=True)
-    min_db = 20 * np.log10(hp.stft_magnitude_min)
-    mag = 20 * torch.log10(spec.abs().clip(hp.stft_magnitude_min))
-    return (mag - min_db) / (-min_db + 15), torch.angle(spec)
 
 
-def _signal(net: _Net, mag: Any, phase: Any, length: int) -> Any:
+def _normalized_db(net: _Net, spec: Any) -> Any:
+    """perth's AudioProcessor.signal_to_magphase's magnitude: dB, floored and scaled to about [0, 1]."""
     import torch
 
-    hp = net.hp
-    min_db = 20 * np.log10(hp.stft_magnitude_min)
-    db = mag * (-min_db + 15) + min_db
-    spec = (10.0 ** (db / 20).clip(max=10)) * torch.exp(1j * phase)
-    return torch.istft(spec, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
-                       normalized=False, onesided=True, length=length)
+    min_db = 20 * np.log10(net.hp.stft_magnitude_min)
+    return (20 * torch.log10(spec.abs().clip(net.hp.stft_magnitude_min)) - min_db) / (-min_db + 15)
+
+
+def _magnitude(net: _Net, normalized: Any) -> Any:
+    """The inverse of `_normalized_db` (perth's magphase_to_signal's magnitude)."""
+    min_db = 20 * np.log10(net.hp.stft_magnitude_min)
+    return 10.0 ** ((normalized * (-min_db + 15) + min_db) / 20).clip(max=10)
+
+
+def _embedded(net: _Net, spec: Any) -> Any:
+    """The spectrum with the encoder's mark in its magnitude, each bin keeping its phase.
+
+    The encoder changes only the bins below hp.max_wmark_freq (its subband), so only those are rebuilt from
+    the marked magnitude: the bins above keep the spectrum as it was, where perth's round trip through dB
+    returns them to float rounding."""
+    import torch
+
+    marked = net.encoder(_normalized_db(net, spec)[None])[0][0]
+    band = net.encoder.subband
+    spec = spec.clone()
+    spec[:band] = torch.polar(_magnitude(net, marked[:band].float()), spec[:band].angle())
+    return spec
+
+
+def _confidence(net: _Net, spec: Any) -> float:
+    """PerTh's decoder confidence that the spectrum carries its mark."""
+    return float(net.decoder(_normalized_db(net, spec)[None])[0].float())
 
 
 def _resample(audio: np.ndarray, rate: int, to: int) -> np.ndarray:
@@ -137,14 +168,19 @@ def mark(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     low = _resample(audio, sample_rate, rate)
     if low.size < net.hp.n_fft:  # too short for one frame: nothing to hide a mark in
         return audio
-    with torch.inference_mode():
-        marked = torch.from_numpy(np.ascontiguousarray(low))
+    # bfloat16 where the CPU runs it natively: the networks about 2.4x faster, the mark a residual that
+    # loses nothing at its three digits, and the check's reading within BF16_MARGIN of float32's
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=net.bf16):
+        signal = torch.from_numpy(np.ascontiguousarray(low))
+        spec = _spectrum(net, signal)
         for _ in range(MAX_PASSES):
-            mag, phase = _magphase(net, marked)
-            marked = _signal(net, net.encoder(mag[None])[0][0], phase, marked.numel())
-            if float(net.decoder(_magphase(net, marked)[0][None])[0]) > THRESHOLD:
+            signal = torch.istft(_embedded(net, spec), net.hp.n_fft, net.hp.hop_size, net.hp.window_size,
+                                 net.window, center=True, normalized=False, onesided=True,
+                                 length=low.size)
+            spec = _spectrum(net, signal)  # what a reader sees; also the next pass's input
+            if _confidence(net, spec) > THRESHOLD + (BF16_MARGIN if net.bf16 else 0.0):
                 break
-        marked = marked.numpy()
+        marked = signal.numpy()
     delta = _resample((marked - low).astype(np.float32), rate, sample_rate)
     delta = np.pad(delta, (0, max(0, audio.size - delta.size)))[: audio.size]
     return (audio + delta).astype(np.float32)
@@ -162,8 +198,8 @@ def watermark_score(audio: np.ndarray, sample_rate: int) -> float:
     if low.size < net.hp.n_fft:
         return 0.0
     with torch.inference_mode():
-        mag, _ = _magphase(net, torch.from_numpy(np.ascontiguousarray(low)))
-        return float(net.decoder(mag[None])[0].clip(0.0, 1.0))
+        score = _confidence(net, _spectrum(net, torch.from_numpy(np.ascontiguousarray(low))))
+    return min(max(score, 0.0), 1.0)
 
 
 def marker(watermark: str) -> Any:
