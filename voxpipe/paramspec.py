@@ -8,6 +8,7 @@ run may change, the per-shard keys, the keys KFP wires and those DVC tracks are 
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -78,9 +79,16 @@ def _walk(model: type[BaseModel], prefix: str) -> list[Key]:
     return out
 
 
+@functools.cache
+def _every_key() -> tuple[Key, ...]:
+    """The schema walked once per process: the CLI's parser asks for each step's keys, and each walk calls
+    every default factory (half a second of each `voxpipe` start, walked per step)."""
+    return tuple(_walk(Params, ""))
+
+
 def keys(prefix: str = "") -> list[Key]:
     """Every leaf key under `prefix` ("" = all, "train", "train.lora" or one key "train.lr")."""
-    found = [k for k in _walk(Params, "") if not prefix or k.key == prefix or k.key.startswith(prefix + ".")]
+    found = [k for k in _every_key() if not prefix or k.key == prefix or k.key.startswith(prefix + ".")]
     if not found:
         raise KeyError(f"no params key {prefix!r}")
     return found
