@@ -79,8 +79,15 @@ def found() -> set[str]:
     return {p.name for p in BENCHMARKS.iterdir() if p.suffix in (".py", ".sh") and not p.name.startswith("_")}
 
 
-def scripts() -> list[str]:
-    return sorted(found() - COVERED)
+# smokes that load scoring models, spawn ranks or ingest (5 s and more each): `make test` runs them; test-fast
+# keeps the rest (serve.py's among them: the server's batching is the inner loop's to guard)
+SLOW_SMOKES = {"marks.py", "ingest.py", "gpu_check.sh", "train_step.py", "demo_base_stops.py",
+               "raw_recordings.py"}
+
+
+def scripts() -> list:
+    return [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKES else s
+            for s in sorted(found() - COVERED)]
 
 
 def value_at(data, path: str) -> tuple[object, object, str]:
@@ -116,7 +123,7 @@ def smoke(command: list[str], env: dict[str, str] | None = None) -> dict:
 
 
 def test_every_benchmark_has_its_quoted_keys_named():
-    assert COVERED <= found()
+    assert COVERED <= found() and SLOW_SMOKES <= found()
     assert set(QUOTED) == found(), "QUOTED names the quoted keys of every benchmark, and no gone one"
 
 

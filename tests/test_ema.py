@@ -140,6 +140,7 @@ def test_a_checkpoint_from_before_ema_starts_it_from_the_live_weights(encoded_sa
     torch.testing.assert_close(ema4, live4 + DECAY * (live3 - live4), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_each_hold_their_ema_shard(encoded_sample, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",

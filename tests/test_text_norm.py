@@ -101,7 +101,8 @@ def test_every_rule_is_needed_by_a_listed_case(language, monkeypatch):
         table = BEFORE if where == "before" else AFTER
         with monkeypatch.context() as m:
             m.setitem(table, language, tuple(r for r in table[language] if r is not rule))
-            wrong = [w for w, s, _, loc in CASES[language] if normalize_for_speech(w, language, loc) != s]
+            # the first case that reads wrong without it is enough
+            wrong = any(normalize_for_speech(w, language, loc) != s for w, s, _, loc in CASES[language])
         assert wrong, f"{rule.name} ({rule.why}): no listed case needs it"
 
 
