@@ -12,6 +12,8 @@ Spectrogram: centred, reflect-padded, Hann, unnormalized) is torch's own `stft`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -41,11 +43,12 @@ NAME = "perth"
 
 @dataclass(frozen=True)
 class _Net:
-    encoder: Any
+    encoder: Any  # perth's Encoder; its layers and subband are what `_embedded` uses
     decoder: Any
     hp: Any  # perth's PerthConfig (sample_rate 32000, n_fft 2048, hop 320, ...)
     window: Any
-    bf16: bool  # the CPU runs bfloat16 natively (AMX or AVX512-BF16): the encoder runs in it
+    magmask: Any  # perth's: the frames loud enough to carry a mark
+    dtype: Any  # the networks' weights: float32, or bfloat16 in `_marking_net`
 
 
 def _perth_root() -> Path:
@@ -102,7 +105,21 @@ def _net() -> _Net:
     decoder = decoder_mod.Decoder(hp.hidden_size, subband)
     encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
     decoder.load_state_dict({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")})
-    return _Net(encoder.eval(), decoder.eval(), hp, torch.hann_window(hp.window_size), _native_bf16())
+    return _Net(encoder.eval(), decoder.eval(), hp, torch.hann_window(hp.window_size), encoder_mod.magmask,
+                torch.float32)
+
+
+@functools.cache
+def _marking_net() -> _Net:
+    """The networks `mark` runs: in bfloat16 where the CPU runs it natively (AMX or AVX512-BF16), about
+    2.4x faster than float32 (weights cast once here, not per clip as autocast would); `_net` elsewhere."""
+    import torch
+
+    net = _net()
+    if not _native_bf16():
+        return net
+    return dataclasses.replace(net, encoder=copy.deepcopy(net.encoder).to(torch.bfloat16),
+                               decoder=copy.deepcopy(net.decoder).to(torch.bfloat16), dtype=torch.bfloat16)
 
 
 def _spectrum(net: _Net, signal: Any) -> Any:
@@ -129,23 +146,26 @@ def _magnitude(net: _Net, normalized: Any) -> Any:
 
 
 def _embedded(net: _Net, spec: Any) -> Any:
-    """The spectrum with the encoder's mark in its magnitude, each bin keeping its phase.
+    """The spectrum with the encoder's mark in its magnitude, each bin keeping its phase: perth's
+    Encoder.forward (its layers' residual on the bins below hp.max_wmark_freq, in the frames magmask keeps),
+    with the residual added in float32 whatever the layers ran in.
 
-    The encoder changes only the bins below hp.max_wmark_freq (its subband), so only those are rebuilt from
-    the marked magnitude: the bins above keep the spectrum as it was, where perth's round trip through dB
-    returns them to float rounding."""
+    Only those bins are rebuilt from the marked magnitude: the bins above keep the spectrum as it was,
+    where perth's round trip through dB returns them to float rounding."""
     import torch
 
-    marked = net.encoder(_normalized_db(net, spec)[None])[0][0]
+    magnitude = _normalized_db(net, spec)
     band = net.encoder.subband
+    residual = net.encoder.layers(magnitude[None, :band].to(net.dtype))[0].float()
+    marked = magnitude[:band] + residual * net.magmask(magnitude[None])
     spec = spec.clone()
-    spec[:band] = torch.polar(_magnitude(net, marked[:band].float()), spec[:band].angle())
+    spec[:band] = torch.polar(_magnitude(net, marked), spec[:band].angle())
     return spec
 
 
 def _confidence(net: _Net, spec: Any) -> float:
     """PerTh's decoder confidence that the spectrum carries its mark."""
-    return float(net.decoder(_normalized_db(net, spec)[None])[0].float())
+    return float(net.decoder(_normalized_db(net, spec)[None].to(net.dtype))[0])
 
 
 def _resample(audio: np.ndarray, rate: int, to: int) -> np.ndarray:
@@ -163,14 +183,15 @@ def mark(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     import torch
 
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    net = _net()
+    net = _marking_net()
     rate = net.hp.sample_rate
     low = _resample(audio, sample_rate, rate)
     if low.size < net.hp.n_fft:  # too short for one frame: nothing to hide a mark in
         return audio
-    # bfloat16 where the CPU runs it natively: the networks about 2.4x faster, the mark a residual that
-    # loses nothing at its three digits, and the check's reading within BF16_MARGIN of float32's
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=net.bf16):
+    # in bfloat16 (_marking_net) the mark is a residual that loses nothing at its three digits, and the
+    # check's reading is within BF16_MARGIN of float32's
+    margin = BF16_MARGIN if net.dtype == torch.bfloat16 else 0.0
+    with torch.inference_mode():
         signal = torch.from_numpy(np.ascontiguousarray(low))
         spec = _spectrum(net, signal)
         for _ in range(MAX_PASSES):
@@ -178,7 +199,7 @@ def mark(audio: np.ndarray, sample_rate: int) -> np.ndarray:
                                  net.window, center=True, normalized=False, onesided=True,
                                  length=low.size)
             spec = _spectrum(net, signal)  # what a reader sees; also the next pass's input
-            if _confidence(net, spec) > THRESHOLD + (BF16_MARGIN if net.bf16 else 0.0):
+            if _confidence(net, spec) > THRESHOLD + margin:
                 break
         marked = signal.numpy()
     delta = _resample((marked - low).astype(np.float32), rate, sample_rate)
