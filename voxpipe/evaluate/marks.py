@@ -7,7 +7,8 @@ The network comes from the wheel, but not through the wheel's own loader: that o
 `pkg_resources` and `torchaudio` (neither installed here) and unpickles the checkpoint with a plain
 `torch.load`. Here the weight file's sha256 is checked against the pinned value first, its tensors are
 loaded with `weights_only=True`, and the STFT the network was trained on (torchaudio's
-Spectrogram: centred, reflect-padded, Hann, unnormalized) is torch's own `stft`.
+Spectrogram: centred, reflect-padded, Hann, unnormalized) is torch's own `stft`. Where the CPU runs
+bfloat16 natively, `mark` runs the networks in it (`_marking_net`); `watermark_score` reads in float32.
 """
 
 from __future__ import annotations
