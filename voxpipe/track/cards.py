@@ -23,7 +23,6 @@ import yaml
 
 from voxpipe.errors import StepError
 from voxpipe.files import file_digest
-from voxpipe.model.io import MODEL_FILES
 from voxpipe.params import Params
 from voxpipe.track.artifacts import PipelineArtifacts
 
@@ -117,6 +116,8 @@ def _consent_section(tags: dict[str, str], art: PipelineArtifacts) -> str:
 def base_identity(params: Params, art: PipelineArtifacts) -> dict[str, Any]:
     """The base folder, its Hub id when it is upstream's download, and the sha256 of its weights file
     (None with the reason when the folder is not here: register ran where the base was not pulled)."""
+    from voxpipe.model.io import MODEL_FILES  # here: model.io imports torch, which `make sweep` does not need
+
     recorded = art.train_report.get("params") or {}
     base = Path(str(recorded.get("model.base") or params.model.base))
     weights = next((base / n for n in MODEL_FILES if (base / n).is_file()), None)
