@@ -45,8 +45,13 @@ def crd_schema(kind: str, release: str = "main") -> dict:
     return crds.crd_schema(RELEASES[release] / f"trainer.kubeflow.org_{plural}.yaml", kind, "v1alpha1")
 
 
+@cache
+def _validator(kind: str, release: str) -> jsonschema.protocols.Validator:
+    return crds.validator(crd_schema(kind, release))
+
+
 def validate(obj: dict, release: str = "main") -> None:
-    jsonschema.validate(obj, crd_schema(obj["kind"], release))
+    _validator(obj["kind"], release).validate(obj)
 
 
 def node_pod(runtime: dict, trainjob: dict) -> dict:
