@@ -279,10 +279,9 @@ class Sweep:
         try:
             if not self.names:
                 raise LookupError
-            stopped = settle(self.names)
+            stopped, states = settle(self.names)
             if stopped:
                 done.append(f"{stopped} queued or running stopped")
-            states = queue_states(self.names)
             unfinished = [n for n in self.names if states.get(n) not in (None, "Success")]
             for name in unfinished:
                 with contextlib.suppress(StepError):
@@ -344,17 +343,18 @@ def open_or_resume(sw: Sweep, grid: dict, grid_args: list[str], params_file: str
 def clear(names: list[str]) -> None:
     """Points of an earlier run of this sweep that did not succeed: out of the queue before they run again."""
     if names:
-        settle(names, force_after=0)
-        present = [n for n in names if n in queue_states(names)]
+        _, states = settle(names, force_after=0)
+        present = [n for n in names if n in states]
         if present:
             dvc("queue", "remove", *present)
 
 
-def settle(names: list[str], force_after: float = KILL_WAIT_S) -> int:
+def settle(names: list[str], force_after: float = KILL_WAIT_S) -> tuple[int, dict[str, str]]:
     """Until none of `names` is queued or running: the queued removed, the running interrupted as by
     Ctrl-C (`dvc queue kill`; `--force` after `force_after` s). Retried: a task just taken by a worker is
     neither removable nor yet killable, and dvc refuses a kill of a task still being set up. Returns how
-    many there were."""
+    many there were, and the queue states that showed none left (what the caller goes on from: no second
+    `dvc queue status`)."""
     start, interrupted, seen = time.monotonic(), set(), set()
     while True:
         states = queue_states(names)
@@ -362,7 +362,7 @@ def settle(names: list[str], force_after: float = KILL_WAIT_S) -> int:
         running = [n for n in names if states.get(n) == "Running"]
         seen |= {*queued, *running}
         if not queued and not running:
-            return len(seen)
+            return len(seen), states
         waited = time.monotonic() - start
         if waited > force_after + 2 * KILL_WAIT_S:
             raise StepError(f"{', '.join(running + queued)} still running after {waited:.0f} s; "
