@@ -69,6 +69,7 @@ BIN = Path(sys.executable).parent
 HEADLINE = ("loss_model", "loss_delta", "similarity_to_speaker_mean", "stop_failure_rate", "wer", "mfu",
             "tokens_per_s")
 POLL_S = 2  # between `dvc queue status` calls (each about 0.5 CPU s): a finished point is said within ~3 s
+STATUS_RETRY_S = 0.5  # `queue_status`: a failed `dvc queue status` asked again after this
 MAX_POINTS = 16  # about an hour of queueing and a day of training on the demo: more is asked for (--yes)
 KILL_WAIT_S = 60  # a point interrupted like Ctrl-C gets this long to stop before it is killed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -171,10 +172,22 @@ def ran(log: str) -> list[str]:
     return re.findall(r"Running stage '([\w-]+)'", log)
 
 
+def queue_status() -> str:
+    """`dvc queue status`, asked again (twice at most, STATUS_RETRY_S apart) when it fails: it reads the
+    tasks' info files while the queue's worker writes them, and a read that meets one mid-write ends in
+    "unexpected error - Expecting value" (treeverse/dvc#8014, #9358); the next read finds it whole. Polled
+    every POLL_S while points finish, a sweep would otherwise fail now and then on that race alone."""
+    for _ in range(2):
+        with contextlib.suppress(StepError):
+            return dvc("queue", "status")
+        time.sleep(STATUS_RETRY_S)
+    return dvc("queue", "status")
+
+
 def queue_states(names: list[str]) -> dict[str, str]:
     """`dvc queue status` for the named experiments: name -> Queued / Running / Success / Failed."""
     states = {}
-    for line in dvc("queue", "status").splitlines():
+    for line in queue_status().splitlines():
         fields = line.split()
         if fields and fields[0] in names or len(fields) > 1 and fields[1] in names:
             name = fields[0] if fields[0] in names else fields[1]
