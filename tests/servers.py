@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,11 +66,13 @@ def migrated_store(db: Path) -> Path:
     process migrated once. MLflow runs its ~50 schema migrations on every new database file (about 10 s of
     a server's start on a loaded 2-core machine); a user pays that once, a test module per server."""
     if not _MIGRATED:
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
         folder = Path(tempfile.mkdtemp(prefix="voxpipe-mlflow-store-"))
         atexit.register(shutil.rmtree, folder, True)
-        store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
+        with warnings.catch_warnings():  # MLflow's own SQLAlchemy deprecation (`noload`), not ours to fix
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
         store.engine.dispose()
         _MIGRATED.append(folder / "mlflow.db")
     shutil.copyfile(_MIGRATED[0], db)
