@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,9 +55,37 @@ def serving(args: list[str], health: str, log: Path, env: dict[str, str] | None 
                 proc.wait()
 
 
+# MLflow's GenAI job runner (a runner and four huey consumers, each a process importing mlflow, started with
+# every server): voxpipe submits no job, and the consumers can outlast SIGTERM by the 10 s `serving` waits
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+_MIGRATED: list[Path] = []  # this process's migrated empty store, made on first use
+
+
+def migrated_store(db: Path) -> Path:
+    """An empty MLflow sqlite store at `db` whose schema is already migrated: a copy of one store this test
+    process migrated once. MLflow runs its ~50 schema migrations on every new database file (about 10 s of
+    a server's start on a loaded 2-core machine); a user pays that once, a test module per server."""
+    if not _MIGRATED:
+        folder = Path(tempfile.mkdtemp(prefix="voxpipe-mlflow-store-"))
+        atexit.register(shutil.rmtree, folder, True)
+        with warnings.catch_warnings():  # MLflow's own SQLAlchemy deprecation (`noload`), not ours to fix
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
+        store.engine.dispose()
+        _MIGRATED.append(folder / "mlflow.db")
+    shutil.copyfile(_MIGRATED[0], db)
+    return db
+
+
 @contextmanager
 def mlflow_server(root: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`mlflow server` on a free port with a sqlite store and artifacts under `root`; yields its URI."""
+    """`mlflow server` on a free port with a sqlite store (a new one migrated already: `migrated_store`)
+    and artifacts under `root`; yields its URI. Without MLflow's job runner (`NO_JOBS`)."""
+    if not (root / "mlflow.db").exists():
+        migrated_store(root / "mlflow.db")
+    env = {**(os.environ if env is None else env), **NO_JOBS}
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     args = [MLFLOW, "server", *extra, "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

@@ -28,7 +28,7 @@ import boto3
 import pytest
 import yaml
 from mlflow import MlflowClient
-from servers import free_port, serving
+from servers import NO_JOBS, free_port, migrated_store, serving
 from small_sample import write_small_sample
 
 from voxpipe import dvcgen, paramspec
@@ -677,12 +677,12 @@ def test_data_round_trip_through_an_s3_remote_and_a_fresh_clone(repo, killed_run
     tracking = f"http://127.0.0.1:{port}"
     server_env = _env(**S3_CREDENTIALS, MLFLOW_S3_ENDPOINT_URL=s3)
     server = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-              "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+              "--backend-store-uri", f"sqlite:///{migrated_store(tmp_path / 'mlflow.db')}",
               "--default-artifact-root", f"s3://{BUCKET}/mlflow", "--no-serve-artifacts"]
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["tracking"]["uri"] = tracking
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    with serving(server, f"{tracking}/health", tmp_path / "mlflow.log", server_env):
+    with serving(server, f"{tracking}/health", tmp_path / "mlflow.log", {**server_env, **NO_JOBS}):
         out = dvc(clone, "repro", env=server_env)
         # train's run records are not cached: it trains again, from scratch, into the same bytes, so
         # evaluate (its eval.json is in git) has nothing new to score; mfu times the new run

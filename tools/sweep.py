@@ -68,7 +68,8 @@ BIN = Path(sys.executable).parent
 # dvc exp show's columns for the eval.json / mfu.json / train report figures the headline names
 HEADLINE = ("loss_model", "loss_delta", "similarity_to_speaker_mean", "stop_failure_rate", "wer", "mfu",
             "tokens_per_s")
-POLL_S = 5
+POLL_S = 2  # between `dvc queue status` calls (each about 0.5 CPU s): a finished point is said within ~3 s
+STATUS_RETRY_S = 0.5  # `queue_status`: a failed `dvc queue status` asked again after this
 MAX_POINTS = 16  # about an hour of queueing and a day of training on the demo: more is asked for (--yes)
 KILL_WAIT_S = 60  # a point interrupted like Ctrl-C gets this long to stop before it is killed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -171,10 +172,22 @@ def ran(log: str) -> list[str]:
     return re.findall(r"Running stage '([\w-]+)'", log)
 
 
+def queue_status() -> str:
+    """`dvc queue status`, asked again (twice at most, STATUS_RETRY_S apart) when it fails: it reads the
+    tasks' info files while the queue's worker writes them, and a read that meets one mid-write ends in
+    "unexpected error - Expecting value" (treeverse/dvc#8014, #9358); the next read finds it whole. Polled
+    every POLL_S while points finish, a sweep would otherwise fail now and then on that race alone."""
+    for _ in range(2):
+        with contextlib.suppress(StepError):
+            return dvc("queue", "status")
+        time.sleep(STATUS_RETRY_S)
+    return dvc("queue", "status")
+
+
 def queue_states(names: list[str]) -> dict[str, str]:
     """`dvc queue status` for the named experiments: name -> Queued / Running / Success / Failed."""
     states = {}
-    for line in dvc("queue", "status").splitlines():
+    for line in queue_status().splitlines():
         fields = line.split()
         if fields and fields[0] in names or len(fields) > 1 and fields[1] in names:
             name = fields[0] if fields[0] in names else fields[1]
@@ -279,10 +292,9 @@ class Sweep:
         try:
             if not self.names:
                 raise LookupError
-            stopped = settle(self.names)
+            stopped, states = settle(self.names)
             if stopped:
                 done.append(f"{stopped} queued or running stopped")
-            states = queue_states(self.names)
             unfinished = [n for n in self.names if states.get(n) not in (None, "Success")]
             for name in unfinished:
                 with contextlib.suppress(StepError):
@@ -344,17 +356,18 @@ def open_or_resume(sw: Sweep, grid: dict, grid_args: list[str], params_file: str
 def clear(names: list[str]) -> None:
     """Points of an earlier run of this sweep that did not succeed: out of the queue before they run again."""
     if names:
-        settle(names, force_after=0)
-        present = [n for n in names if n in queue_states(names)]
+        _, states = settle(names, force_after=0)
+        present = [n for n in names if n in states]
         if present:
             dvc("queue", "remove", *present)
 
 
-def settle(names: list[str], force_after: float = KILL_WAIT_S) -> int:
+def settle(names: list[str], force_after: float = KILL_WAIT_S) -> tuple[int, dict[str, str]]:
     """Until none of `names` is queued or running: the queued removed, the running interrupted as by
     Ctrl-C (`dvc queue kill`; `--force` after `force_after` s). Retried: a task just taken by a worker is
     neither removable nor yet killable, and dvc refuses a kill of a task still being set up. Returns how
-    many there were."""
+    many there were, and the queue states that showed none left (what the caller goes on from: no second
+    `dvc queue status`)."""
     start, interrupted, seen = time.monotonic(), set(), set()
     while True:
         states = queue_states(names)
@@ -362,7 +375,7 @@ def settle(names: list[str], force_after: float = KILL_WAIT_S) -> int:
         running = [n for n in names if states.get(n) == "Running"]
         seen |= {*queued, *running}
         if not queued and not running:
-            return len(seen)
+            return len(seen), states
         waited = time.monotonic() - start
         if waited > force_after + 2 * KILL_WAIT_S:
             raise StepError(f"{', '.join(running + queued)} still running after {waited:.0f} s; "
