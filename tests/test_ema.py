@@ -79,6 +79,7 @@ def ema_run(encoded_sample, tmp_path_factory):
     return out, _train(encoded_sample, out, 6, ema_decay=DECAY)
 
 
+@pytest.mark.slow  # a training run (the module's ema_run)
 def test_ema_exports_sit_beside_the_live_ones_load_and_verify(ema_run, encoded_sample):
     out, report = ema_run
     exports = out / "exports"

@@ -373,6 +373,7 @@ def test_a_champion_scored_on_another_val_set_is_re_scored_on_this_one(encoded_s
 # -- the scoring threads and what evaluate's time went to ---------------------------------------------
 
 
+@pytest.mark.slow  # loads every scorer: DNSMOS, GE2E, pocketsphinx
 def test_clips_scored_on_the_scoring_threads_equal_clips_scored_in_turn(real_clips):
     """Issue 33: evaluate scores clips on threads beside generation (DNSMOS, voice, ASR). Every figure of
     every clip is the one scoring them one after the other gives, to the bit (torch on one thread, as

@@ -101,7 +101,10 @@ def _scored_by_the_port(session: ort.InferenceSession, clip: np.ndarray, folder)
 TOLERANCE = 1e-4
 
 
-@pytest.mark.parametrize(("seconds", "snr_db"), [(1, 20), (2, 0), (5, 10), (9.01, 30), (12, 5)])
+# test-fast keeps a short clip, the window boundary and a long one; make test has every length
+@pytest.mark.parametrize(("seconds", "snr_db"), [(1, 20), pytest.param(2, 0, marks=pytest.mark.slow),
+                                                 pytest.param(5, 10, marks=pytest.mark.slow), (9.01, 30),
+                                                 (12, 5)])
 def test_scores_match_a_port_of_the_reference(dnsmos, reference_session, tmp_path, seconds, snr_db):
     clip = _mix(seconds, snr_db, seed=int(seconds * 100) + snr_db)
     ours, theirs = dnsmos.score(clip, 16_000), _scored_by_the_port(reference_session, clip, tmp_path)
