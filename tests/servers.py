@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import signal
@@ -58,24 +59,26 @@ def serving(args: list[str], health: str, log: Path, env: dict[str, str] | None 
 # MLflow's GenAI job runner (a runner and four huey consumers, each a process importing mlflow, started with
 # every server): voxpipe submits no job, and the consumers can outlast SIGTERM by the 10 s `serving` waits
 NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-_MIGRATED: list[Path] = []  # this process's migrated empty store, made on first use
+
+
+@functools.cache
+def _migrated_once() -> Path:
+    """One empty store migrated by voxpipe's own `sqlite_store.create`, in a folder removed at exit."""
+    from voxpipe.track.sqlite_store import create
+
+    folder = Path(tempfile.mkdtemp(prefix="voxpipe-mlflow-store-"))
+    atexit.register(shutil.rmtree, folder, True)
+    with warnings.catch_warnings():  # MLflow's own SQLAlchemy deprecation (`noload`), not ours to fix
+        warnings.simplefilter("ignore", DeprecationWarning)
+        create(folder / "mlflow.db")
+    return folder / "mlflow.db"
 
 
 def migrated_store(db: Path) -> Path:
     """An empty MLflow sqlite store at `db` whose schema is already migrated: a copy of one store this test
     process migrated once. MLflow runs its ~50 schema migrations on every new database file (about 10 s of
     a server's start on a loaded 2-core machine); a user pays that once, a test module per server."""
-    if not _MIGRATED:
-        folder = Path(tempfile.mkdtemp(prefix="voxpipe-mlflow-store-"))
-        atexit.register(shutil.rmtree, folder, True)
-        with warnings.catch_warnings():  # MLflow's own SQLAlchemy deprecation (`noload`), not ours to fix
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-            store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
-        store.engine.dispose()
-        _MIGRATED.append(folder / "mlflow.db")
-    shutil.copyfile(_MIGRATED[0], db)
+    shutil.copyfile(_migrated_once(), db)
     return db
 
 
