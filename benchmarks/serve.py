@@ -7,7 +7,8 @@ many clients, each sending its next request as soon as its last one ends), the s
 - requests/s and seconds of audio per wall second;
 - time to the first byte, p50 and p95; the real-time factor (a request's wall seconds per audio second), p50;
 - the server's peak resident memory during the level, and the CPU seconds it spent per second of audio
-  (all its threads: a figure the machine's other load changes far less than the wall-clock ones).
+  (all its threads and its finishing processes: a figure the machine's other load changes far less than
+  the wall-clock ones).
 `threads` is what the server set torch's threads to (its /metrics: voxpipe_torch_threads).
 
 `upstream` is voxcpm 2.0.3's `VoxCPM2Model.generate` on the same weights (a checkpoint folder) in this
@@ -123,7 +124,8 @@ def serve(model: str, device: str, rows: int, work: Path, watermark: str = "pert
 
 
 class PeakRss:
-    """The largest resident memory of a process, sampled every 0.1 s while the block runs."""
+    """The largest resident memory of a process and its children (the server's finishing processes)
+    together, sampled every 0.1 s while the block runs."""
 
     def __init__(self, pid: int) -> None:
         import psutil
@@ -133,7 +135,8 @@ class PeakRss:
     def __enter__(self) -> PeakRss:
         def sample() -> None:
             while not self.stop.wait(0.1):
-                self.peak = max(self.peak, self.process.memory_info().rss)
+                tree = (self.process, *self.process.children(recursive=True))
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in tree))
 
         self.thread = threading.Thread(target=sample, daemon=True)
         self.thread.start()
@@ -142,6 +145,11 @@ class PeakRss:
     def __exit__(self, *_) -> None:
         self.stop.set()
         self.thread.join()
+
+
+def tree_cpu(process) -> float:
+    """CPU seconds (user and system) of a process and its children: the server's finishing processes."""
+    return sum(sum(p.cpu_times()[:2]) for p in (process, *process.children(recursive=True)))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -167,7 +175,7 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
                 results.append(got)
 
     with PeakRss(pid) as rss:
-        cpu = sum(rss.process.cpu_times()[:2])
+        cpu = tree_cpu(rss.process)
         start = time.perf_counter()
         threads = [threading.Thread(target=client) for _ in range(clients)]
         for t in threads:
@@ -175,7 +183,7 @@ def level(url: str, pid: int, clients: int, rounds: int, body: dict) -> dict:
         for t in threads:
             t.join()
         wall = time.perf_counter() - start
-        cpu = sum(rss.process.cpu_times()[:2]) - cpu
+        cpu = tree_cpu(rss.process) - cpu
     audio = sum(r[2] for r in results)
     return {"requests": len(results), "wall_s": round(wall, 3),
             "requests_per_s": round(len(results) / wall, 3), "audio_s_per_wall_s": round(audio / wall, 3),
