@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 from servers import free_port, serving
@@ -151,8 +152,9 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
 
 def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
     """Both finishing threads held in their marks (the second works only because the generating thread is
-    idle); a later sentence leaves the batch, then a first sentence; when one thread goes on, it finishes
-    the first sentence before the later one. Rows of 2, 3 and 4 patches tell the marks apart."""
+    idle); a request of two sentences leaves them both in the queue (its second joined when its first left
+    the batch), then another request's first sentence; when one thread goes on, it finishes both first
+    sentences before the later one that left earlier. Rows of 2, 3 and 4 patches tell the marks apart."""
     import threading
 
     from voxpipe.serve.batcher import Batcher
@@ -169,31 +171,70 @@ def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earli
             assert gates[call].wait(120)
         return audio + 1.0  # what the batcher hands back is what the mark made
 
-    batcher = Batcher(tiny_model, max_rows=4, window_s=0.0, mark=mark)
+    def finish(patches):
+        audio, _ = tiny_model.decode(patches)
+        return mark(audio.numpy(), tiny_model.audio_vae.out_sample_rate)
+
+    batcher = Batcher(tiny_model, max_rows=4, window_s=0.0, finish=[finish, finish])
     said: dict[str, object] = {}
 
-    def say(name: str, patches: int, first: bool) -> threading.Thread:
+    def say(name: str, patches: int, sentences: int = 1) -> threading.Thread:
         request = parse_request(["Some words."], [None], {"max_len": patches, "inference_timesteps": 1},
                                 Limits())
-        t = threading.Thread(target=lambda: said.setdefault(name, batcher.say(
-            request, "Some words.", Deadline(600), None, first=first)))
+        t = threading.Thread(target=lambda: said.setdefault(name, [f.result() for f in batcher.submit(
+            request, ["Some words."] * sentences, Deadline(600))][-1]))
         t.start()
         return t
 
-    threads = [say("held-1", 2, False), say("held-2", 2, False)]
+    threads = [say("held-1", 2), say("held-2", 2)]
     wait_for(lambda: len(marked) == 2)  # the idle-time finisher took the second row
-    threads.append(say("later", 3, False))
-    wait_for(lambda: len(batcher._finishing) == 1)
-    threads.append(say("first", 4, True))
+    threads.append(say("two sentences", 3, sentences=2))
     wait_for(lambda: len(batcher._finishing) == 2)
+    threads.append(say("first", 4))
+    wait_for(lambda: len(batcher._finishing) == 3)
     gates[0].set()
-    wait_for(lambda: len(marked) == 4)
+    wait_for(lambda: len(marked) == 5)
     gates[1].set()
     for t in threads:
         t.join(120)
-    assert marked == [2, 2, 4, 3]
+    assert marked == [2, 2, 3, 4, 3]
     alone = tiny_model.generate("Some words.", max_len=4, inference_timesteps=1, seed=0).audio[0].numpy()
     assert abs(said["first"] - (alone + 1.0)).max() <= 1e-4  # decoded, then marked
+
+
+# --- the finishing processes (finishing.py): the same audio as the thread's own, and a dead one replaced ---
+
+def test_a_finishing_process_answers_as_the_thread_would_and_one_that_dies_fails_only_its_row(tiny_model):
+    import threading
+
+    import torch
+
+    from voxpipe.errors import StepError
+    from voxpipe.evaluate import marks
+    from voxpipe.serve.finishing import FinishingProcess
+
+    rate = tiny_model.audio_vae.out_sample_rate
+    patches = 0.5 * torch.randn(9, tiny_model.patch_size, tiny_model.feat_dim,
+                                generator=torch.Generator().manual_seed(0))
+    finisher = FinishingProcess(tiny_model, "perth", 1, 0)
+    finisher.ready()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker's: bfloat16's rounding depends on how a sum is split
+    try:
+        audio, _ = tiny_model.decode(patches)
+        expected = marks.mark(audio.numpy(), rate)
+    finally:
+        torch.set_num_threads(threads)
+    got = finisher(patches)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert abs(got - expected).max() <= 1e-4
+
+    long = patches.repeat(200, 1, 1)  # minutes of audio: the worker is busy with it when it is killed
+    threading.Timer(1.0, finisher._process.kill).start()
+    with pytest.raises(StepError, match=r"voxpipe-finishing-0\) ended with exit code -9"):
+        finisher(long)
+    assert abs(finisher(patches) - expected).max() <= 1e-4  # the next row: a new worker
+    finisher._process.kill()
 
 
 # --- benchmarks/serve.py --neighbours: the neighbour processes never outlive the check ---

@@ -38,6 +38,25 @@ from voxpipe.model.rows import RowPlan, plan_rows
 DECODE_BUCKET = 8  # patches (1.28 s): the lengths a row's latents are decoded at (`VoxCPM2.decode`)
 
 
+def decode_patches(vae: nn.Module, patches: torch.Tensor, patch_size: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row's patches [n, P, D] -> (mono waveform at the VAE's output rate, latents [D, n * P]), on the
+    CPU: `VoxCPM2.decode`, and voxpipe serve's finishing processes with their own copy of the VAE.
+
+    The latents are decoded right-padded with zeros to a multiple of DECODE_BUCKET patches, and the
+    audio cut back to the row's: the decoder is causal, so the padding never changes the samples kept,
+    and rows of every length share a few shapes. Each new shape cost the CPU's convolutions (oneDNN) a
+    first call 4-7 times slower than the next, which made decoding, not generation, the bulk of a
+    batch's time."""
+    vae_device = next(vae.parameters()).device
+    n = patches.size(0)
+    with torch.inference_mode():
+        z = patches.permute(2, 0, 1).reshape(patches.size(2), -1)  # [D, n * P]
+        padded = F.pad(z, (0, (-n % DECODE_BUCKET) * patch_size))
+        audio = vae.decode(padded.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu()
+    return audio[: z.size(1) * vae.decode_hop_length], z.cpu()
+
+
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
     """Along dim 1: position t sees what position t-1 produced (zeros at t=0)."""
     return torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1)
@@ -276,21 +295,8 @@ class VoxCPM2(nn.Module):
 
     def decode(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A row's patches [n, P, D] -> (mono waveform at the VAE's output rate, latents [D, n * P]), on the
-        CPU.
-
-        The latents are decoded right-padded with zeros to a multiple of DECODE_BUCKET patches, and the
-        audio cut back to the row's: the decoder is causal, so the padding never changes the samples kept,
-        and rows of every length share a few shapes. Each new shape cost the CPU's convolutions (oneDNN) a
-        first call 4-7 times slower than the next, which made decoding, not generation, the bulk of a
-        batch's time."""
-        vae = self._require("audio_vae")
-        vae_device = next(vae.parameters()).device
-        n = patches.size(0)
-        with torch.inference_mode():
-            z = patches.permute(2, 0, 1).reshape(self.feat_dim, -1)  # [D, n * P]
-            padded = F.pad(z, (0, (-n % DECODE_BUCKET) * self.patch_size))
-            audio = vae.decode(padded.unsqueeze(0).float().to(vae_device))[0, 0].float().cpu()
-        return audio[: z.size(1) * vae.decode_hop_length], z.cpu()
+        CPU (`decode_patches`)."""
+        return decode_patches(self._require("audio_vae"), patches, self.patch_size)
 
     def generate(
         self,

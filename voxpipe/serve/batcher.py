@@ -4,14 +4,15 @@ sentence is a row of one rolling batch (voxpipe/model/rolling.py).
 - An idle batcher waits `serve.batch_window_ms` after a row arrives, so that requests arriving together
   start together; while the batch runs, waiting rows join it between patches (prefilled, their KV caches
   placed beside the running rows'), up to `serve.concurrency` rows.
-- A row leaves when its sentence ends; another thread finishes it (decodes its audio and marks it,
-  marks.py) while the batch goes on, and hands it to its request, which streams it while its next sentence
-  joins the batch. A request's first sentence is finished before later ones, whenever it left: it is the
-  time to the first byte of someone waiting, while the others extend audio already playing. A second
-  finishing thread works only while the generating thread has no row, so finishing takes the idle core
-  and not the generating thread's. (Decoded in the generating thread, the 48 kHz VAE took as long as the
-  batch's generation on a CPU and stalled every row; marked in each request's own thread, eight requests'
-  marks took the CPU from the generating thread.)
+- A row leaves when its sentence ends; another thread finishes it (decodes its audio and marks it, in a
+  worker process on the CPU: finishing.py) while the batch goes on, and hands it to its request, which
+  streams it. The request's next sentence joins the batch as soon as this row has left it, so it is
+  generated while this one is finished. A request's first sentence is finished before later ones,
+  whenever it left: it is the time to the first byte of someone waiting, while the others extend audio
+  already playing. A second finishing thread works only while the generating thread has no row, so
+  finishing takes the idle core and not the generating thread's. (Decoded in the generating thread, the
+  48 kHz VAE took as long as the batch's generation on a CPU and stalled every row; marked in each
+  request's own thread, eight requests' marks took the CPU from the generating thread.)
 - Each row's deadline and client are checked before each of its patches: a row whose client left or whose
   deadline passed leaves there, and its request's slot (admission.py) goes back with it.
 - Rows keep their own request's params (seed, cfg_value, inference_timesteps, max_len): a request's audio is
@@ -29,12 +30,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from voxpipe.model.rolling import Finished, RollingBatch, Row
@@ -43,11 +42,11 @@ from voxpipe.serve.request import Request, sized_max_len
 
 if TYPE_CHECKING:
     from voxpipe.model.voxcpm2 import VoxCPM2
+    from voxpipe.serve.finishing import Finish
     from voxpipe.serve.metrics import Metrics
 
 log = logging.getLogger("voxpipe.serve")
-DECODING_STREAMS = 2  # threads running torch ops at once: the generating one and a finishing one
-Mark = Callable[[np.ndarray, int], np.ndarray]  # marks.marker's: (audio, sample rate) -> marked audio
+DECODING_STREAMS = 2  # torch at work at once: the generating thread and a finishing one
 
 
 @dataclass
@@ -57,14 +56,23 @@ class _Job:
     deadline: Deadline
     queued_at: float  # when the row began to wait (a request's first: when it asked for admission)
     first: bool  # its request's first sentence: finished before later ones
+    then: _Job | None = None  # the request's next sentence: it waits to join until this row leaves
     future: Future = field(default_factory=Future)
+
+    def fail(self, e: BaseException) -> None:
+        """This row's answer, and its request's later sentences' (they will not be said)."""
+        job: _Job | None = self
+        while job is not None:
+            job.future.set_exception(e)
+            job = job.then
 
 
 class Batcher:
-    def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, metrics: Metrics | None = None,
-                 mark: Mark | None = None) -> None:
+    def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, finish: list[Finish],
+                 metrics: Metrics | None = None) -> None:
+        """finish: one per finishing thread (finishing.finishers); the first finishes whenever there is a
+        row to, the others only while the generating thread has none."""
         self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
-        self.mark = mark
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # rows arrived: the generating thread waits on it
         self._finishable = threading.Condition(lock)  # rows to finish, or the generating thread idle
@@ -75,20 +83,24 @@ class Batcher:
         self._idle = False  # the generating thread has no row to run
         # threads for the server's life
         threading.Thread(target=self._run, name="voxpipe-batcher", daemon=True).start()
-        threading.Thread(target=self._finish, args=(False,), name="voxpipe-finisher", daemon=True).start()
-        threading.Thread(target=self._finish, args=(True,), name="voxpipe-finisher-idle", daemon=True).start()
+        for i, f in enumerate(finish):
+            threading.Thread(target=self._finish, args=(f, i > 0), name=f"voxpipe-finisher-{i}",
+                             daemon=True).start()
 
-    def say(self, request: Request, sentence: str, deadline: Deadline, queued_at: float | None = None,
-            first: bool = True) -> np.ndarray:
-        """One sentence of a checked request in its voice (mono float32 at the model's rate), once its row
-        has left the batch and been decoded and marked; raises what stopped it (RequestStopped,
-        ClientGone). `first`: the request's first sentence (finished ahead of later ones)."""
-        job = _Job(request, sentence, deadline, time.perf_counter() if queued_at is None else queued_at,
-                   first)
+    def submit(self, request: Request, sentences: list[str], deadline: Deadline,
+               queued_at: float | None = None) -> list[Future]:
+        """A checked request's sentences in its voice: one future per sentence, whose result is its audio
+        (mono float32 at the model's rate) once its row has left the batch and been decoded and marked, or
+        what stopped it (RequestStopped, ClientGone). The first sentence waits to join now; each later one
+        once the one before it has left the batch, so it is generated while that one is finished."""
+        jobs = [_Job(request, sentence, deadline, 0.0, i == 0) for i, sentence in enumerate(sentences)]
+        for job, after in zip(jobs, jobs[1:], strict=False):
+            job.then = after
+        jobs[0].queued_at = time.perf_counter() if queued_at is None else queued_at
         with self._cond:
-            self._waiting.append(job)
+            self._waiting.append(jobs[0])
             self._cond.notify()
-        return job.future.result()
+        return [job.future for job in jobs]
 
     # -- the generation thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -105,12 +117,13 @@ class Batcher:
             except Exception as e:  # noqa: BLE001 - a fault of the batch (out of memory): each row's answer
                 log.exception("voxpipe serve: a batch of %d rows failed", len(running))
                 for row in running:
-                    row.owner.future.set_exception(e)
+                    row.owner.fail(e)
                 batch = RollingBatch(self.model)
                 continue
             for f in finished:
                 if f.error is not None:
-                    f.row.owner.future.set_exception(f.error)
+                    f.row.owner.fail(f.error)
+            self._follow([f.row.owner.then for f in finished if f.error is None and f.row.owner.then])
             if any(f.error is None for f in finished):
                 with self._finishable:
                     for f in finished:
@@ -119,7 +132,7 @@ class Batcher:
                     self._finishable.notify_all()
 
     # -- the finishing threads -------------------------------------------------------------------------
-    def _finish(self, only_when_idle: bool) -> None:
+    def _finish(self, finish: Finish, only_when_idle: bool) -> None:
         """Each row that left, decoded and marked: first sentences first, then in the order the rows left.
         One thread finishes whenever there is a row to; the other only while the generating thread has
         nothing to run."""
@@ -128,7 +141,21 @@ class Batcher:
                 while not self._finishing or (only_when_idle and not self._idle):
                     self._finishable.wait()
                 f = heapq.heappop(self._finishing)[2]
-            self._deliver(f)
+            try:
+                audio = finish(f.patches)
+            except Exception as e:  # noqa: BLE001 - that row's answer
+                f.row.owner.future.set_exception(e)
+                continue
+            f.row.owner.future.set_result(audio)
+
+    def _follow(self, jobs: list[_Job]) -> None:
+        """The next sentences of requests whose row left: they wait to join."""
+        if jobs:
+            now = time.perf_counter()
+            with self._cond:
+                for job in jobs:
+                    job.queued_at = now
+                    self._waiting.append(job)
 
     def _next(self, batch: RollingBatch) -> list[_Job]:
         """The rows that join now, first come first served (none while the batch is full); waits while there
@@ -159,7 +186,7 @@ class Batcher:
                 job.deadline.check()  # a row whose client left, or whose time ran out, while it waited
                 prompt = self.model.prompts([job.sentence], r.references[:1], r.reference_text)[0]
             except Exception as e:  # noqa: BLE001 - that row's answer
-                job.future.set_exception(e)
+                job.fail(e)
                 continue
             rows.append(Row(prompt, max_len=sized_max_len([job.sentence], r.max_len),
                             cfg_value=float(gen["cfg_value"]),
@@ -171,16 +198,4 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - the joining rows' answer; the running rows go on
             log.exception("voxpipe serve: %d rows could not join the batch", len(rows))
             for row in rows:
-                row.owner.future.set_exception(e)
-
-    def _deliver(self, f: Finished) -> None:
-        job: _Job = f.row.owner
-        try:
-            audio, _ = self.model.decode(f.patches)
-            audio = audio.numpy().astype(np.float32)
-            if self.mark is not None:
-                audio = self.mark(audio, self.model.audio_vae.out_sample_rate)
-        except Exception as e:  # noqa: BLE001 - that row's answer
-            job.future.set_exception(e)
-            return
-        job.future.set_result(audio)
+                row.owner.fail(e)

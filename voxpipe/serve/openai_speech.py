@@ -196,9 +196,9 @@ def say(batcher: Batcher, speech: Speech, admission: Admission, deadline: Deadli
     admission.enter(deadline)
     try:
         start = time.perf_counter()
-        for i, sentence in enumerate(sentences(speech.request.spoken[0])):
-            # the first sentence's wait includes the waiting room's
-            audio = batcher.say(speech.request, sentence, deadline, asked if i == 0 else None, first=i == 0)
+        # the first sentence's wait includes the waiting room's
+        for future in batcher.submit(speech.request, sentences(speech.request.spoken[0]), deadline, asked):
+            audio = future.result()
             said.audio_seconds += audio.size / batcher.model.audio_vae.out_sample_rate
             if said.first_chunk_s is None:
                 said.first_chunk_s = time.perf_counter() - start

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from voxpipe.cores import use_cores
 from voxpipe.errors import StepError
-from voxpipe.evaluate.marks import marker
 from voxpipe.evaluate.provenance import credentials
 from voxpipe.params import Params
 from voxpipe.serve.adapter import adapter_sha256
@@ -33,6 +32,7 @@ from voxpipe.serve.app import API_KEY_ENV, Service, build_app
 from voxpipe.serve.batcher import DECODING_STREAMS, Batcher
 from voxpipe.serve.cloning import Cloning
 from voxpipe.serve.connections import BACKLOG, Guard, check_file_limit, guarded_protocol
+from voxpipe.serve.finishing import finishers
 from voxpipe.serve.models import check_registered, model_uri
 from voxpipe.serve.request import Limits, model_locale
 from voxpipe.serve.served import ServedModel
@@ -154,8 +154,10 @@ def serve(params: Params) -> ServeResult:
                      threads["intra_op_threads"], threads["inter_op_threads"], threads["usable_cores"])
             for kind, n in threads.items():
                 service.metrics.threads.labels(kind).set(n)
-            service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, service.metrics,
-                                      marker(params.synthesize.watermark))
+            finish = finishers(served.model, params.synthesize.watermark, DECODING_STREAMS,
+                               threads["intra_op_threads"])
+            service.batcher = Batcher(served.model, p.concurrency, p.batch_window_ms / 1000, finish,
+                                      service.metrics)
             service.voices = VoiceStore(served.voices, Path(p.voices), p.max_voices, p.max_voice_bytes,
                                         params.synthesize.max_reference_seconds)
             service.served = served
