@@ -151,8 +151,8 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
 # --- the finishing threads (in process: a tiny model, the batcher's own threads) ---
 
 def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
-    """Both finishing threads held in their marks (the second works only because the generating thread is
-    idle); a request of two sentences leaves them both in the queue (its second joined when its first left
+    """Both finishing threads held in their marks (the second takes first sentences, and anything while the
+    generating thread is idle); a request of two sentences leaves them both in the queue (its second joined when its first left
     the batch), then another request's first sentence; when one thread goes on, it finishes both first
     sentences before the later one that left earlier. Rows of 2, 3 and 4 patches tell the marks apart."""
     import threading
@@ -187,7 +187,7 @@ def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earli
         return t
 
     threads = [say("held-1", 2), say("held-2", 2)]
-    wait_for(lambda: len(marked) == 2)  # the idle-time finisher took the second row
+    wait_for(lambda: len(marked) == 2)  # the second finisher took the second row (a first sentence)
     threads.append(say("two sentences", 3, sentences=2))
     wait_for(lambda: len(batcher._finishing) == 2)
     threads.append(say("first", 4))
