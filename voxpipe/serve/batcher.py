@@ -10,12 +10,12 @@ sentence is a row of one rolling batch (voxpipe/model/rolling.py).
   generated while this one is finished. A request's first sentence is finished before later ones,
   whenever it left: it is the time to the first byte of someone waiting, while the others extend audio
   already playing. A second finishing thread takes a first sentence that is waiting (the first thread
-  is busy), and any row while the generating thread has none: finishing takes a core from the generating
-  thread only for someone waiting for their first byte. (Taking every row, it slowed the batch and the
-  first byte under load; taking rows only while the batch was idle, eight listeners got 3.0x one's
-  throughput, not 3.4-3.6x: benchmarks/serve.py.) Decoded in the generating thread, the 48 kHz VAE took
-  as long as the batch's generation on a CPU and stalled every row; marked in each request's own thread,
-  eight requests' marks took the CPU from the generating thread.
+  is busy), a row once two wait, and any row while the generating thread has none: it takes a core from
+  the generating thread for someone waiting for their first byte, or when finishing falls behind.
+  (Taking every row, it slowed the batch and the first byte under load; taking rows only while the batch
+  was idle, eight listeners got 3.0x one's throughput, not 3.3-3.7x: benchmarks/serve.py.) Decoded in
+  the generating thread, the 48 kHz VAE took as long as the batch's generation on a CPU and stalled every
+  row; marked in each request's own thread, eight requests' marks took the CPU from the generating thread.
 - Each row's deadline and client are checked before each of its patches: a row whose client left or whose
   deadline passed leaves there, and its request's slot (admission.py) goes back with it.
 - Rows keep their own request's params (seed, cfg_value, inference_timesteps, max_len): a request's audio is
@@ -74,7 +74,7 @@ class Batcher:
     def __init__(self, model: VoxCPM2, max_rows: int, window_s: float, finish: list[Finish],
                  metrics: Metrics | None = None) -> None:
         """finish: one per finishing thread (finishing.finishers); the first finishes whenever there is a
-        row to, the others only first sentences while the generating thread runs (`_finish`)."""
+        row to, the others fewer while the generating thread runs (`_finish`)."""
         self.model, self.max_rows, self.window_s, self.metrics = model, max_rows, window_s, metrics
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # rows arrived: the generating thread waits on it
@@ -137,12 +137,13 @@ class Batcher:
     # -- the finishing threads -------------------------------------------------------------------------
     def _finish(self, finish: Finish, second: bool) -> None:
         """Each row that left, decoded and marked: first sentences first, then in the order the rows left.
-        One thread finishes whenever there is a row to; the others take a first sentence, or any row while
-        the generating thread has nothing to run (the heap's head is a later sentence only when no first
-        sentence waits)."""
+        One thread finishes whenever there is a row to; the others take a first sentence, any row once two
+        wait, and any row while the generating thread has nothing to run (the heap's head is a later
+        sentence only when no first sentence waits)."""
         while True:
             with self._finishable:
-                while not self._finishing or (second and not self._idle and self._finishing[0][0]):
+                while not self._finishing or (second and not self._idle and self._finishing[0][0]
+                                              and len(self._finishing) < 2):
                     self._finishable.wait()
                 f = heapq.heappop(self._finishing)[2]
             try:
