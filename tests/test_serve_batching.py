@@ -152,9 +152,10 @@ def test_torch_threads_follow_the_usable_cores_not_the_nodes(tmp_path):
 
 def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earlier(tiny_model):
     """Both finishing threads held in their marks (the second takes first sentences, and anything while the
-    generating thread is idle); a request of two sentences leaves them both in the queue (its second joined when its first left
-    the batch), then another request's first sentence; when one thread goes on, it finishes both first
-    sentences before the later one that left earlier. Rows of 2, 3 and 4 patches tell the marks apart."""
+    generating thread is idle); a request of two sentences leaves them both in the queue (its second joined
+    when its first left the batch), then another request's first sentence; when one thread goes on, it
+    finishes both first sentences before the later one that left earlier. Rows of 2, 3 and 4 patches tell
+    the marks apart."""
     import threading
 
     from voxpipe.serve.batcher import Batcher
