@@ -205,6 +205,7 @@ def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earli
 
 # --- the finishing processes (finishing.py): the same audio as the thread's own, and a dead one replaced ---
 
+@pytest.mark.slow
 def test_a_finishing_process_answers_as_the_thread_would_and_one_that_dies_fails_only_its_row(tiny_model):
     import threading
 
