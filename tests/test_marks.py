@@ -154,13 +154,35 @@ def test_the_mark_rebuilds_only_its_band_as_perths_full_round_trip_would():
     hp = net.hp
     with torch.inference_mode():
         spec = marks._spectrum(net, low)
-        marked = net.encoder(marks._normalized_db(net, spec)[None])[0][0]
+        level = marks._normalized_db(net, spec)
+        marked = net.encoder(level[None])[0][0]
         full = torch.polar(marks._magnitude(net, marked), spec.angle())
         clips = [torch.istft(s, hp.n_fft, hp.hop_size, hp.window_size, net.window, center=True,
-                             length=low.numel()) for s in (marks._embedded(net, spec), full)]
+                             length=low.numel()) for s in (marks._embedded(net, spec, level), full)]
         assert float((clips[0] - clips[1]).abs().max()) < 1e-5
         assert float((clips[0] - low).abs().max()) > 1e-3  # a mark, not the clip unchanged
-        assert all(marks._confidence(net, marks._spectrum(net, c)) > marks.THRESHOLD for c in clips)
+        levels = [marks._normalized_db(net, marks._spectrum(net, c)) for c in clips]
+        assert all(marks._confidence(net, level) > marks.THRESHOLD for level in levels)
+
+
+@pytest.mark.parametrize("frames", [13, 128, 129, 673])
+def test_the_marking_networks_give_perths_answer_at_any_length(frames):
+    """`mark`'s convolution stacks (padded to FRAME_MULTIPLE frames, the padding zeroed after each layer,
+    weights packed for oneDNN) give perth's own layers' answer in float32, at lengths that need padding
+    and at both of the packed weights' sizes; torch.istft's answer comes back from `_inverse_spectrum`."""
+    import copy
+
+    import torch
+
+    net = marks._net()
+    with torch.inference_mode():
+        x = torch.rand(1, marks._net().encoder.subband, frames)
+        ours = marks._channels_last(copy.deepcopy(net.encoder.layers))
+        assert float((ours(x) - net.encoder.layers(x)).abs().max()) < 1e-6
+        spec = marks._spectrum(net, 0.1 * torch.randn(320 * (frames - 1) + 7))
+        length = 320 * (frames - 1) + 7
+        expected = torch.istft(spec, 2048, 320, 2048, net.window, center=True, length=length)
+        assert float((marks._inverse_spectrum(net, spec, length) - expected).abs().max()) < 1e-6
 
 
 @contextmanager

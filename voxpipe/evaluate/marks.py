@@ -33,13 +33,16 @@ WEIGHTS = "perth_net/pretrained/implicit/perth_net_250000.pth.tar"
 # resemble-perth 1.0.1's checkpoint: any other file is refused before a byte of it is unpickled
 WEIGHTS_SHA256 = "a15bce457ebc53ce5e6c9c3f11df78cf7ee2bf9cdab0a798902135b4c4027670"
 THRESHOLD = 0.5  # the decoder's confidence above which a clip counts as marked
-# the mark is written in the magnitude and kept with the clip's own phase: on noise-like audio one pass
-# does not survive the inverse STFT (the spectrum is not consistent), a second, on the marked clip, does
+# the mark is written in the magnitude and kept with the clip's own phase: on some audio (the demo model's
+# output, a DC offset of 0.33 over near-silence) one pass does not survive the inverse STFT (the spectrum is
+# not consistent), a second, on the marked clip, does; speech and white noise keep the first
 MAX_PASSES = 3
 # the decoder's confidence in bfloat16 was within 0.006 of float32's (the reading `detect` makes) on 135
 # readings of marked, half-marked and unmarked speech and noise: a check in bfloat16 asks this much more
 BF16_MARGIN = 0.05
 NAME = "perth"
+FRAME_MULTIPLE = 16  # the marking networks' frames are run padded to this (`_channels_last`)
+SHORT_FRAMES = 128  # up to this many frames a convolution runs its weights packed for short inputs (`_Conv`)
 
 
 @dataclass(frozen=True)
@@ -130,29 +133,70 @@ def _channels_last(layers: Any) -> Any:
     """perth's stack of Conv1d (+ LeakyReLU) as one module that runs them as 1-row 2-D convolutions on a
     channels-last tensor: oneDNN's fast layout on the CPU, which perth's [B, C, T] tensors reorder into and
     out of at every layer (0.33 ms a layer in bfloat16 at 240 frames, not 0.51). Same weights, same
-    answer to float rounding."""
+    answer to float rounding.
+
+    The frames are run padded to a multiple of FRAME_MULTIPLE: oneDNN's kernels for other lengths took 2-3x
+    as long a frame here (the encoder at 673 frames: 12.1 us a frame, at 672: 4.2; at 399: 18.3, at 400:
+    5.2). The padding is zeroed after every layer, so each layer sees at the clip's end the zeros its own
+    padding would give: the frames kept are the unpadded stack's."""
     import torch
     import torch.nn.functional as F
 
     class ChannelsLast(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.weights = torch.nn.ParameterList(
-                layer.conv.weight.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last)
-                for layer in layers)
-            self.biases = torch.nn.ParameterList(layer.conv.bias.detach() for layer in layers)
-            self.pads = [layer.conv.padding[0] for layer in layers]
-            self.acts = [bool(layer.act) for layer in layers]
+            self.convs = [_Conv(layer.conv, layer.act) for layer in layers]
 
         def forward(self, x: Any) -> Any:  # [B, C, T] -> [B, C', T]
-            x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
-            for weight, bias, pad, act in zip(self.weights, self.biases, self.pads, self.acts, strict=True):
-                x = F.conv2d(x, weight, bias, padding=(0, pad))
-                if act:
-                    x = F.leaky_relu(x)
-            return x.squeeze(2)
+            frames = x.size(2)
+            x = F.pad(x, (0, -frames % FRAME_MULTIPLE)).unsqueeze(2)
+            x = x.contiguous(memory_format=torch.channels_last)
+            for i, conv in enumerate(self.convs):
+                x = conv(x)
+                if i + 1 < len(self.convs):
+                    x[..., frames:] = 0
+            return x[..., :frames].squeeze(2)
 
     return ChannelsLast().requires_grad_(False)
+
+
+class _Conv:
+    """One Conv1d (+ LeakyReLU) of perth's as a 2-D convolution of a channels-last [B, C, 1, T] tensor.
+
+    Where torch has oneDNN, its weights are reordered once, here, into oneDNN's blocked layout, and the
+    activation runs inside the convolution (torch.ops.mkldnn's pointwise convolution, what torch.compile
+    emits for a convolution on the CPU): F.conv2d reorders the weights on every call, which was most of a
+    layer's time on a short clip (a 256-channel, 7-tap layer in bfloat16: 213 us at 128 frames, 84 us
+    packed; 357 us at 400 frames, 207 us packed). oneDNN picks the layout by the input's size, so there are
+    two: for at most SHORT_FRAMES frames, and for more."""
+
+    def __init__(self, conv: Any, act: Any) -> None:
+        import torch
+
+        self.weight = conv.weight.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        self.bias, self.padding = conv.bias.detach(), [0, conv.padding[0]]
+        self.slope = act.negative_slope if act else None
+        self.packed: tuple[Any, Any] | None = None
+        if torch.backends.mkldnn.is_available():
+            try:  # a torch whose oneDNN lacks these ops (some aarch64 builds) runs F.conv2d
+                self.packed = tuple(torch._C._nn.mkldnn_reorder_conv2d_weight(
+                    conv.weight.detach().unsqueeze(2).to_mkldnn(), self.padding, [1, 1], [1, 1], 1,
+                    [1, conv.in_channels, 1, frames]) for frames in (SHORT_FRAMES // 2, 4 * SHORT_FRAMES))
+                self(torch.zeros(1, conv.in_channels, 1, FRAME_MULTIPLE, dtype=self.weight.dtype))
+            except (RuntimeError, NotImplementedError):
+                self.packed = None
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        if self.packed is None:
+            x = F.conv2d(x, self.weight, self.bias, padding=self.padding)
+            return x if self.slope is None else F.leaky_relu(x, self.slope)
+        weight = self.packed[x.size(0) * x.size(3) > SHORT_FRAMES]
+        act, scalars = ("none", []) if self.slope is None else ("leaky_relu", [self.slope])
+        return torch.ops.mkldnn._convolution_pointwise(x, weight, self.bias, self.padding, [1, 1], [1, 1], 1,
+                                                       act, scalars, None)
 
 
 def _spectrum(net: _Net, signal: Any) -> Any:
@@ -165,40 +209,81 @@ def _spectrum(net: _Net, signal: Any) -> Any:
 
 
 def _normalized_db(net: _Net, spec: Any) -> Any:
-    """perth's AudioProcessor.signal_to_magphase's magnitude: dB, floored and scaled to about [0, 1]."""
-    import torch
-
-    min_db = 20 * np.log10(net.hp.stft_magnitude_min)
-    return (20 * torch.log10(spec.abs().clip(net.hp.stft_magnitude_min)) - min_db) / (-min_db + 15)
+    """perth's AudioProcessor.signal_to_magphase's magnitude: dB, floored and scaled to about [0, 1]. Taken
+    from the power (10 log10 |z|^2, not 20 log10 |z|): complex abs's careful hypot was 17 % of a mark."""
+    floor = net.hp.stft_magnitude_min
+    min_db, scale = 20 * np.log10(floor), -20 * np.log10(floor) + 15
+    power = spec.real.square().add_(spec.imag.square()).clip_(min=floor**2)
+    return power.log10_().mul_(10 / scale).sub_(min_db / scale)
 
 
 def _magnitude(net: _Net, normalized: Any) -> Any:
-    """The inverse of `_normalized_db` (perth's magphase_to_signal's magnitude)."""
-    min_db = 20 * np.log10(net.hp.stft_magnitude_min)
-    return 10.0 ** ((normalized * (-min_db + 15) + min_db) / 20).clip(max=10)
-
-
-def _embedded(net: _Net, spec: Any) -> Any:
-    """The spectrum with the encoder's mark in its magnitude, each bin keeping its phase: perth's
-    Encoder.forward (its layers' residual on the bins below hp.max_wmark_freq, in the frames magmask keeps),
-    with the residual added in float32 whatever the layers ran in.
-
-    Only those bins are rebuilt from the marked magnitude: the bins above keep the spectrum as it was,
-    where perth's round trip through dB returns them to float rounding."""
+    """The inverse of `_normalized_db` (perth's magphase_to_signal's magnitude: 10 ** min(dB / 20, 10)), as
+    one exp (torch's pow with a tensor exponent took 5x as long)."""
     import torch
 
-    magnitude = _normalized_db(net, spec)
+    min_db, scale = 20 * np.log10(net.hp.stft_magnitude_min), -20 * np.log10(net.hp.stft_magnitude_min) + 15
+    ln10 = np.log(10)
+    return torch.exp((normalized * (scale / 20 * ln10) + min_db / 20 * ln10).clip_(max=10 * ln10))
+
+
+def _overlap_added(frames: Any, hop: int) -> Any:
+    """[T, n] windowed frames -> their overlap-add, n + hop (T - 1) samples: each frame cut into hop-long
+    pieces, piece j of every frame added in one shifted sum (torch.istft's own overlap-add was 40 % of it)."""
+    import torch
+    import torch.nn.functional as F
+
+    count, n = frames.shape
+    pieces = -(-n // hop)
+    cut = F.pad(frames, (0, pieces * hop - n)).view(count, pieces, hop)
+    out = torch.zeros(count + pieces - 1, hop, dtype=frames.dtype)
+    for j in range(pieces):
+        out[j:j + count] += cut[:, j]
+    return out.view(-1)[: n + hop * (count - 1)]
+
+
+@functools.lru_cache(maxsize=64)
+def _envelope(count: int) -> Any:
+    """The squared window's overlap-add over `count` frames: what `_inverse_spectrum` divides by."""
+    net = _net()
+    return _overlap_added(net.window.square().expand(count, -1), net.hp.hop_size)
+
+
+def _inverse_spectrum(net: _Net, spec: Any, length: int) -> Any:
+    """torch.istft of a `_spectrum` (centred, Hann, unnormalized): `length` samples, to float rounding."""
+    import torch
+
+    hp = net.hp
+    frames = torch.fft.irfft(spec.T, n=hp.n_fft, dim=1) * net.window
+    start = hp.n_fft // 2
+    return (_overlap_added(frames, hp.hop_size)[start:start + length]
+            / _envelope(spec.size(1))[start:start + length])
+
+
+def _embedded(net: _Net, spec: Any, level: Any) -> Any:
+    """The spectrum with the encoder's mark in its magnitude, each bin keeping its phase: perth's
+    Encoder.forward (its layers' residual on the bins below hp.max_wmark_freq, in the frames magmask keeps),
+    with the residual added in float32 whatever the layers ran in. level: the spectrum's `_normalized_db`.
+
+    Only those bins are rebuilt from the marked magnitude: the bins above keep the spectrum as it was,
+    where perth's round trip through dB returns them to float rounding. A bin keeps its phase by being
+    scaled to its new magnitude (a bin of exactly 0 has phase 0, as torch's angle gives it)."""
+    import torch
+
     band = net.encoder.subband
-    residual = net.encoder.layers(magnitude[None, :band].to(net.dtype))[0].float()
-    marked = magnitude[:band] + residual * net.magmask(magnitude[None])
+    residual = net.encoder.layers(level[None, :band].to(net.dtype))[0].float()
+    magnitude = _magnitude(net, level[:band] + residual * net.magmask(level[None]))
     spec = spec.clone()
-    spec[:band] = torch.polar(_magnitude(net, marked), spec[:band].angle())
+    old = spec[:band]
+    size = old.abs()
+    spec[:band] = torch.where(size > 0, old * (magnitude / size.clip(min=np.finfo(np.float32).tiny)),
+                              magnitude.to(old.dtype))
     return spec
 
 
-def _confidence(net: _Net, spec: Any) -> float:
-    """PerTh's decoder confidence that the spectrum carries its mark."""
-    return float(net.decoder(_normalized_db(net, spec)[None].to(net.dtype))[0])
+def _confidence(net: _Net, level: Any) -> float:
+    """PerTh's decoder confidence that a spectrum carries its mark. level: the spectrum's `_normalized_db`."""
+    return float(net.decoder(level[None].to(net.dtype))[0])
 
 
 def _resample(audio: np.ndarray, rate: int, to: int) -> np.ndarray:
@@ -227,12 +312,12 @@ def mark(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     with torch.inference_mode():
         signal = torch.from_numpy(np.ascontiguousarray(low))
         spec = _spectrum(net, signal)
+        level = _normalized_db(net, spec)
         for _ in range(MAX_PASSES):
-            signal = torch.istft(_embedded(net, spec), net.hp.n_fft, net.hp.hop_size, net.hp.window_size,
-                                 net.window, center=True, normalized=False, onesided=True,
-                                 length=low.size)
+            signal = _inverse_spectrum(net, _embedded(net, spec, level), low.size)
             spec = _spectrum(net, signal)  # what a reader sees; also the next pass's input
-            if _confidence(net, spec) > THRESHOLD + margin:
+            level = _normalized_db(net, spec)
+            if _confidence(net, level) > THRESHOLD + margin:
                 break
         marked = signal.numpy()
     delta = _resample((marked - low).astype(np.float32), rate, sample_rate)
@@ -252,7 +337,8 @@ def watermark_score(audio: np.ndarray, sample_rate: int) -> float:
     if low.size < net.hp.n_fft:
         return 0.0
     with torch.inference_mode():
-        score = _confidence(net, _spectrum(net, torch.from_numpy(np.ascontiguousarray(low))))
+        spec = _spectrum(net, torch.from_numpy(np.ascontiguousarray(low)))
+        score = _confidence(net, _normalized_db(net, spec))
     return min(max(score, 0.0), 1.0)
 
 
