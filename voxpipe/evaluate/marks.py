@@ -42,7 +42,7 @@ MAX_PASSES = 3
 BF16_MARGIN = 0.05
 NAME = "perth"
 FRAME_MULTIPLE = 16  # the marking networks' frames are run padded to this (`_channels_last`)
-SHORT_FRAMES = 128  # up to this many frames a convolution runs its weights packed for short inputs (`_Conv`)
+SHORT_FRAMES = 240  # up to this many frames a convolution runs its weights packed for short inputs (`_Conv`)
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _channels_last(layers: Any) -> Any:
             x = x.contiguous(memory_format=torch.channels_last)
             for i, conv in enumerate(self.convs):
                 x = conv(x)
-                if i + 1 < len(self.convs):
+                if i + 1 < len(self.convs) and x.size(3) > frames:
                     x[..., frames:] = 0
             return x[..., :frames].squeeze(2)
 
@@ -166,9 +166,10 @@ class _Conv:
     Where torch has oneDNN, its weights are reordered once, here, into oneDNN's blocked layout, and the
     activation runs inside the convolution (torch.ops.mkldnn's pointwise convolution, what torch.compile
     emits for a convolution on the CPU): F.conv2d reorders the weights on every call, which was most of a
-    layer's time on a short clip (a 256-channel, 7-tap layer in bfloat16: 213 us at 128 frames, 84 us
+    layer's time on a short clip (a 256-channel, 7-tap layer in bfloat16: 213 us at 128 frames, 80 us
     packed; 357 us at 400 frames, 207 us packed). oneDNN picks the layout by the input's size, so there are
-    two: for at most SHORT_FRAMES frames, and for more."""
+    two: for at most SHORT_FRAMES frames (packed for 256 or more, 224 frames took 186 us, not 114), and for
+    more (packed for 64, 256 frames took 215 us, not 150)."""
 
     def __init__(self, conv: Any, act: Any) -> None:
         import torch
@@ -181,7 +182,7 @@ class _Conv:
             try:  # a torch whose oneDNN lacks these ops (some aarch64 builds) runs F.conv2d
                 self.packed = tuple(torch._C._nn.mkldnn_reorder_conv2d_weight(
                     conv.weight.detach().unsqueeze(2).to_mkldnn(), self.padding, [1, 1], [1, 1], 1,
-                    [1, conv.in_channels, 1, frames]) for frames in (SHORT_FRAMES // 2, 4 * SHORT_FRAMES))
+                    [1, conv.in_channels, 1, frames]) for frames in (4 * FRAME_MULTIPLE, 2 * SHORT_FRAMES))
                 self(torch.zeros(1, conv.in_channels, 1, FRAME_MULTIPLE, dtype=self.weight.dtype))
             except (RuntimeError, NotImplementedError):
                 self.packed = None
@@ -193,7 +194,7 @@ class _Conv:
         if self.packed is None:
             x = F.conv2d(x, self.weight, self.bias, padding=self.padding)
             return x if self.slope is None else F.leaky_relu(x, self.slope)
-        weight = self.packed[x.size(0) * x.size(3) > SHORT_FRAMES]
+        weight = self.packed[x.size(3) > SHORT_FRAMES]
         act, scalars = ("none", []) if self.slope is None else ("leaky_relu", [self.slope])
         return torch.ops.mkldnn._convolution_pointwise(x, weight, self.bias, self.padding, [1, 1], [1, 1], 1,
                                                        act, scalars, None)
