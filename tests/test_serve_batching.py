@@ -209,17 +209,19 @@ def test_a_requests_first_sentence_is_finished_before_later_ones_that_left_earli
 def test_a_finishing_process_answers_as_the_thread_would_and_one_that_dies_fails_only_its_row(tiny_model):
     import threading
 
+    import psutil
     import torch
 
     from voxpipe.errors import StepError
     from voxpipe.evaluate import marks
-    from voxpipe.serve.finishing import FinishingProcess
+    from voxpipe.serve.finishing import FINISHING_NICE, FinishingProcess
 
     rate = tiny_model.audio_vae.out_sample_rate
     patches = 0.5 * torch.randn(9, tiny_model.patch_size, tiny_model.feat_dim,
                                 generator=torch.Generator().manual_seed(0))
     finisher = FinishingProcess(tiny_model, "perth", 1, 0)
     finisher.ready()
+    assert psutil.Process(finisher._process.pid).nice() == os.nice(0) + FINISHING_NICE  # generation first
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the worker's: bfloat16's rounding depends on how a sum is split
     try:
