@@ -168,8 +168,9 @@ def test_the_mark_rebuilds_only_its_band_as_perths_full_round_trip_would():
 @pytest.mark.parametrize("frames", [13, 240, 241, 673])
 def test_the_marking_networks_give_perths_answer_at_any_length(frames):
     """`mark`'s convolution stacks (padded to FRAME_MULTIPLE frames, the padding zeroed after each layer,
-    weights packed for oneDNN) give perth's own layers' answer in float32, at lengths that need padding
-    and at both of the packed weights' sizes; torch.istft's answer comes back from `_inverse_spectrum`."""
+    weights packed for oneDNN, or F.conv2d without it) give perth's own layers' answer in float32, at
+    lengths that need padding and at both of the packed weights' sizes; torch.istft's answer comes back from
+    `_inverse_spectrum`."""
     import copy
 
     import torch
@@ -178,6 +179,10 @@ def test_the_marking_networks_give_perths_answer_at_any_length(frames):
     with torch.inference_mode():
         x = torch.rand(1, marks._net().encoder.subband, frames)
         ours = marks._channels_last(copy.deepcopy(net.encoder.layers))
+        assert all(conv.packed is not None for conv in ours.convs) == torch.backends.mkldnn.is_available()
+        assert float((ours(x) - net.encoder.layers(x)).abs().max()) < 1e-6
+        for conv in ours.convs:  # a torch without oneDNN's packed convolutions: F.conv2d
+            conv.packed = None
         assert float((ours(x) - net.encoder.layers(x)).abs().max()) < 1e-6
         spec = marks._spectrum(net, 0.1 * torch.randn(320 * (frames - 1) + 7))
         length = 320 * (frames - 1) + 7
