@@ -177,15 +177,15 @@ def test_the_marking_networks_give_perths_answer_at_any_length(frames):
 
     net = marks._net()
     with torch.inference_mode():
-        x = torch.rand(1, marks._net().encoder.subband, frames)
+        x = torch.rand(1, net.encoder.subband, frames)
         ours = marks._channels_last(copy.deepcopy(net.encoder.layers))
         assert all(conv.packed is not None for conv in ours.convs) == torch.backends.mkldnn.is_available()
         assert float((ours(x) - net.encoder.layers(x)).abs().max()) < 1e-6
         for conv in ours.convs:  # a torch without oneDNN's packed convolutions: F.conv2d
             conv.packed = None
         assert float((ours(x) - net.encoder.layers(x)).abs().max()) < 1e-6
-        spec = marks._spectrum(net, 0.1 * torch.randn(320 * (frames - 1) + 7))
         length = 320 * (frames - 1) + 7
+        spec = marks._spectrum(net, 0.1 * torch.randn(length))
         expected = torch.istft(spec, 2048, 320, 2048, net.window, center=True, length=length)
         assert float((marks._inverse_spectrum(net, spec, length) - expected).abs().max()) < 1e-6
 

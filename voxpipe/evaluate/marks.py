@@ -209,12 +209,17 @@ def _spectrum(net: _Net, signal: Any) -> Any:
                       pad_mode="reflect", normalized=False, onesided=True, return_complex=True)
 
 
+def _db_range(net: _Net) -> tuple[float, float]:
+    """perth's normalization of a dB magnitude: (its floor, its span up to 15 dB of headroom)."""
+    min_db = 20 * np.log10(net.hp.stft_magnitude_min)
+    return min_db, -min_db + 15
+
+
 def _normalized_db(net: _Net, spec: Any) -> Any:
     """perth's AudioProcessor.signal_to_magphase's magnitude: dB, floored and scaled to about [0, 1]. Taken
     from the power (10 log10 |z|^2, not 20 log10 |z|): complex abs's careful hypot was 17 % of a mark."""
-    floor = net.hp.stft_magnitude_min
-    min_db, scale = 20 * np.log10(floor), -20 * np.log10(floor) + 15
-    power = spec.real.square().add_(spec.imag.square()).clip_(min=floor**2)
+    min_db, scale = _db_range(net)
+    power = spec.real.square().add_(spec.imag.square()).clip_(min=net.hp.stft_magnitude_min**2)
     return power.log10_().mul_(10 / scale).sub_(min_db / scale)
 
 
@@ -223,7 +228,7 @@ def _magnitude(net: _Net, normalized: Any) -> Any:
     one exp (torch's pow with a tensor exponent took 5x as long)."""
     import torch
 
-    min_db, scale = 20 * np.log10(net.hp.stft_magnitude_min), -20 * np.log10(net.hp.stft_magnitude_min) + 15
+    min_db, scale = _db_range(net)
     ln10 = np.log(10)
     return torch.exp((normalized * (scale / 20 * ln10) + min_db / 20 * ln10).clip_(max=10 * ln10))
 
